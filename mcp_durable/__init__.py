@@ -1,0 +1,62 @@
+"""mcp-durable: an MCP server and library in which a tool's `idempotentHint` is enforced.
+
+    from mcp_durable import DurableServer, ToolPolicy, current_call
+
+    server = DurableServer("payments")
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",)))
+    def refund(order_id: str, amount_cents: int) -> dict[str, object]:
+        return provider.refund(order_id, amount_cents, idempotency_key=current_call().key)
+"""
+
+from .engine import CallOutcome, Engine, ToolOutcome
+from .errors import (
+    ConfigError,
+    DeterminismError,
+    DurableError,
+    InDoubtError,
+    InProgressError,
+    InvalidKeyError,
+    JournalCorruptError,
+    JournalError,
+    JournalLockedError,
+    KeyReuseError,
+    MissingKeyError,
+)
+from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry, create_journal
+from .keys import KEY_META
+from .policy import NOT_APPLIED, ToolPolicy
+from .server import DurableServer
+from .steps import DurableCall, current_call, current_key
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KEY_META",
+    "NOT_APPLIED",
+    "CallIdentity",
+    "CallOutcome",
+    "CallRecord",
+    "CallState",
+    "ConfigError",
+    "DeterminismError",
+    "DurableCall",
+    "DurableError",
+    "DurableServer",
+    "Engine",
+    "InDoubtError",
+    "InProgressError",
+    "InvalidKeyError",
+    "Journal",
+    "JournalCorruptError",
+    "JournalEntry",
+    "JournalError",
+    "JournalLockedError",
+    "KeyReuseError",
+    "MissingKeyError",
+    "ToolOutcome",
+    "ToolPolicy",
+    "create_journal",
+    "current_call",
+    "current_key",
+]

@@ -1,0 +1,133 @@
+"""The `mcp-durable` command: `serve` a module's MCP server; `journal …` to inspect and operate.
+
+Exit codes: 0 ok, 1 a `DurableError`, 2 a usage error. No traceback without `--debug`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .errors import ConfigError, DurableError
+from .journal import ENV_JOURNAL, create_journal
+
+
+def load_target(target: str) -> Any:
+    """Import TARGET (`module`, `module:attr`, `path/to/file.py[:attr]`) and return its MCP server."""
+    spec, _, attr = target.partition(":")
+    if spec.endswith(".py") or os.sep in spec:
+        path = Path(spec).resolve()
+        if not path.exists():
+            raise ConfigError(f"no such file: {spec}")
+        module_name = f"_mcp_durable_target_{path.stem}"
+        file_spec = importlib.util.spec_from_file_location(module_name, path)
+        if file_spec is None or file_spec.loader is None:
+            raise ConfigError(f"cannot import {spec}")
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[module_name] = module
+        sys.path.insert(0, str(path.parent))
+        file_spec.loader.exec_module(module)
+    else:
+        sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(spec)
+    return _find_server(module, attr, target)
+
+
+def _find_server(module: ModuleType, attr: str, target: str) -> Any:
+    from mcp.server.mcpserver import MCPServer
+
+    if attr:
+        try:
+            server = getattr(module, attr)
+        except AttributeError:
+            raise ConfigError(f"{target}: module has no attribute {attr!r}") from None
+        if callable(server) and not isinstance(server, MCPServer):
+            server = server()
+        return server
+    for name in ("server", "mcp", "app"):
+        candidate = getattr(module, name, None)
+        if isinstance(candidate, MCPServer):
+            return candidate
+    found = [value for value in vars(module).values() if isinstance(value, MCPServer)]
+    if len(found) == 1:
+        return found[0]
+    raise ConfigError(f"{target}: found {len(found)} MCP servers; name one as {target}:ATTR")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if args.journal:
+        os.environ[ENV_JOURNAL] = args.journal  # modules that build their server at import see it
+    server = load_target(args.target)
+    from .server import DurableServer
+
+    if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
+        server.engine.journal = create_journal(args.journal)
+    journal = server.journal.url if isinstance(server, DurableServer) else "none (plain MCPServer)"
+    if args.transport == "stdio":
+        print(f"mcp-durable: serving {args.target} over stdio; journal {journal}", file=sys.stderr)
+        server.run("stdio")
+        return 0
+    import anyio
+    import uvicorn
+
+    app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless)
+    url = f"http://{args.host}:{args.port}/mcp"
+    print(
+        f"mcp-durable: serving {args.target} over streamable HTTP at {url}\n"
+        f"  journal: {journal}\n"
+        f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
+        f"  e.g.:    npx @modelcontextprotocol/inspector --cli {url} --transport http --method tools/list",
+        file=sys.stderr,
+        flush=True,
+    )
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    anyio.run(uvicorn.Server(config).serve)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mcp-durable", description="An MCP server whose tools run once per key.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="serve a module's MCP server")
+    serve.add_argument("target", help="module, module:attr, or path/to/file.py[:attr]")
+    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
+    serve.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(handler=_serve)
+
+    try:
+        from .journal_cli import add_journal_commands
+    except ImportError:  # pragma: no cover - the operator CLI lands with the resources issue
+        pass
+    else:
+        add_journal_commands(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except DurableError as exc:
+        if args.debug:
+            raise
+        print(f"mcp-durable: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,423 @@
+"""The call state machine: claim, run, persist, replay, wait, in doubt. The one place that decides.
+
+No `mcp` import: the MCP face hands the engine a validated call and a `run` callable, and turns
+what comes back (a `CallOutcome`, or a `DurableError`) into protocol results. Backends only
+store records and make `claim`/`swap` atomic; every decision about what a record means is here.
+
+One call, start to end:
+
+    resolve key ─▶ claim ──won──▶ run tool (shielded, lease renewed) ─▶ persist ─▶ acknowledge
+                     │
+                     └─lost─▶ existing record:
+                               other fingerprint        → key_reuse
+                               COMPLETED / FAILED       → replay
+                               PENDING, lease alive     → wait for it (latch on) … in_progress
+                               PENDING, owner gone      → IN_DOUBT
+                               IN_DOUBT                 → policy: retry | reconcile | refuse
+                               RELEASED                 → take it over and run
+
+Races are settled by `swap(expected_version, …)`: whoever loses a swap re-reads and decides
+again, so two processes never both move one record forward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import orjson
+
+from . import keys
+from .errors import InDoubtError, InProgressError, KeyReuseError, OperatorError
+from .journal.base import Journal
+from .journal.model import CallIdentity, CallRecord, CallState
+from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
+from .steps import DurableCall, bind, load_steps, unbind
+
+LOCAL_PRINCIPAL = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What running a tool produced: the opaque `value` to hand back on this first run, and the
+    JSON bytes to persist and replay. `is_error` marks a deliberate error result."""
+
+    value: Any
+    payload: bytes
+    is_error: bool
+    final: bool = True  # False for an interim answer (more input needed): released, not persisted
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What the engine answers a call with.
+
+    `value` is the tool's own result object on a run (None on a replay); `payload` the stored JSON
+    bytes (None for an unkeyed call, which is not journaled); `replayed` whether it came from
+    the journal; `reconciled` whether a reconcile hook supplied it.
+    """
+
+    key: str | None
+    value: Any
+    payload: bytes | None
+    replayed: bool
+    first_completed_at: float | None
+    reconciled: bool = False
+    attempt: int = 1
+
+
+Runner = Callable[[DurableCall | None], Awaitable[ToolOutcome]]
+Encoder = Callable[[Any], ToolOutcome]
+ChangeListener = Callable[[CallRecord], Awaitable[None]]
+
+
+class Engine:
+    """Runs durable calls against one journal.
+
+    `clock` gives wall-clock seconds for record times (inject one to test expiry and leases);
+    `instance_id` names this server instance as the owner of the calls it runs.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        *,
+        clock: Callable[[], float] = time.time,
+        instance_id: str | None = None,
+    ) -> None:
+        self.journal = journal
+        self.clock = clock
+        self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
+        self.listeners: list[ChangeListener] = []
+        self._opened = False
+        self._open_lock = anyio.Lock()
+        self.orphans_found = 0
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the journal (once) and mark calls orphaned by a previous boot as in doubt."""
+        if self._opened:
+            return
+        async with self._open_lock:
+            if self._opened:
+                return
+            await self.journal.open()
+            if self.journal.single_writer:
+                self.orphans_found = await self._mark_orphans_in_doubt()
+            self._opened = True
+
+    async def aclose(self) -> None:
+        if self._opened:
+            self._opened = False
+            await self.journal.aclose()
+
+    async def _mark_orphans_in_doubt(self) -> int:
+        # Single writer: no other process can own a PENDING record, so every PENDING record
+        # found at open belonged to a previous boot that died inside its call.
+        found = 0
+        while True:
+            pending = await self.journal.list_calls(state=CallState.PENDING, limit=500)
+            if not pending:
+                return found
+            for record in pending:
+                doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None,
+                                        updated_at=self.clock())  # fmt: skip
+                if await self.journal.swap(record.version, doubted):
+                    found += 1
+                    await self._changed(doubted)
+
+    # -- operators ----------------------------------------------------------------------------------
+
+    async def resolve(
+        self,
+        identity: CallIdentity,
+        resolution: str,
+        *,
+        payload: bytes | None = None,
+        note: str = "",
+        retention: float | None = DEFAULT_RETENTION,
+    ) -> CallRecord:
+        """An operator's verdict on an in-doubt (or released) call.
+
+        `resolution` is `"completed"` (the effect happened; `payload` is the result to replay),
+        `"failed"` (replay `payload`, an error result, from now on) or `"not_applied"` (the effect
+        did not happen: the next call with this key runs). Raises `OperatorError` when there is
+        no such record or it is not in doubt.
+        """
+        await self.start()
+        if resolution not in ("completed", "failed", "not_applied"):
+            raise OperatorError(f"resolution must be completed, failed or not_applied, not {resolution!r}")
+        if resolution != "not_applied" and payload is None:
+            raise OperatorError(f"resolving as {resolution} needs the result to replay")
+        while True:
+            record = await self.journal.get(identity)
+            if record is None:
+                raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+            now = self.clock()
+            if record.state not in (CallState.IN_DOUBT, CallState.RELEASED) and not (
+                record.state == CallState.PENDING and not self._owner_alive(record, now)
+            ):
+                raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}, not in doubt")
+            expires = None if retention is None else now + retention
+            if resolution == "not_applied":
+                resolved = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
+                                         error=f"resolved not applied by an operator{': ' + note if note else ''}",
+                                         expires_at=expires)  # fmt: skip
+            else:
+                state = CallState.COMPLETED if resolution == "completed" else CallState.FAILED
+                resolved = record.evolve(state=state, owner=None, lease_until=None, updated_at=now,
+                                         completed_at=now, result=payload, expires_at=expires,
+                                         error=f"resolved {resolution} by an operator{': ' + note if note else ''}")  # fmt: skip
+            if await self.journal.swap(record.version, resolved):
+                await self._changed(resolved)
+                return resolved
+
+    async def purge_expired(self) -> int:
+        """Drop records whose retention has ended; returns how many."""
+        await self.start()
+        return await self.journal.purge_expired(self.clock())
+
+    async def _changed(self, record: CallRecord) -> None:
+        for listener in self.listeners:
+            await listener(record)
+
+    # -- the call ---------------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        *,
+        tool: str,
+        policy: ToolPolicy,
+        arguments: Mapping[str, Any],
+        meta: Mapping[str, Any] | None,
+        run: Runner,
+        encode: Encoder | None = None,
+        principal: str = LOCAL_PRINCIPAL,
+    ) -> CallOutcome:
+        """Run one call of `tool` under `policy`, at most once per key.
+
+        Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `InProgressError`,
+        `InDoubtError` (the tool did not run) and `JournalError` (nothing was acknowledged).
+        An unexpected exception from `run` releases the claim and propagates.
+        """
+        await self.start()
+        key = keys.resolve_key(policy, tool, arguments, meta)
+        if key is None:
+            # No key from any source on a tool not registered idempotent: nothing to deduplicate.
+            outcome = await run(None)
+            return CallOutcome(None, outcome.value, None, replayed=False, first_completed_at=None)
+        identity = CallIdentity(principal, tool, key)
+        args_json = keys.canonical_json(dict(arguments))
+        fingerprint = keys.fingerprint(arguments)
+        deadline = anyio.current_time() + policy.wait
+
+        record: CallRecord | None = None
+        while True:
+            now = self.clock()
+            if record is None or record.is_expired(now):
+                fresh = CallRecord(
+                    identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
+                    run_id=uuid.uuid4().hex, attempts=1, created_at=now, updated_at=now,
+                    owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json,
+                )  # fmt: skip
+                with anyio.CancelScope(shield=True):
+                    # Shielded: a claim the caller abandons half-way would leave a PENDING record
+                    # whose tool never ran, later mistaken for a crash in the danger window.
+                    won, record = await self.journal.claim(fresh, now)
+                    if won:
+                        await self._changed(record)
+                        return await self._run(record, policy, run)
+            if record.fingerprint != fingerprint:
+                raise KeyReuseError(tool, key)
+            outcome = await self._decide(record, policy, run, encode, deadline)
+            if outcome is not None:
+                return outcome
+            record = await self.journal.get(identity)
+
+    async def _decide(
+        self,
+        record: CallRecord,
+        policy: ToolPolicy,
+        run: Runner,
+        encode: Encoder | None,
+        deadline: float,
+    ) -> CallOutcome | None:
+        """Act on an existing record; None means "re-read and decide again"."""
+        now = self.clock()
+        identity = record.identity
+        if record.state.is_final:
+            return _replay(record)
+        if record.state == CallState.PENDING:
+            if self._owner_alive(record, now):
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    retry_after = max(0.1, min(policy.lease, (record.lease_until or now) - now))
+                    raise InProgressError(identity.tool, identity.key, retry_after)
+                # Latch on: sleep until the record changes (or a lease check is due), re-read.
+                lease_left = max(0.01, (record.lease_until or now) - now)
+                await self.journal.wait_for_change(identity, min(remaining, lease_left))
+                return None  # re-read and decide again
+            doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
+            if await self.journal.swap(record.version, doubted):
+                await self._changed(doubted)
+            return None
+        if record.state == CallState.RELEASED:
+            return await self._take_over(record, policy, run)
+        # IN_DOUBT
+        if record.attempts >= policy.max_attempts:
+            raise InDoubtError(identity.tool, identity.key, record.attempts, "parked: too many attempts")
+        mode = policy.in_doubt_policy
+        if mode == "refuse":
+            raise InDoubtError(identity.tool, identity.key, record.attempts)
+        if mode == "reconcile":
+            return await self._reconcile(record, policy, run, encode)
+        return await self._take_over(record, policy, run)
+
+    def _owner_alive(self, record: CallRecord, now: float) -> bool:
+        if record.lease_until is None or record.lease_until <= now:
+            return False
+        if self.journal.single_writer and record.owner != self.instance_id:
+            # One writer: a PENDING record of another owner is a previous boot's orphan.
+            return False
+        return True
+
+    async def _take_over(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome | None:
+        """Claim an in-doubt or released record for this instance and run it (same key, same run)."""
+        now = self.clock()
+        claimed = record.evolve(
+            state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
+            attempts=record.attempts + 1, updated_at=now, error=record.error,
+        )  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            if not await self.journal.swap(record.version, claimed):
+                return None
+            await self._changed(claimed)
+            return await self._run(claimed, policy, run)
+
+    async def _reconcile(
+        self, record: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder | None
+    ) -> CallOutcome | None:
+        """Ask the downstream system whether the in-doubt effect happened, then complete or run."""
+        assert policy.reconcile is not None and encode is not None
+        now = self.clock()
+        identity = record.identity
+        # Own the record first, so only one process reconciles (and maybe runs) it.
+        claimed = record.evolve(state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
+                                updated_at=now)  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            if not await self.journal.swap(record.version, claimed):
+                return None
+            await self._changed(claimed)
+            arguments = orjson.loads(record.arguments) if record.arguments else {}
+            try:
+                found = await policy.reconcile(identity.key, arguments)
+            except BaseException:
+                back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock())
+                if await self.journal.swap(claimed.version, back):
+                    await self._changed(back)
+                raise
+            if isinstance(found, NotApplied):
+                running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
+                if not await self.journal.swap(claimed.version, running):
+                    return None
+                return await self._run(running, policy, run)
+            outcome = encode(found)
+            done = await self._persist(claimed, policy, outcome)
+            return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                               first_completed_at=done.completed_at, reconciled=True,
+                               attempt=done.attempts)  # fmt: skip
+
+    async def _run(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome:
+        """Run the tool for a record this instance owns; persist before returning. Shielded by callers."""
+        identity = record.identity
+        call = DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock,
+                           await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
+        token = bind(call)
+        failure: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as heartbeat:
+                heartbeat.start_soon(self._heartbeat, identity, policy)
+                try:
+                    outcome = await run(call)
+                except BaseException as exc:  # re-raised below, unwrapped from the task group
+                    failure = exc
+                finally:
+                    heartbeat.cancel_scope.cancel()
+        finally:
+            unbind(token)
+        if failure is not None:
+            await self._release_after(record, policy, failure)
+            raise failure
+        if not outcome.final or (outcome.is_error and policy.tool_errors == "release"):
+            reason = "interim result" if not outcome.final else "tool error (released by policy)"
+            with anyio.CancelScope(shield=True):
+                await self._release(record, policy, reason)
+            return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                               first_completed_at=None, attempt=record.attempts)  # fmt: skip
+        done = await self._persist(record, policy, outcome)
+        return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                           first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
+
+    async def _heartbeat(self, identity: CallIdentity, policy: ToolPolicy) -> None:
+        # Renew well before expiry; a lost renewal (record taken over) is left for _persist to see.
+        while True:
+            await anyio.sleep(policy.heartbeat_interval)
+            try:
+                await self.journal.renew(identity, self.instance_id, self.clock() + policy.lease)
+            except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
+                continue
+
+    async def _persist(self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome) -> CallRecord:
+        now = self.clock()
+        done = record.evolve(
+            state=CallState.FAILED if outcome.is_error else CallState.COMPLETED,
+            owner=None, lease_until=None, completed_at=now, updated_at=now, result=outcome.payload,
+            expires_at=None if policy.retention is None else now + policy.retention,
+        )  # fmt: skip
+        if not await self.journal.swap(record.version, done):
+            current = await self.journal.get(record.identity)
+            if current is not None and current.state.is_final:
+                return current  # someone resolved it meanwhile (an operator); theirs stands
+            # Our claim was taken over (our lease was lost) but the effect happened: record it,
+            # as its owner, over whatever non-final state the record is in now.
+            if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
+                raise InDoubtError(record.identity.tool, record.identity.key, record.attempts,
+                                   "the call's claim was lost while it ran")  # fmt: skip
+            done = _rebase(done, current)
+        await self._changed(done)
+        return done
+
+    async def _release_after(self, record: CallRecord, policy: ToolPolicy, exc: BaseException) -> None:
+        if isinstance(exc, Exception) and policy.exceptions == "persist":
+            return  # the face turns persisted exceptions into results before they reach here
+        reason = f"{type(exc).__name__}: {exc}"[:500]
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._release(record, policy, reason)
+            except Exception:  # noqa: BLE001 - keep the original exception; the lease will expire
+                pass
+
+    async def _release(self, record: CallRecord, policy: ToolPolicy, reason: str) -> None:
+        now = self.clock()
+        released = record.evolve(
+            state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=reason,
+            expires_at=None if policy.retention is None else now + policy.retention,
+        )  # fmt: skip
+        if await self.journal.swap(record.version, released):
+            await self._changed(released)
+
+
+def _rebase(record: CallRecord, current: CallRecord) -> CallRecord:
+    """`record`'s content as the successor of `current` (for a swap against `current`)."""
+    return dataclasses.replace(record, version=current.version + 1)
+
+
+def _replay(record: CallRecord) -> CallOutcome:
+    return CallOutcome(record.identity.key, None, record.result, replayed=True,
+                       first_completed_at=record.completed_at, attempt=record.attempts)  # fmt: skip

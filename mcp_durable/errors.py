@@ -1,0 +1,171 @@
+"""The one exception tree of mcp-durable.
+
+```
+DurableError                 base: `except mcp_durable.DurableError` catches all we raise
+├── ConfigError              bad journal URL or policy; a missing extra names the pip command
+├── MissingKeyError          .tool                      (code missing_key)
+├── InvalidKeyError          .tool .reason              (code invalid_key)
+├── KeyReuseError            .tool .key                 (code key_reuse: same key, other arguments)
+├── InProgressError          .tool .key .retry_after    (code in_progress)
+├── InDoubtError             .tool .key .attempts       (code in_doubt)
+├── DeterminismError         .step_index .expected .got (a durable step differs from the journal)
+├── OperatorError            an operator action that does not apply (no such record, not in doubt)
+└── JournalError             storage failed; the driver's exception is __cause__ (code journal_unavailable)
+    ├── JournalLockedError   .holder: another writer holds the journal
+    └── JournalCorruptError  .path .offset: what could not be read, and where
+```
+
+Every refusal the MCP face sends carries `code` as `structuredContent.error`; the mapping
+lives here (`DurableError.code`) so the face turns any of these into a result in one place.
+"""
+
+from __future__ import annotations
+
+
+class DurableError(Exception):
+    """Base of every error mcp-durable raises."""
+
+    code: str = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def details(self) -> dict[str, object]:
+        """Machine-readable fields sent beside the code (never secrets)."""
+        return {}
+
+
+class ConfigError(DurableError):
+    """A journal URL, a policy or a server option is wrong."""
+
+    code = "config_error"
+
+
+class MissingKeyError(DurableError):
+    """The tool requires a caller key (`key="required"`) and the call had none (HTTP 400 analogue)."""
+
+    code = "missing_key"
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(
+            f"tool {tool!r} requires an idempotency key: send it in _meta['mcp-durable/idempotency-key']"
+        )
+        self.tool = tool
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool}
+
+
+class InvalidKeyError(DurableError):
+    """The key is not 1–255 printable ASCII characters (or not a string at all)."""
+
+    code = "invalid_key"
+
+    def __init__(self, tool: str, reason: str) -> None:
+        super().__init__(f"invalid idempotency key for tool {tool!r}: {reason}")
+        self.tool = tool
+        self.reason = reason
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "reason": self.reason}
+
+
+class KeyReuseError(DurableError):
+    """The key was used before with other arguments (HTTP 422 analogue); the tool did not run."""
+
+    code = "key_reuse"
+
+    def __init__(self, tool: str, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} of tool {tool!r} was already used with different arguments; "
+            "use a new key for a new operation"
+        )
+        self.tool = tool
+        self.key = key
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "key": self.key}
+
+
+class InProgressError(DurableError):
+    """A call with this key is still running and did not finish within the wait (HTTP 409 analogue)."""
+
+    code = "in_progress"
+
+    def __init__(self, tool: str, key: str, retry_after: float) -> None:
+        super().__init__(
+            f"a call of tool {tool!r} with key {key!r} is still in progress; retry after {retry_after:.1f}s"
+        )
+        self.tool = tool
+        self.key = key
+        self.retry_after = retry_after
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "key": self.key, "retry_after": self.retry_after}
+
+
+class InDoubtError(DurableError):
+    """The previous attempt died inside the danger window and policy forbids running it again."""
+
+    code = "in_doubt"
+
+    def __init__(self, tool: str, key: str, attempts: int, reason: str = "") -> None:
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"call of tool {tool!r} with key {key!r} is in doubt after {attempts} attempt(s){why}: "
+            "its side effect may or may not have happened; an operator must resolve it "
+            "(mcp-durable journal resolve)"
+        )
+        self.tool = tool
+        self.key = key
+        self.attempts = attempts
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "key": self.key, "attempts": self.attempts}
+
+
+class DeterminismError(DurableError):
+    """A durable step's name differs from the journal's step at the same position."""
+
+    code = "determinism_error"
+
+    def __init__(self, step_index: int, expected: str, got: str) -> None:
+        super().__init__(
+            f"durable step {step_index} is {got!r} but the journal recorded {expected!r}: "
+            "a tool's steps must run in the same order on every attempt"
+        )
+        self.step_index = step_index
+        self.expected = expected
+        self.got = got
+
+
+class OperatorError(DurableError):
+    """An operator action (resolve, purge) that does not apply to the journal's state."""
+
+    code = "operator_error"
+
+
+class JournalError(DurableError):
+    """The journal could not store or read; the driver's exception is `__cause__`."""
+
+    code = "journal_unavailable"
+
+
+class JournalLockedError(JournalError):
+    """Another writer process holds the journal."""
+
+    def __init__(self, path: str, holder: str) -> None:
+        super().__init__(f"journal {path} is locked by another writer ({holder})")
+        self.path = path
+        self.holder = holder
+
+
+class JournalCorruptError(JournalError):
+    """Bytes of the journal could not be read as records."""
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"journal {path} is corrupt at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason

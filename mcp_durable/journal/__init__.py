@@ -1,0 +1,67 @@
+"""The journal: records, the `Journal` protocol, backends, and `open_journal(url)`.
+
+URLs (DESIGN.md §3): `file://PATH` (a directory; the embedded default), `sqlite:///PATH`,
+`postgresql://…`, `memory://`. The environment variable `MCP_DURABLE_JOURNAL` sets the default.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from .base import CallCursor, Journal
+from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+
+ENV_JOURNAL = "MCP_DURABLE_JOURNAL"
+DEFAULT_JOURNAL_URL = "sqlite:///.mcp-durable/journal.db"
+
+
+def default_journal_url() -> str:
+    """The journal URL to use when none is given: `$MCP_DURABLE_JOURNAL`, else the embedded default."""
+    return os.environ.get(ENV_JOURNAL) or DEFAULT_JOURNAL_URL
+
+
+def create_journal(url: str | None = None) -> Journal:
+    """Build (but do not open) the journal a URL names. Raises `ConfigError` for an unknown URL."""
+    url = url or default_journal_url()
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "memory":
+        from .memory import MemoryJournal
+
+        return MemoryJournal(url)
+    if scheme == "sqlite":
+        from .sqlite import SQLiteJournal
+
+        return SQLiteJournal.from_url(url)
+    if scheme == "file":
+        try:
+            from .file import FileJournal
+        except ImportError as exc:  # pragma: no cover - until the file journal lands
+            raise ConfigError("the file journal is not available in this build") from exc
+        return FileJournal.from_url(url)  # type: ignore[no-any-return]
+    if scheme in ("postgres", "postgresql"):
+        try:
+            from .postgres import PostgresJournal
+        except ImportError as exc:
+            raise ConfigError(
+                "the Postgres journal needs its driver: pip install 'mcp-durable[postgres]'"
+            ) from exc
+        return PostgresJournal.from_url(url)  # type: ignore[no-any-return]
+    raise ConfigError(
+        f"unknown journal URL {url!r}: use file://DIR, sqlite:///PATH, postgresql://… or memory://"
+    )
+
+
+__all__ = [
+    "CallCursor",
+    "CallIdentity",
+    "CallRecord",
+    "CallState",
+    "DEFAULT_JOURNAL_URL",
+    "ENV_JOURNAL",
+    "Journal",
+    "JournalEntry",
+    "JournalStats",
+    "create_journal",
+    "default_journal_url",
+]

@@ -1,0 +1,150 @@
+"""The `Journal` protocol every backend implements, and the in-process wake-up they share.
+
+Backends only store and make claims atomic; the engine (`mcp_durable.engine`) decides what a
+record means. A backend is done when it passes `tests/contract/`, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+
+from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class CallCursor:
+    """Where a newest-first listing of calls stopped: the last record's `(created_at, identity)`."""
+
+    created_at: float
+    identity: CallIdentity
+
+    @classmethod
+    def after(cls, record: CallRecord) -> CallCursor:
+        return cls(record.created_at, record.identity)
+
+
+def sort_key(record: CallRecord) -> tuple[float, CallIdentity]:
+    """Listing order (applied reversed: newest first, ties by identity descending)."""
+    return (record.created_at, record.identity)
+
+
+@runtime_checkable
+class Journal(Protocol):
+    """A durable store of call records and process entries.
+
+    Contract (every backend, checked by `tests/contract/`):
+    - Durability: when a writing method returns, its change is on stable storage (fsync or a
+      database commit), unless the journal was opened with relaxed durability for tests.
+    - `claim(record, now)` inserts `record` if no record has its identity, or if the existing
+      one has expired (`expires_at <= now`). It returns `(True, record)` when it inserted, else
+      `(False, existing)`. Atomic across every process sharing the journal: of N concurrent
+      claims of one identity, exactly one wins.
+    - `swap(expected_version, record)` replaces the stored record of `record.identity` only if
+      the stored version is `expected_version`; returns whether it did. Atomic likewise.
+    - `renew(identity, owner, lease_until)` extends the lease of a PENDING record owned by
+      `owner` without changing its version; returns False if the record is not that.
+    - `wait_for_change(identity, timeout)` returns when the record may have changed, or after
+      `timeout` seconds; callers re-read. Spurious wake-ups are allowed.
+    - `list_calls` is newest first by `(created_at, identity)`, strictly after `cursor`.
+    - Process entries get strictly increasing `seq` numbers across the journal.
+    - Stores never read the clock: every time is passed in.
+    """
+
+    url: str
+    #: True when only one process may write (file journal): PENDING records of a previous boot
+    #: are known to be orphaned at open, without waiting for their lease.
+    single_writer: bool
+
+    async def open(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]: ...
+
+    async def get(self, identity: CallIdentity) -> CallRecord | None: ...
+
+    async def swap(self, expected_version: int, record: CallRecord) -> bool: ...
+
+    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool: ...
+
+    async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None: ...
+
+    async def list_calls(
+        self,
+        *,
+        principal: str | None = None,
+        tool: str | None = None,
+        state: CallState | None = None,
+        limit: int = 100,
+        cursor: CallCursor | None = None,
+    ) -> list[CallRecord]: ...
+
+    async def purge_expired(self, now: float) -> int: ...
+
+    async def stats(self) -> JournalStats: ...
+
+    async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry: ...
+
+    async def entries(
+        self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
+    ) -> list[JournalEntry]: ...
+
+    async def last_checkpoint(self, process_id: str) -> JournalEntry | None: ...
+
+
+CHECKPOINT = "checkpoint"
+
+
+class ChangeSignals:
+    """In-process wake-ups for `wait_for_change`: one event per watched identity.
+
+    Every backend uses it for waiters in the same process; backends shared by several
+    processes add their own cross-process signal (polling for SQLite, LISTEN/NOTIFY for
+    Postgres) on top.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[CallIdentity, anyio.Event] = {}
+
+    def notify(self, identity: CallIdentity) -> None:
+        event = self._events.pop(identity, None)
+        if event is not None:
+            event.set()
+
+    def notify_all(self) -> None:
+        events, self._events = self._events, {}
+        for event in events.values():
+            event.set()
+
+    async def wait(self, identity: CallIdentity, timeout: float) -> None:
+        event = self._events.get(identity)
+        if event is None:
+            event = self._events[identity] = anyio.Event()
+        with anyio.move_on_after(timeout):
+            await event.wait()
+
+
+def page(
+    records: Sequence[CallRecord],
+    *,
+    principal: str | None,
+    tool: str | None,
+    state: CallState | None,
+    limit: int,
+    cursor: CallCursor | None,
+) -> list[CallRecord]:
+    """Filter and page records newest first: the reference listing for in-memory indexes."""
+    selected = [
+        r
+        for r in records
+        if (principal is None or r.identity.principal == principal)
+        and (tool is None or r.identity.tool == tool)
+        and (state is None or r.state == state)
+        and (cursor is None or sort_key(r) < (cursor.created_at, cursor.identity))
+    ]
+    selected.sort(key=sort_key, reverse=True)
+    return selected[: max(0, limit)]

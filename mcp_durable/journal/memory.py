@@ -1,0 +1,110 @@
+"""`memory://`: a journal held in this process only. For tests and benchmarks; nothing survives."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any
+
+from .base import CHECKPOINT, CallCursor, ChangeSignals, page
+from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+
+
+class MemoryJournal:
+    """A `Journal` in a dict. Single event loop, so every method is trivially atomic."""
+
+    single_writer = True
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._calls: dict[CallIdentity, CallRecord] = {}
+        self._entries: list[JournalEntry] = []
+        self._checkpoints: dict[str, JournalEntry] = {}
+        self._signals = ChangeSignals()
+
+    async def open(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        self._signals.notify_all()
+
+    async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:
+        existing = self._calls.get(record.identity)
+        if existing is not None and not existing.is_expired(now):
+            return False, existing
+        self._calls[record.identity] = record
+        self._signals.notify(record.identity)
+        return True, record
+
+    async def get(self, identity: CallIdentity) -> CallRecord | None:
+        return self._calls.get(identity)
+
+    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+        existing = self._calls.get(record.identity)
+        if existing is None or existing.version != expected_version:
+            return False
+        self._calls[record.identity] = record
+        self._signals.notify(record.identity)
+        return True
+
+    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+        existing = self._calls.get(identity)
+        if existing is None or existing.state != CallState.PENDING or existing.owner != owner:
+            return False
+        self._calls[identity] = _with_lease(existing, lease_until)
+        return True
+
+    async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
+        await self._signals.wait(identity, timeout)
+
+    async def list_calls(
+        self,
+        *,
+        principal: str | None = None,
+        tool: str | None = None,
+        state: CallState | None = None,
+        limit: int = 100,
+        cursor: CallCursor | None = None,
+    ) -> list[CallRecord]:
+        return page(
+            list(self._calls.values()), principal=principal, tool=tool, state=state, limit=limit, cursor=cursor
+        )
+
+    async def purge_expired(self, now: float) -> int:
+        expired = [identity for identity, record in self._calls.items() if record.is_expired(now)]
+        for identity in expired:
+            del self._calls[identity]
+        return len(expired)
+
+    async def stats(self) -> JournalStats:
+        records = list(self._calls.values())
+        return JournalStats(
+            backend="memory",
+            calls_by_state=dict(Counter(r.state.value for r in records)),
+            calls_by_tool=dict(Counter(r.identity.tool for r in records)),
+            entries=len(self._entries),
+            size_bytes=None,
+            oldest_record_at=min((r.created_at for r in records), default=None),
+        )
+
+    async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
+        entry = JournalEntry(process_id, entry_type, data, ts, len(self._entries) + 1)
+        self._entries.append(entry)
+        if entry_type == CHECKPOINT:
+            self._checkpoints[process_id] = entry
+        return entry
+
+    async def entries(
+        self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
+    ) -> list[JournalEntry]:
+        # seq == index + 1, so the tail after `after` starts at index `after`.
+        selected = [e for e in self._entries[max(0, after) :] if process_id is None or e.process_id == process_id]
+        return selected if limit is None else selected[:limit]
+
+    async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
+        return self._checkpoints.get(process_id)
+
+
+def _with_lease(record: CallRecord, lease_until: float) -> CallRecord:
+    # A renewal is not a transition: the version stays, so the owner's pending swap still applies.
+    return dataclasses.replace(record, lease_until=lease_until)

@@ -1,0 +1,316 @@
+"""`sqlite:///PATH`: a journal in one SQLite database (WAL), shared by several processes on a host.
+
+Atomicity across processes comes from SQLite itself: every write runs in a `BEGIN IMMEDIATE`
+transaction, so of N processes claiming one identity exactly one inserts (the others see its
+row). Durability: `synchronous=FULL` by default (each commit is fsynced); the URL query
+`?synchronous=NORMAL` relaxes it for tests. Waiters in this process are woken at once; waiters
+in other processes poll the row (`poll_interval`), since SQLite has no notifications.
+
+The connection is used from one worker thread at a time (an anyio lock serialises calls), so
+the event loop never blocks on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs
+
+import anyio
+import anyio.to_thread
+import orjson
+
+from ..errors import ConfigError, JournalError
+from .base import CHECKPOINT, CallCursor, ChangeSignals
+from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS calls (
+    principal TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL,
+    run_id TEXT NOT NULL, attempts INTEGER NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    owner TEXT, lease_until REAL, completed_at REAL, expires_at REAL,
+    result BLOB, error TEXT, arguments BLOB,
+    PRIMARY KEY (principal, tool, key)
+);
+CREATE INDEX IF NOT EXISTS calls_by_created ON calls (created_at, principal, tool, key);
+CREATE INDEX IF NOT EXISTS calls_by_expiry ON calls (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    process_id TEXT NOT NULL, entry_type TEXT NOT NULL, data BLOB NOT NULL, ts REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq);
+"""
+_COLUMNS = (
+    "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
+    "owner, lease_until, completed_at, expires_at, result, error, arguments"
+)
+_PLACEHOLDERS = ", ".join("?" * 17)
+
+
+def _row(record: CallRecord) -> tuple[Any, ...]:
+    i = record.identity
+    return (
+        i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
+        record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
+        record.completed_at, record.expires_at, record.result, record.error, record.arguments,
+    )  # fmt: skip
+
+
+def _record(row: tuple[Any, ...]) -> CallRecord:
+    return CallRecord(
+        identity=CallIdentity(row[0], row[1], row[2]),
+        fingerprint=row[3],
+        state=CallState(row[4]),
+        version=row[5],
+        run_id=row[6],
+        attempts=row[7],
+        created_at=row[8],
+        updated_at=row[9],
+        owner=row[10],
+        lease_until=row[11],
+        completed_at=row[12],
+        expires_at=row[13],
+        result=None if row[14] is None else bytes(row[14]),
+        error=row[15],
+        arguments=None if row[16] is None else bytes(row[16]),
+    )
+
+
+class SQLiteJournal:
+    """A `Journal` in a SQLite database file (WAL mode)."""
+
+    single_writer = False
+
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", poll_interval: float = 0.02,
+                 busy_timeout: float = 5.0, url: str | None = None) -> None:  # fmt: skip
+        self.path = Path(path)
+        self.url = url or f"sqlite:///{self.path}"
+        if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ConfigError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
+        self._synchronous = synchronous.upper()
+        self._poll_interval = poll_interval
+        self._busy_timeout = busy_timeout
+        self._conn: sqlite3.Connection | None = None
+        self._lock = anyio.Lock()
+        self._signals = ChangeSignals()
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteJournal:
+        rest = url[len("sqlite://") :]
+        path, _, query = rest.partition("?")
+        # sqlite:///relative/path and sqlite:////absolute/path, as SQLAlchemy spells them.
+        path = path[1:] if path.startswith("/") else path
+        if not path:
+            raise ConfigError(f"sqlite journal URL needs a path: {url!r} (e.g. sqlite:///journal.db)")
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        return cls(path, synchronous=params.get("synchronous", "FULL"), url=url)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+        conn.executescript(_SCHEMA)
+        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        try:
+            os.chmod(self.path, 0o600)
+        except OSError:
+            pass
+        return conn
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        async with self._lock:
+            if self._conn is None:
+                raise JournalError(f"journal {self.url} is not open")
+            conn = self._conn
+            try:
+                return await anyio.to_thread.run_sync(fn, conn)
+            except sqlite3.Error as exc:
+                raise JournalError(f"sqlite journal {self.path}: {exc}") from exc
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = body(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._conn is not None:
+            return
+        try:
+            self._conn = await anyio.to_thread.run_sync(self._connect)
+        except sqlite3.Error as exc:
+            raise JournalError(f"cannot open sqlite journal {self.path}: {exc}") from exc
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await anyio.to_thread.run_sync(conn.close)
+        self._signals.notify_all()
+
+    # -- call records -----------------------------------------------------------------------------
+
+    async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:
+        identity = record.identity
+
+        def body(conn: sqlite3.Connection) -> tuple[bool, CallRecord]:
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND tool=? AND key=?",
+                (identity.principal, identity.tool, identity.key),
+            ).fetchone()
+            if row is not None:
+                existing = _record(row)
+                if not existing.is_expired(now):
+                    return False, existing
+            conn.execute(f"INSERT OR REPLACE INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
+            return True, record
+
+        won, result = await self._run(lambda conn: self._write(conn, body))
+        if won:
+            self._signals.notify(identity)
+        return won, result
+
+    async def get(self, identity: CallIdentity) -> CallRecord | None:
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND tool=? AND key=?",
+                (identity.principal, identity.tool, identity.key),
+            ).fetchone()
+        )
+        return None if row is None else _record(row)
+
+    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+        i = record.identity
+
+        def body(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, created_at=?, "
+                "updated_at=?, owner=?, lease_until=?, completed_at=?, expires_at=?, result=?, error=?, "
+                "arguments=? WHERE principal=? AND tool=? AND key=? AND version=?",
+                (*_row(record)[3:], i.principal, i.tool, i.key, expected_version),
+            )
+            return cursor.rowcount == 1
+
+        swapped = await self._run(lambda conn: self._write(conn, body))
+        if swapped:
+            self._signals.notify(i)
+        return swapped
+
+    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+        def body(conn: sqlite3.Connection) -> bool:
+            cursor = conn.execute(
+                "UPDATE calls SET lease_until=? WHERE principal=? AND tool=? AND key=? AND state=? AND owner=?",
+                (lease_until, identity.principal, identity.tool, identity.key, CallState.PENDING.value, owner),
+            )
+            return cursor.rowcount == 1
+
+        return await self._run(lambda conn: self._write(conn, body))
+
+    async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
+        # Another process's change is seen by the caller's re-read after at most one poll interval.
+        await self._signals.wait(identity, min(timeout, self._poll_interval))
+
+    async def list_calls(
+        self,
+        *,
+        principal: str | None = None,
+        tool: str | None = None,
+        state: CallState | None = None,
+        limit: int = 100,
+        cursor: CallCursor | None = None,
+    ) -> list[CallRecord]:
+        clauses: list[str] = []
+        args: list[Any] = []
+        for column, value in (("principal", principal), ("tool", tool), ("state", state.value if state else None)):
+            if value is not None:
+                clauses.append(f"{column}=?")
+                args.append(value)
+        if cursor is not None:
+            c = cursor.identity
+            clauses.append("(created_at, principal, tool, key) < (?, ?, ?, ?)")
+            args.extend((cursor.created_at, c.principal, c.tool, c.key))
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = (
+            f"SELECT {_COLUMNS} FROM calls {where} "
+            "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC LIMIT ?"
+        )
+        rows = await self._run(lambda conn: conn.execute(sql, (*args, max(0, limit))).fetchall())
+        return [_record(row) for row in rows]
+
+    async def purge_expired(self, now: float) -> int:
+        def body(conn: sqlite3.Connection) -> int:
+            return conn.execute("DELETE FROM calls WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)).rowcount
+
+        return await self._run(lambda conn: self._write(conn, body))
+
+    async def stats(self) -> JournalStats:
+        def read(conn: sqlite3.Connection) -> JournalStats:
+            by_state = dict(conn.execute("SELECT state, count(*) FROM calls GROUP BY state").fetchall())
+            by_tool = dict(conn.execute("SELECT tool, count(*) FROM calls GROUP BY tool").fetchall())
+            entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
+            oldest = conn.execute("SELECT min(created_at) FROM calls").fetchone()[0]
+            size = sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file())
+            return JournalStats("sqlite", by_state, by_tool, entries, size, oldest)
+
+        return await self._run(read)
+
+    # -- process entries --------------------------------------------------------------------------
+
+    async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
+        payload = orjson.dumps(data)
+
+        def body(conn: sqlite3.Connection) -> int:
+            cursor = conn.execute(
+                "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",
+                (process_id, entry_type, payload, ts),
+            )
+            assert cursor.lastrowid is not None
+            return cursor.lastrowid
+
+        seq = await self._run(lambda conn: self._write(conn, body))
+        return JournalEntry(process_id, entry_type, data, ts, seq)
+
+    async def entries(
+        self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
+    ) -> list[JournalEntry]:
+        sql = "SELECT process_id, entry_type, data, ts, seq FROM entries WHERE seq > ?"
+        args: list[Any] = [after]
+        if process_id is not None:
+            sql += " AND process_id = ?"
+            args.append(process_id)
+        sql += " ORDER BY seq LIMIT ?"
+        args.append(-1 if limit is None else limit)
+        rows = await self._run(lambda conn: conn.execute(sql, args).fetchall())
+        return [JournalEntry(r[0], r[1], orjson.loads(r[2]), r[3], r[4]) for r in rows]
+
+    async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
+        row = await self._run(
+            lambda conn: conn.execute(
+                "SELECT process_id, entry_type, data, ts, seq FROM entries WHERE process_id=? AND entry_type=? "
+                "ORDER BY seq DESC LIMIT 1",
+                (process_id, CHECKPOINT),
+            ).fetchone()
+        )
+        return None if row is None else JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])

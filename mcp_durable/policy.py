@@ -1,0 +1,115 @@
+"""Per-tool durability policy: key mode, waits, leases, errors, in-doubt handling, retention. Pure.
+
+A `ToolPolicy` is what a tool is registered with (`@server.tool(durable=ToolPolicy(...))`, or
+`durable=True` for the defaults). The engine reads it; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .errors import ConfigError
+
+KeyMode = Literal["auto", "required"]
+InDoubtPolicy = Literal["retry", "reconcile", "refuse"]
+ErrorHandling = Literal["persist", "release"]
+
+DEFAULT_RETENTION = 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class NotApplied:
+    """What a reconcile hook returns when the downstream system shows the effect did not happen."""
+
+
+NOT_APPLIED = NotApplied()
+
+#: A reconcile hook: given the key and the validated arguments, inspect the downstream system and
+#: return the tool's result (the effect happened) or `NOT_APPLIED` (it did not; the call may run).
+ReconcileHook = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPolicy:
+    """How one durable tool is keyed, waited on, leased, retried and retained.
+
+    - `key`: `"auto"` (caller key, else key argument/fields/function, else derived when
+      idempotent) or `"required"` (a call without a caller key is refused with `missing_key`).
+    - `idempotent`: the tool is registered idempotent: with no other key source the key is
+      derived from the whole argument object, the tool advertises `idempotentHint: true`, and
+      a crash in the danger window is retried by default.
+    - `key_argument` / `key_fields` / `key_fn`: the tool's own key sources, in that order.
+    - `wait`: how long a duplicate in flight waits for the first call (seconds) before it gets
+      `in_progress` with `retry_after`.
+    - `lease`: seconds a running call's claim is valid without a heartbeat; the owner renews it
+      every `lease / 3` seconds while the tool runs.
+    - `tool_errors`: a tool's deliberate error result (`ToolError`) is `"persist"`ed and
+      replayed (default) or `"release"`d so a retry runs again.
+    - `exceptions`: an unexpected exception is `"release"`d (default: the retry runs again) or
+      `"persist"`ed as a failed result.
+    - `in_doubt`: `"retry"`, `"reconcile"` or `"refuse"`; default `retry` when idempotent,
+      else `refuse`. `reconcile` needs a `reconcile` hook.
+    - `max_attempts`: after this many attempts an in-doubt call is parked for an operator.
+    - `retention`: seconds a completed or failed record is kept (`None` = forever).
+    - `sensitive`: argument names masked in resources and CLI output (`"*result*"` masks the result).
+    """
+
+    key: KeyMode = "auto"
+    idempotent: bool = True
+    key_argument: str | None = None
+    key_fields: tuple[str, ...] | None = None
+    key_fn: Callable[[dict[str, Any]], str] | None = None
+    wait: float = 30.0
+    lease: float = 30.0
+    tool_errors: ErrorHandling = "persist"
+    exceptions: ErrorHandling = "release"
+    in_doubt: InDoubtPolicy | None = None
+    reconcile: ReconcileHook | None = None
+    max_attempts: int = 5
+    retention: float | None = DEFAULT_RETENTION
+    sensitive: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.key not in ("auto", "required"):
+            raise ConfigError(f"key must be 'auto' or 'required', not {self.key!r}")
+        if self.wait < 0 or self.lease <= 0:
+            raise ConfigError("wait must be >= 0 and lease > 0 seconds")
+        if self.max_attempts < 1:
+            raise ConfigError("max_attempts must be at least 1")
+        if self.retention is not None and self.retention <= 0:
+            raise ConfigError("retention must be positive seconds, or None to keep records forever")
+        if self.in_doubt not in (None, "retry", "reconcile", "refuse"):
+            raise ConfigError(f"in_doubt must be 'retry', 'reconcile' or 'refuse', not {self.in_doubt!r}")
+        if self.in_doubt == "reconcile" and self.reconcile is None:
+            raise ConfigError("in_doubt='reconcile' needs a reconcile hook")
+        if self.key_fields is not None and not isinstance(self.key_fields, tuple):
+            object.__setattr__(self, "key_fields", tuple(self.key_fields))
+        if not isinstance(self.sensitive, tuple):
+            object.__setattr__(self, "sensitive", tuple(self.sensitive))
+
+    @property
+    def in_doubt_policy(self) -> InDoubtPolicy:
+        """The effective in-doubt policy (the explicit one, else by `idempotent`)."""
+        if self.in_doubt is not None:
+            return self.in_doubt
+        if self.reconcile is not None:
+            return "reconcile"
+        return "retry" if self.idempotent else "refuse"
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """How often the owner renews its lease while the tool runs."""
+        return self.lease / 3.0
+
+
+def as_policy(durable: ToolPolicy | bool | None) -> ToolPolicy | None:
+    """Normalise the `durable=` registration argument: True means the defaults, False/None none."""
+    if durable is None or durable is False:
+        return None
+    if durable is True:
+        return ToolPolicy()
+    if isinstance(durable, ToolPolicy):
+        return durable
+    raise ConfigError(f"durable= takes a ToolPolicy or a bool, not {type(durable).__name__}")

@@ -1,0 +1,59 @@
+"""Bearer-token principals for HTTP: a static token map, the simplest real authentication.
+
+`StaticTokenVerifier({"token-a": "alice"})` verifies bearer tokens against a map and makes the
+mapped name the request's principal (`AccessToken.client_id`), which scopes its journal records.
+Use the SDK's OAuth support (`token_verifier=` any `TokenVerifier`) for anything larger.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.settings import AuthSettings
+
+from ..errors import ConfigError
+
+ENV_TOKENS = "MCP_DURABLE_TOKENS"
+
+
+class StaticTokenVerifier:
+    """A `TokenVerifier` over a fixed `{token: principal}` map (compared in constant time)."""
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        if not tokens:
+            raise ConfigError("a token map needs at least one token")
+        self._tokens = dict(tokens)
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        for known, principal in self._tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                return AccessToken(token=token, client_id=principal, scopes=["mcp"], subject=principal)
+        return None
+
+
+def parse_token_map(text: str) -> dict[str, str]:
+    """Parse `token=principal[,token=principal…]` (the `MCP_DURABLE_TOKENS` format)."""
+    tokens: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        token, sep, principal = item.partition("=")
+        if not sep or not token or not principal:
+            raise ConfigError(f"token map entries are token=principal; got {item!r}")
+        tokens[token] = principal
+    return tokens
+
+
+def token_auth_kwargs(tokens: Mapping[str, str], base_url: str = "http://127.0.0.1:8000") -> dict[str, Any]:
+    """The `MCPServer(...)` keyword arguments that turn on bearer auth with a token map."""
+    return {
+        "token_verifier": StaticTokenVerifier(tokens),
+        "auth": AuthSettings(issuer_url=base_url, resource_server_url=base_url, validate_token_resource=False),
+    }
+
+
+def tokens_from_env() -> dict[str, str] | None:
+    text = os.environ.get(ENV_TOKENS)
+    return parse_token_map(text) if text else None

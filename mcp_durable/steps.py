@@ -1,0 +1,139 @@
+"""What a running durable tool sees: its key, its attempt, and journaled steps.
+
+Inside a durable tool, `current_call()` returns the `DurableCall` of the call being run (a
+context variable the engine sets; it follows sync tools onto their worker thread):
+
+    call = current_call()
+    provider.refund(order_id, amount, idempotency_key=call.key)     # pass the key downstream
+    label = await call.step("buy label", buy_label, order_id)        # journaled, run once
+
+Steps are stored as process-journal entries of the process `steps/<run_id>`; a run keeps its
+`run_id` across in-doubt retries, so a re-execution replays the steps that completed and
+resumes at the first unfinished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+import anyio.from_thread
+
+from .errors import DeterminismError
+from .journal.base import Journal
+from .journal.model import CallIdentity, JournalEntry
+
+STEP_ENTRY = "step"
+
+_current: ContextVar[DurableCall | None] = ContextVar("mcp_durable_current_call", default=None)
+
+
+def current_call() -> DurableCall:
+    """The durable call being run. Raises `LookupError` outside a durable tool."""
+    call = _current.get()
+    if call is None:
+        raise LookupError("current_call() is only available inside a durable tool")
+    return call
+
+
+def current_key() -> str | None:
+    """The key of the durable call being run, or None outside one (or for an unkeyed call)."""
+    call = _current.get()
+    return None if call is None else call.key
+
+
+class DurableCall:
+    """A running durable call: identity, key, attempt, and `step()` for durable steps."""
+
+    def __init__(
+        self,
+        identity: CallIdentity,
+        run_id: str,
+        attempt: int,
+        journal: Journal,
+        clock: Callable[[], float],
+        done_steps: list[JournalEntry],
+    ) -> None:
+        self.identity = identity
+        self.run_id = run_id
+        self.attempt = attempt
+        self._journal = journal
+        self._clock = clock
+        self._done = done_steps
+        self._next = 0
+        self.steps_replayed = 0
+        self.steps_run = 0
+
+    @property
+    def key(self) -> str:
+        """The idempotency key: pass it to downstream systems (an `Idempotency-Key` header)."""
+        return self.identity.key
+
+    @property
+    def scoped_key(self) -> str:
+        """The key scoped by principal, for a downstream system shared by several principals.
+
+        Equal to `key` for the `local` principal; else `principal:key` (hashed when that is over
+        255 characters), so two callers' equal keys never deduplicate into each other downstream.
+        """
+        principal = self.identity.principal
+        if principal == "local":
+            return self.identity.key
+        scoped = f"{principal}:{self.identity.key}"
+        if len(scoped) <= 255:
+            return scoped
+        return "sha256:" + hashlib.sha256(scoped.encode()).hexdigest()
+
+    @property
+    def process_id(self) -> str:
+        return steps_process_id(self.run_id)
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` once per run: a re-execution returns the journaled result.
+
+        The result must be JSON-serialisable (it is journaled). A step whose name differs from
+        the journal's step at the same position raises `DeterminismError`.
+        """
+        index = self._next
+        self._next += 1
+        if index < len(self._done):
+            recorded = self._done[index].data
+            if recorded["name"] != name:
+                raise DeterminismError(index, recorded["name"], name)
+            self.steps_replayed += 1
+            return recorded["result"]
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        await self._journal.append(
+            self.process_id, STEP_ENTRY, {"index": index, "name": name, "result": result}, self._clock()
+        )
+        self.steps_run += 1
+        return result
+
+    def step_sync(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`step()` for a sync tool running on its worker thread."""
+        return anyio.from_thread.run(lambda: self.step(name, fn, *args, **kwargs))
+
+
+def steps_process_id(run_id: str) -> str:
+    return f"steps/{run_id}"
+
+
+async def load_steps(journal: Journal, run_id: str) -> list[JournalEntry]:
+    """The completed steps of a run, in order."""
+    entries = await journal.entries(process_id=steps_process_id(run_id))
+    return [e for e in entries if e.entry_type == STEP_ENTRY]
+
+
+def bind(call: DurableCall | None) -> Any:
+    """Make `call` current; returns the token to pass to `unbind`."""
+    return _current.set(call)
+
+
+def unbind(token: Any) -> None:
+    _current.reset(token)
+

@@ -1,0 +1,94 @@
+"""Shared fixtures: a `journal_factory` parametrized over every backend.
+
+`journal_factory()` builds a new, unopened journal on the same storage each time it is called,
+so a test can close one and reopen the same journal. Postgres runs against
+`$MCP_DURABLE_TEST_PG` (default the machine's server); it skips when no server answers, and
+fails instead when `CI` is set, so a broken backend is never hidden by a skip in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mcp_durable.journal import Journal, create_journal
+
+PG_URL = os.environ.get("MCP_DURABLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+JournalFactory = Callable[[], Journal]
+
+
+def _backend_available(kind: str) -> bool:
+    if kind == "file":
+        try:
+            import mcp_durable.journal.file  # noqa: F401
+        except ImportError:
+            return False
+    if kind == "postgres":
+        try:
+            import mcp_durable.journal.postgres  # noqa: F401
+        except ImportError:
+            return False
+    return True
+
+
+def postgres_or_skip() -> str:
+    """The test Postgres URL; skip (or fail under CI) when no server answers."""
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_URL, connect_timeout=3):
+            pass
+    except Exception as exc:  # noqa: BLE001
+        if os.environ.get("CI"):
+            pytest.fail(f"Postgres at {PG_URL} is required in CI: {exc}")
+        pytest.skip(f"no Postgres at {PG_URL}: {exc}")
+    return PG_URL
+
+
+def make_journal_factory(kind: str, tmp_path: Path) -> JournalFactory:
+    if kind == "memory":
+        shared = create_journal("memory://")
+        return lambda: shared  # one process: "reopening" is the same store
+    if kind == "sqlite":
+        return lambda: create_journal(f"sqlite:///{tmp_path}/journal.db")
+    if kind == "file":
+        return lambda: create_journal(f"file://{tmp_path}/journal")
+    if kind == "postgres":
+        base = postgres_or_skip()
+        schema = f"t_{uuid.uuid4().hex[:12]}"
+        sep = "&" if "?" in base else "?"
+        return lambda: create_journal(f"{base}{sep}schema={schema}")
+    raise ValueError(kind)
+
+
+BACKENDS = ["memory", "sqlite", "file", "postgres"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    if not _backend_available(kind):
+        if os.environ.get("CI") and kind == "postgres":
+            pytest.fail("the Postgres journal is required in CI")
+        pytest.skip(f"the {kind} journal is not built yet")
+    return kind
+
+
+@pytest.fixture
+def journal_factory(backend: str, tmp_path: Path) -> JournalFactory:
+    return make_journal_factory(backend, tmp_path)
+
+
+@pytest.fixture
+async def journal(journal_factory: JournalFactory):  # type: ignore[no-untyped-def]
+    store = journal_factory()
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.aclose()
