@@ -36,6 +36,7 @@ from . import keys
 from .errors import InDoubtError, InProgressError, KeyReuseError, OperatorError
 from .journal.base import Journal
 from .journal.model import CallIdentity, CallRecord, CallState
+from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .steps import DurableCall, bind, load_steps, unbind
 
@@ -89,6 +90,7 @@ class Engine:
         *,
         clock: Callable[[], float] = time.time,
         instance_id: str | None = None,
+        process_id: str | None = None,
     ) -> None:
         self.journal = journal
         self.clock = clock
@@ -97,6 +99,14 @@ class Engine:
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
+        #: The process this engine journals its lifecycle as (`starting → running → stopping →
+        #: stopped`); None journals nothing.
+        self.process_id = process_id
+        self.lifecycle: ProcessJournal | None = None
+        #: The lifecycle state the previous boot left (e.g. `running`: it did not stop cleanly).
+        self.previous_lifecycle_state: str | None = None
+        self.started_at: float | None = None
+        self.start_duration_s: float | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -107,15 +117,31 @@ class Engine:
         async with self._open_lock:
             if self._opened:
                 return
+            began = time.perf_counter()
+            self.started_at = self.clock()
             await self.journal.open()
             if self.journal.single_writer:
                 self.orphans_found = await self._mark_orphans_in_doubt()
+            if self.process_id is not None:
+                recovered = await ReplayEngine(self.journal).recover(self.process_id)
+                self.previous_lifecycle_state = recovered.lifecycle_state
+                self.lifecycle = ProcessJournal(self.journal, self.process_id, clock=self.clock, state=recovered)
+                await self.lifecycle.transition("starting")
+                await self.lifecycle.update_context(instance_id=self.instance_id, orphans_in_doubt=self.orphans_found)
+                await self.lifecycle.transition("running")
+            self.start_duration_s = time.perf_counter() - began
             self._opened = True
 
     async def aclose(self) -> None:
         if self._opened:
             self._opened = False
-            await self.journal.aclose()
+            try:
+                if self.lifecycle is not None:
+                    await self.lifecycle.transition("stopping")
+                    await self.lifecycle.transition("stopped")
+                    await self.lifecycle.checkpoint()
+            finally:
+                await self.journal.aclose()
 
     async def _mark_orphans_in_doubt(self) -> int:
         # Single writer: no other process can own a PENDING record, so every PENDING record

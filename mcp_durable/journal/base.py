@@ -32,6 +32,26 @@ def sort_key(record: CallRecord) -> tuple[float, CallIdentity]:
     return (record.created_at, record.identity)
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What opening a journal found and did (shown by `journal://recovery`).
+
+    `snapshot_used` names the snapshot recovery started from (None: read everything);
+    `records_loaded` counts call records indexed; `entries_replayed` the log records read after
+    the snapshot; `bytes_truncated` a torn or corrupt tail cut off (kept aside at `truncated_to`);
+    `problems` every corruption found, with its place.
+    """
+
+    backend: str
+    duration_s: float
+    snapshot_used: str | None = None
+    records_loaded: int = 0
+    entries_replayed: int = 0
+    bytes_truncated: int = 0
+    truncated_to: str | None = None
+    problems: tuple[str, ...] = ()
+
+
 @runtime_checkable
 class Journal(Protocol):
     """A durable store of call records and process entries.
@@ -55,6 +75,8 @@ class Journal(Protocol):
     """
 
     url: str
+    #: What the last `open()` found; None until opened (backends without recovery work report zeros).
+    recovery: RecoveryReport | None
     #: True when only one process may write (file journal): PENDING records of a previous boot
     #: are known to be orphaned at open, without waiting for their lease.
     single_writer: bool

@@ -6,7 +6,7 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from .base import CHECKPOINT, CallCursor, ChangeSignals, page
+from .base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, page
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 
@@ -21,9 +21,11 @@ class MemoryJournal:
         self._entries: list[JournalEntry] = []
         self._checkpoints: dict[str, JournalEntry] = {}
         self._signals = ChangeSignals()
+        self.recovery: RecoveryReport | None = None
 
     async def open(self) -> None:
-        return None
+        if self.recovery is None:
+            self.recovery = RecoveryReport("memory", 0.0)
 
     async def aclose(self) -> None:
         self._signals.notify_all()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ import anyio.to_thread
 import orjson
 
 from ..errors import ConfigError, JournalError
-from .base import CHECKPOINT, CallCursor, ChangeSignals
+from .base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 T = TypeVar("T")
@@ -102,6 +103,7 @@ class SQLiteJournal:
         self._conn: sqlite3.Connection | None = None
         self._lock = anyio.Lock()
         self._signals = ChangeSignals()
+        self.recovery: RecoveryReport | None = None
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteJournal:
@@ -158,10 +160,12 @@ class SQLiteJournal:
     async def open(self) -> None:
         if self._conn is not None:
             return
+        started = time.perf_counter()
         try:
             self._conn = await anyio.to_thread.run_sync(self._connect)
         except sqlite3.Error as exc:
             raise JournalError(f"cannot open sqlite journal {self.path}: {exc}") from exc
+        self.recovery = RecoveryReport("sqlite", time.perf_counter() - started)
 
     async def aclose(self) -> None:
         async with self._lock:

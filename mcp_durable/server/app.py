@@ -74,7 +74,7 @@ class DurableServer(MCPServer[Any]):
         self._lifespan_users = 0
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
-        engine_kwargs: dict[str, Any] = {"instance_id": instance_id}
+        engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": f"server/{self.name}"}
         if clock is not None:
             engine_kwargs["clock"] = clock
         self.engine = Engine(store, **engine_kwargs)
