@@ -1,0 +1,204 @@
+"""Shared test helpers: real servers on real transports, on free ports.
+
+    from tests.helpers import free_port, serve_http, stdio_params, serve_app, REPO
+
+    async with serve_http("tools/payments.py", journal=f"sqlite:///{tmp_path}/j.db",
+                          env={"PAYMENTS_LEDGER": str(tmp_path / "ledger.db")}) as served:
+        async with Client(served.url) as client: ...
+        served.kill()                      # SIGKILL, for crash tests
+
+    async with Client(stdio_params("tools/payments.py", journal=url, env={...}), mode="legacy") as client: ...
+
+    async with serve_app(server.streamable_http_app()) as url: ...   # in-process uvicorn
+
+- `serve_http` starts `mcp-durable serve TARGET --transport http --port P` as a subprocess (the
+  console script next to the test interpreter), waits until the port accepts connections, yields
+  a `ServedHttp` (`.url` ending in `/mcp`, `.port`, `.proc`, `.kill()`, `.stderr()`), and on exit
+  terminates the process (SIGKILL if it does not stop within 5 s). A port lost to a race with
+  another test is retried on a new port.
+- `stdio_params` gives the `StdioServerParameters` for `Client(...)` that run `mcp-durable serve
+  TARGET` over stdio. The SDK passes the child only a minimal environment plus `env`, so put
+  everything the target needs (e.g. `PAYMENTS_LEDGER`) in `env`.
+- `serve_app` serves an ASGI app with uvicorn inside the test's event loop on a free port and
+  yields its base URL (`http://127.0.0.1:P`), for in-process servers over HTTP.
+
+TARGET paths are relative to the repository root (`REPO`), which is the subprocesses' cwd.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import StdioServerParameters
+
+REPO = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT = 30.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, then release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def serve_command() -> list[str]:
+    """How to run `mcp-durable`: the console script beside this interpreter, else `python -m`."""
+    script = Path(sys.executable).parent / "mcp-durable"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("mcp-durable")
+    return [found] if found else [sys.executable, "-m", "mcp_durable.cli"]
+
+
+def stdio_params(
+    target: str,
+    *,
+    journal: str,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> StdioServerParameters:
+    """Client parameters that start `mcp-durable serve TARGET --journal JOURNAL` over stdio."""
+    command, *prefix = serve_command()
+    return StdioServerParameters(
+        command=command,
+        args=[*prefix, "serve", target, "--journal", journal, *extra_args],
+        env=dict(env or {}),
+        cwd=str(REPO),
+    )
+
+
+@dataclass
+class ServedHttp:
+    """A running `mcp-durable serve … --transport http` subprocess."""
+
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    stderr_path: Path
+    _files: list[Any] = field(default_factory=list)
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown of any kind) and reap it."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stderr(self) -> str:
+        """What the server wrote to stderr so far (for assertion messages)."""
+        try:
+            return self.stderr_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _start(
+    target: str, journal: str, port: int, env: Mapping[str, str] | None, extra_args: Sequence[str]
+) -> ServedHttp:
+    log = tempfile.NamedTemporaryFile(prefix="mcp-durable-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    args = [*serve_command(), "serve", target, "--transport", "http", "--host", "127.0.0.1",
+            "--port", str(port), "--journal", journal, *extra_args]  # fmt: skip
+    proc = subprocess.Popen(
+        args, cwd=REPO, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+    return ServedHttp(f"http://127.0.0.1:{port}/mcp", port, proc, Path(log.name), [log])
+
+
+async def _wait_listening(served: ServedHttp) -> bool:
+    """True once the port accepts connections; False if the process exited first."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if served.proc.poll() is not None:
+            return False
+        try:
+            stream = await anyio.connect_tcp("127.0.0.1", served.port)
+        except OSError:
+            await anyio.sleep(0.05)
+            continue
+        await stream.aclose()
+        return True
+    raise TimeoutError(f"mcp-durable serve did not listen on {served.port} in {STARTUP_TIMEOUT}s:\n{served.stderr()}")
+
+
+def _stop(served: ServedHttp) -> None:
+    if served.proc.poll() is None:
+        served.proc.terminate()
+        try:
+            served.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            served.proc.kill()
+            served.proc.wait(timeout=10)
+    for handle in served._files:
+        handle.close()
+    served.stderr_path.unlink(missing_ok=True)
+
+
+@asynccontextmanager
+async def serve_http(
+    target: str,
+    *,
+    journal: str,
+    env: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+    port: int | None = None,
+) -> AsyncIterator[ServedHttp]:
+    """Run `mcp-durable serve TARGET --transport http` on a free port until the block exits."""
+    for _attempt in range(5):
+        served = _start(target, journal, port or free_port(), env, extra_args)
+        try:
+            if await _wait_listening(served):
+                break
+            text = served.stderr()
+            if port is None and "address already in use" in text.lower():
+                continue  # lost the port to a race; try another
+            raise RuntimeError(f"mcp-durable serve exited with {served.proc.returncode}:\n{text}")
+        except BaseException:
+            _stop(served)
+            raise
+        finally:
+            if served.proc.poll() is not None:
+                _stop(served)
+    else:
+        raise RuntimeError("could not find a free port for mcp-durable serve")
+    try:
+        yield served
+    finally:
+        _stop(served)
+
+
+@asynccontextmanager
+async def serve_app(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn in this event loop on a free port; yields `http://127.0.0.1:P`."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # bound here and handed to uvicorn: no port race
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not server.started:
+            if time.monotonic() > deadline or (tg.cancel_scope.cancel_called):
+                raise TimeoutError("uvicorn did not start")
+            await anyio.sleep(0.01)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+    sock.close()
