@@ -33,8 +33,8 @@ import anyio
 import orjson
 
 from . import keys
-from .errors import InDoubtError, InProgressError, KeyReuseError, OperatorError
-from .journal.base import Journal
+from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError, OperatorError
+from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
@@ -99,6 +99,10 @@ class Engine:
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
+        #: Identities this instance is running a tool for right now. A record this instance owns
+        #: is alive while it is in here, whatever its lease says (a stalled heartbeat must not
+        #: turn our own running call in doubt), and dead once it is not (single writer).
+        self._running: set[CallIdentity] = set()
         #: The process this engine journals its lifecycle as (`starting → running → stopping →
         #: stopped`); None journals nothing.
         self.process_id = process_id
@@ -120,8 +124,7 @@ class Engine:
             began = time.perf_counter()
             self.started_at = self.clock()
             await self.journal.open()
-            if self.journal.single_writer:
-                self.orphans_found = await self._mark_orphans_in_doubt()
+            self.orphans_found = await self.sweep()
             if self.process_id is not None:
                 recovered = await ReplayEngine(self.journal).recover(self.process_id)
                 self.previous_lifecycle_state = recovered.lifecycle_state
@@ -143,17 +146,26 @@ class Engine:
             finally:
                 await self.journal.aclose()
 
-    async def _mark_orphans_in_doubt(self) -> int:
-        # Single writer: no other process can own a PENDING record, so every PENDING record
-        # found at open belonged to a previous boot that died inside its call.
+    async def sweep(self) -> int:
+        """Mark every PENDING call whose owner is gone as IN_DOUBT; returns how many.
+
+        Run at start. On a single-writer journal no other process can own a PENDING record, so
+        every one found then is a previous boot's orphan and is marked at once, without waiting
+        for its lease. On a shared journal only records whose lease has expired are marked (a
+        live owner renews its lease); the others are left to their owners.
+        """
         found = 0
+        cursor: CallCursor | None = None
         while True:
-            pending = await self.journal.list_calls(state=CallState.PENDING, limit=500)
-            if not pending:
+            page = await self.journal.list_calls(state=CallState.PENDING, limit=500, cursor=cursor)
+            if not page:
                 return found
-            for record in pending:
-                doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None,
-                                        updated_at=self.clock())  # fmt: skip
+            cursor = CallCursor.after(page[-1])
+            for record in page:
+                now = self.clock()
+                if self._owner_alive(record, now):
+                    continue
+                doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
                 if await self.journal.swap(record.version, doubted):
                     found += 1
                     await self._changed(doubted)
@@ -179,8 +191,13 @@ class Engine:
         await self.start()
         if resolution not in ("completed", "failed", "not_applied"):
             raise OperatorError(f"resolution must be completed, failed or not_applied, not {resolution!r}")
-        if resolution != "not_applied" and payload is None:
-            raise OperatorError(f"resolving as {resolution} needs the result to replay")
+        if resolution != "not_applied":
+            if payload is None:
+                raise OperatorError(f"resolving as {resolution} needs the result to replay")
+            try:
+                orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise OperatorError(f"the result to replay must be JSON: {exc}") from exc
         while True:
             record = await self.journal.get(identity)
             if record is None:
@@ -297,7 +314,12 @@ class Engine:
             return await self._take_over(record, policy, run)
         # IN_DOUBT
         if record.attempts >= policy.max_attempts:
-            raise InDoubtError(identity.tool, identity.key, record.attempts, "parked: too many attempts")
+            # Parked: no policy runs it again; only an operator's `resolve` moves it on. The
+            # reason is written once, so operators see why in listings.
+            reason = f"parked after {record.attempts} attempt(s): an operator must resolve it"
+            if record.error != reason:
+                await self._swap(record, record.evolve(error=reason, updated_at=now))
+            raise InDoubtError(identity.tool, identity.key, record.attempts, reason)
         mode = policy.in_doubt_policy
         if mode == "refuse":
             raise InDoubtError(identity.tool, identity.key, record.attempts)
@@ -306,19 +328,29 @@ class Engine:
         return await self._take_over(record, policy, run)
 
     def _owner_alive(self, record: CallRecord, now: float) -> bool:
-        if record.lease_until is None or record.lease_until <= now:
-            return False
-        if self.journal.single_writer and record.owner != self.instance_id:
+        """Whether the owner of a PENDING record may still be running its tool."""
+        if record.owner == self.instance_id:
+            # Ours: alive exactly while we run it (a stalled heartbeat does not make it dead).
+            return record.identity in self._running
+        if self.journal.single_writer:
             # One writer: a PENDING record of another owner is a previous boot's orphan.
             return False
-        return True
+        return record.lease_until is not None and record.lease_until > now
+
+    async def _swap(self, record: CallRecord, new: CallRecord) -> bool:
+        if await self.journal.swap(record.version, new):
+            await self._changed(new)
+            return True
+        return False
 
     async def _take_over(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome | None:
         """Claim an in-doubt or released record for this instance and run it (same key, same run)."""
         now = self.clock()
+        # expires_at cleared: a released record's retention must not let a fresh claim replace
+        # the run now in progress.
         claimed = record.evolve(
             state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
-            attempts=record.attempts + 1, updated_at=now, error=record.error,
+            attempts=record.attempts + 1, updated_at=now, expires_at=None,
         )  # fmt: skip
         with anyio.CancelScope(shield=True):
             if not await self.journal.swap(record.version, claimed):
@@ -335,26 +367,37 @@ class Engine:
         identity = record.identity
         # Own the record first, so only one process reconciles (and maybe runs) it.
         claimed = record.evolve(state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
-                                updated_at=now)  # fmt: skip
+                                updated_at=now, expires_at=None)  # fmt: skip
         with anyio.CancelScope(shield=True):
-            if not await self.journal.swap(record.version, claimed):
+            if not await self._swap(record, claimed):
                 return None
-            await self._changed(claimed)
             arguments = orjson.loads(record.arguments) if record.arguments else {}
+            self._running.add(identity)
             try:
-                found = await policy.reconcile(identity.key, arguments)
-            except BaseException:
-                back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock())
-                if await self.journal.swap(claimed.version, back):
-                    await self._changed(back)
-                raise
+                async with anyio.create_task_group() as heartbeat:
+                    heartbeat.start_soon(self._heartbeat, identity, policy)
+                    try:
+                        found = await policy.reconcile(identity.key, arguments)
+                    finally:
+                        heartbeat.cancel_scope.cancel()
+            except Exception as exc:
+                # The downstream system cannot answer: fall back to refuse (never guess).
+                back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
+                                      error=f"reconcile failed: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
+                await self._swap(claimed, back)
+                raise InDoubtError(identity.tool, identity.key, record.attempts,
+                                   f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
+            finally:
+                self._running.discard(identity)
             if isinstance(found, NotApplied):
                 running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
-                if not await self.journal.swap(claimed.version, running):
+                if not await self._swap(claimed, running):
                     return None
                 return await self._run(running, policy, run)
             outcome = encode(found)
-            done = await self._persist(claimed, policy, outcome)
+            done, ours = await self._persist(claimed, policy, outcome)
+            if not ours:
+                return _replay(done)
             return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                                first_completed_at=done.completed_at, reconciled=True,
                                attempt=done.attempts)  # fmt: skip
@@ -366,6 +409,7 @@ class Engine:
                            await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
         token = bind(call)
         failure: BaseException | None = None
+        self._running.add(identity)
         try:
             async with anyio.create_task_group() as heartbeat:
                 heartbeat.start_soon(self._heartbeat, identity, policy)
@@ -377,8 +421,11 @@ class Engine:
                     heartbeat.cancel_scope.cancel()
         finally:
             unbind(token)
+            self._running.discard(identity)
         if failure is not None:
             await self._release_after(record, policy, failure)
+            if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
+                raise failure.__cause__  # the face wrapped it; it is ours to report with its code
             raise failure
         if not outcome.final or (outcome.is_error and policy.tool_errors == "release"):
             reason = "interim result" if not outcome.final else "tool error (released by policy)"
@@ -386,7 +433,9 @@ class Engine:
                 await self._release(record, policy, reason)
             return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                                first_completed_at=None, attempt=record.attempts)  # fmt: skip
-        done = await self._persist(record, policy, outcome)
+        done, ours = await self._persist(record, policy, outcome)
+        if not ours:
+            return _replay(done)  # an operator resolved it meanwhile: the journal's answer stands
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
 
@@ -399,7 +448,11 @@ class Engine:
             except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
                 continue
 
-    async def _persist(self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome) -> CallRecord:
+    async def _persist(
+        self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome
+    ) -> tuple[CallRecord, bool]:
+        """Persist the outcome of a run this instance owns; returns the final record and whether
+        it is ours (False: an operator resolved the call meanwhile, and their result stands)."""
         now = self.clock()
         done = record.evolve(
             state=CallState.FAILED if outcome.is_error else CallState.COMPLETED,
@@ -409,7 +462,7 @@ class Engine:
         if not await self.journal.swap(record.version, done):
             current = await self.journal.get(record.identity)
             if current is not None and current.state.is_final:
-                return current  # someone resolved it meanwhile (an operator); theirs stands
+                return current, False  # someone resolved it meanwhile (an operator); theirs stands
             # Our claim was taken over (our lease was lost) but the effect happened: record it,
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
@@ -417,7 +470,7 @@ class Engine:
                                    "the call's claim was lost while it ran")  # fmt: skip
             done = _rebase(done, current)
         await self._changed(done)
-        return done
+        return done, True
 
     async def _release_after(self, record: CallRecord, policy: ToolPolicy, exc: BaseException) -> None:
         if isinstance(exc, Exception) and policy.exceptions == "persist":

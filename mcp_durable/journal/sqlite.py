@@ -6,12 +6,18 @@ row). Durability: `synchronous=FULL` by default (each commit is fsynced); the UR
 `?synchronous=NORMAL` relaxes it for tests. Waiters in this process are woken at once; waiters
 in other processes poll the row (`poll_interval`), since SQLite has no notifications.
 
+`?single_writer=1` declares that one server process owns the database: `open()` takes an
+exclusive lock on `PATH.lock` (held until `aclose()` or the process dies, so a SIGKILL frees
+it), a second writer gets `JournalLockedError`, and the engine marks PENDING records of a
+previous boot IN_DOUBT at start without waiting for their lease.
+
 The connection is used from one worker thread at a time (an anyio lock serialises calls), so
 the event loop never blocks on disk.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import time
@@ -24,7 +30,7 @@ import anyio
 import anyio.to_thread
 import orjson
 
-from ..errors import ConfigError, JournalError
+from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
@@ -92,8 +98,10 @@ class SQLiteJournal:
     single_writer = False
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", poll_interval: float = 0.02,
-                 busy_timeout: float = 5.0, url: str | None = None) -> None:  # fmt: skip
+                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:  # fmt: skip
         self.path = Path(path)
+        self.single_writer = single_writer
+        self._lock_fd: int | None = None
         self.url = url or f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
@@ -114,7 +122,8 @@ class SQLiteJournal:
         if not path:
             raise ConfigError(f"sqlite journal URL needs a path: {url!r} (e.g. sqlite:///journal.db)")
         params = {k: v[-1] for k, v in parse_qs(query).items()}
-        return cls(path, synchronous=params.get("synchronous", "FULL"), url=url)
+        single = params.get("single_writer", "0").lower() in ("1", "true", "yes", "on")
+        return cls(path, synchronous=params.get("synchronous", "FULL"), url=url, single_writer=single)
 
     # -- plumbing ---------------------------------------------------------------------------------
 
@@ -161,6 +170,8 @@ class SQLiteJournal:
         if self._conn is not None:
             return
         started = time.perf_counter()
+        if self.single_writer and self._lock_fd is None:
+            self._lock_fd = self._take_writer_lock()
         try:
             self._conn = await anyio.to_thread.run_sync(self._connect)
         except sqlite3.Error as exc:
@@ -172,7 +183,24 @@ class SQLiteJournal:
             conn, self._conn = self._conn, None
             if conn is not None:
                 await anyio.to_thread.run_sync(conn.close)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # closing the descriptor releases the flock
+                self._lock_fd = None
         self._signals.notify_all()
+
+    def _take_writer_lock(self) -> int:
+        lock_path = Path(f"{self.path}.lock")
+        lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise JournalLockedError(str(self.path), holder) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}".encode())
+        return fd
 
     # -- call records -----------------------------------------------------------------------------
 
