@@ -202,3 +202,54 @@ async def serve_app(app: Any) -> AsyncIterator[str]:
         finally:
             server.should_exit = True
     sock.close()
+
+
+#: Every way a test can reach a server: in-memory (both eras), stdio and HTTP subprocesses (both eras).
+TRANSPORTS = ("memory-legacy", "memory-auto", "stdio-legacy", "stdio-auto", "http-legacy", "http-auto")
+
+
+@asynccontextmanager
+async def connect(
+    transport: str,
+    *,
+    target: str,
+    journal: str,
+    env: Mapping[str, str] | None = None,
+    server: Any = None,
+) -> AsyncIterator[Any]:
+    """A connected `mcp.Client` over `transport` (one of `TRANSPORTS`).
+
+    `memory-*` connects in-process to `server` (an `MCPServer` the caller built on `journal`);
+    `stdio-*` and `http-*` start `mcp-durable serve target --journal journal` with `env`. The
+    suffix is the client mode: `legacy` (2025-11-25 handshake) or `auto` (2026-07-28).
+    """
+    from mcp import Client
+
+    kind, _, mode = transport.partition("-")
+    if kind == "memory":
+        if server is None:
+            raise ValueError("memory transports need the server object")
+        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+            yield client
+    elif kind == "stdio":
+        async with Client(stdio_params(target, journal=journal, env=env), mode=mode) as client:  # type: ignore[arg-type]
+            yield client
+    elif kind == "http":
+        async with serve_http(target, journal=journal, env=env) as served:
+            async with Client(served.url, mode=mode) as client:  # type: ignore[arg-type]
+                yield client
+    else:
+        raise ValueError(f"unknown transport {transport!r}")
+
+
+def wire(result: Any) -> dict[str, Any]:
+    """A result as it goes on the wire (aliases, JSON types, no nulls)."""
+    return dict(result.model_dump(by_alias=True, mode="json", exclude_none=True))
+
+
+def body_bytes(result: Any) -> bytes:
+    """The JSON bytes of what replay must keep identical: `content`, `structuredContent`, `isError`."""
+    import orjson
+
+    data = wire(result)
+    return orjson.dumps({name: data.get(name) for name in ("content", "structuredContent", "isError")})

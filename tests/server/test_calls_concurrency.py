@@ -1,0 +1,85 @@
+"""Concurrent calls with one key: exactly one runs the tool, the others latch on to its result
+(or, with a short wait, get `in_progress` with a `retry_after`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from mcp_durable import KEY_META
+from tests.helpers import body_bytes, connect
+from tests.server.servers.counting import Counter, make_server
+
+COUNTING = "tests/server/servers/counting.py:make_server"
+
+
+async def _call_concurrently(client: Any, n: int, tool: str, arguments: dict[str, Any], key: str) -> list[Any]:
+    results: list[Any] = [None] * n
+
+    async def one(i: int) -> None:
+        results[i] = await client.call_tool(tool, arguments, meta={KEY_META: key})
+
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(one, i)
+    return results
+
+
+@pytest.mark.parametrize("journal_kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto"])
+async def test_a_hundred_concurrent_calls_with_one_key_run_the_tool_once_and_all_get_its_result(
+    transport: str, journal_kind: str, tmp_path: Path
+) -> None:
+    journal = "memory://" if journal_kind == "memory" else f"sqlite:///{tmp_path}/journal.db"
+    server = make_server(journal=journal, counter=tmp_path / "counter")
+    async with connect(transport, target="", journal=journal, server=server) as client:
+        results = await _call_concurrently(client, 100, "slow", {"text": "x", "delay": 0.3}, "one-key")
+    counter = Counter(tmp_path / "counter")
+    assert counter.count("slow") == 1 and counter.count("slow.done") == 1
+    assert all(not result.is_error for result in results), [r for r in results if r.is_error][:1]
+    assert len({body_bytes(result) for result in results}) == 1
+    replayed = [bool(result.meta and result.meta.get("mcp-durable/replayed")) for result in results]
+    assert replayed.count(False) == 1  # the one that ran; the 99 others got it from the journal
+
+
+async def test_a_hundred_concurrent_calls_over_http_run_the_tool_once(tmp_path: Path) -> None:
+    env = {"COUNTER_FILE": str(tmp_path / "counter")}
+    async with connect("http-auto", target=COUNTING, journal=f"sqlite:///{tmp_path}/j.db", env=env) as client:
+        results = await _call_concurrently(client, 100, "slow", {"text": "x", "delay": 0.5}, "http-key")
+    assert Counter(tmp_path / "counter").count("slow") == 1
+    assert all(not result.is_error for result in results)
+    assert len({body_bytes(result) for result in results}) == 1
+
+
+@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto"])
+async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(transport: str, tmp_path: Path) -> None:
+    journal = f"sqlite:///{tmp_path}/journal.db"
+    server = make_server(journal=journal, counter=tmp_path / "counter")
+    arguments = {"text": "x", "delay": 1.0}
+    async with connect(transport, target="", journal=journal, server=server) as client:
+        results: list[Any] = []
+
+        async def first() -> None:
+            results.append(await client.call_tool("slow_short_wait", arguments, meta={KEY_META: "k"}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first)
+            # Latecomers are sent only once the first call is running (its start is counted).
+            with anyio.fail_after(10):
+                while Counter(tmp_path / "counter").count("slow_short_wait") == 0:
+                    await anyio.sleep(0.01)
+            late = await _call_concurrently(client, 10, "slow_short_wait", arguments, "k")
+        after = await client.call_tool("slow_short_wait", arguments, meta={KEY_META: "k"})
+    assert Counter(tmp_path / "counter").count("slow_short_wait") == 1
+    assert not results[0].is_error
+    for result in late:
+        assert result.is_error
+        assert result.structured_content["error"] == "in_progress"
+        assert isinstance(result.structured_content["retry_after"], int | float)
+        assert result.structured_content["retry_after"] > 0
+    # Once the first call finished, the retry gets its result.
+    assert body_bytes(after) == body_bytes(results[0])
+    assert after.meta is not None and after.meta["mcp-durable/replayed"] is True
