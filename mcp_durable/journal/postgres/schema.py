@@ -1,0 +1,116 @@
+"""The Postgres journal's schema: an ordered list of migrations, applied by the journal itself.
+
+Every replica runs `migrate()` when it opens. The whole migration runs in one transaction under
+a transaction-level advisory lock named after the schema, so replicas starting at once apply
+each migration exactly once (the others wait for the lock, then find nothing left to do).
+`schema_version` records what was applied; a database migrated by a newer release than this
+one is refused rather than written with an older idea of the tables.
+
+To change the schema, append a `Migration` (never edit one that shipped).
+
+Text columns use `COLLATE "C"`: listings order `(created_at, principal, tool, key)` by code
+point, exactly as the other backends (Python string order) do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+
+from ...errors import JournalError
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema change: `version` (1, 2, …), what it does, and its statements (`{s}` = schema)."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "call records, process entries, NOTIFY on call changes",
+        (
+            """CREATE TABLE {s}.calls (
+                principal text COLLATE "C" NOT NULL, tool text COLLATE "C" NOT NULL,
+                key text COLLATE "C" NOT NULL,
+                fingerprint text NOT NULL, state text NOT NULL, version bigint NOT NULL,
+                run_id text NOT NULL, attempts integer NOT NULL,
+                created_at double precision NOT NULL, updated_at double precision NOT NULL,
+                owner text, lease_until double precision, completed_at double precision,
+                expires_at double precision, result bytea, error text, arguments bytea,
+                PRIMARY KEY (principal, tool, key))""",
+            "CREATE INDEX calls_by_created ON {s}.calls (created_at, principal, tool, key)",
+            "CREATE INDEX calls_by_expiry ON {s}.calls (expires_at) WHERE expires_at IS NOT NULL",
+            "CREATE INDEX calls_by_state ON {s}.calls (state, created_at)",
+            """CREATE TABLE {s}.entries (
+                seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                process_id text NOT NULL, entry_type text NOT NULL, data json NOT NULL,
+                ts double precision NOT NULL)""",
+            "CREATE INDEX entries_by_process ON {s}.entries (process_id, seq)",
+            # The wake-up for waiters on other replicas: sent in the transaction that changes a
+            # record, so it is delivered exactly when (and only if) the change commits. Lease
+            # renewals do not change version/state and wake nobody. A payload over NOTIFY's
+            # 8000-byte limit (huge keys) is sent empty: "something changed, re-read all".
+            """CREATE FUNCTION {s}.notify_call_change() RETURNS trigger LANGUAGE plpgsql AS $$
+            DECLARE payload text := json_build_array(NEW.principal, NEW.tool, NEW.key)::text;
+            BEGIN
+                IF octet_length(payload) > 7900 THEN payload := ''; END IF;
+                PERFORM pg_notify(TG_ARGV[0], payload);
+                RETURN NULL;
+            END $$""",
+            """CREATE TRIGGER calls_changed AFTER UPDATE ON {s}.calls FOR EACH ROW
+            WHEN (OLD.version IS DISTINCT FROM NEW.version OR OLD.state IS DISTINCT FROM NEW.state
+                  OR OLD.run_id IS DISTINCT FROM NEW.run_id)
+            EXECUTE FUNCTION {s}.notify_call_change({channel})""",
+        ),
+    ),
+)
+
+LATEST = MIGRATIONS[-1].version
+
+
+def quote_ident(name: str) -> str:
+    """A double-quoted identifier (names are validated by `PostgresSettings` already)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]], schema: str, channel: str) -> list[int]:
+    """Bring `schema` up to `LATEST`; returns the versions applied now (empty: already current)."""
+    s = quote_ident(schema)
+    applied: list[int] = []
+    async with conn.transaction():
+        # Serialise replicas migrating the same schema; released at commit.
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"mcp_durable.migrate.{schema}",))
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.schema_version (version integer PRIMARY KEY, "
+            "description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        cur = await conn.execute(f"SELECT coalesce(max(version), 0) FROM {s}.schema_version")
+        row = await cur.fetchone()
+        current = int(row[0]) if row else 0  # type: ignore[call-overload]
+        if current > LATEST:
+            raise JournalError(
+                f"journal schema {schema!r} is at version {current}, newer than this mcp-durable "
+                f"understands ({LATEST}): upgrade mcp-durable on every replica"
+            )
+        for migration in MIGRATIONS:
+            if migration.version <= current:
+                continue
+            for statement in migration.statements:
+                await conn.execute(statement.format(s=s, channel=quote_literal(channel)))  # type: ignore[arg-type]
+            await conn.execute(
+                f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
+                (migration.version, migration.description),
+            )
+            applied.append(migration.version)
+    return applied
