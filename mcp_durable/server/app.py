@@ -23,6 +23,7 @@ from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
+from .. import limits
 from ..engine import LOCAL_PRINCIPAL, Engine, ToolOutcome
 from ..errors import DurableError
 from ..journal import Journal, create_journal
@@ -51,6 +52,8 @@ class DurableServer(MCPServer[Any]):
     or None for `$MCP_DURABLE_JOURNAL` or the embedded default. `principal` maps a request to
     the identity records are scoped by. `clock` is injected into the engine for tests. `tokens`
     (`{bearer_token: principal}`, default `$MCP_DURABLE_TOKENS`) turns on bearer auth on HTTP.
+    `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
+    (`mcp_durable.limits`); `None` lifts a limit.
     """
 
     def __init__(
@@ -63,6 +66,8 @@ class DurableServer(MCPServer[Any]):
         instance_id: str | None = None,
         lifespan: Callable[[MCPServer[Any]], AbstractAsyncContextManager[Any]] | None = None,
         tokens: Mapping[str, str] | None = None,
+        max_argument_bytes: int | None = limits.DEFAULT_MAX_ARGUMENT_BYTES,
+        max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -79,6 +84,9 @@ class DurableServer(MCPServer[Any]):
             engine_kwargs["clock"] = clock
         self.engine = Engine(store, **engine_kwargs)
         self.principal_of = principal
+        # Size limits of what a durable call journals (see mcp_durable/limits.py; None = no limit).
+        self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
+        self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
         self.policies: dict[str, ToolPolicy] = {}
 
     @property
@@ -175,6 +183,10 @@ class DurableServer(MCPServer[Any]):
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         validated = model.model_dump(mode="json", by_alias=True)
+        try:
+            limits.checked_arguments(name, validated, self.max_argument_bytes)
+        except limits.LimitExceeded as exc:
+            raise ToolError(exc.message) from exc  # a bad request: the SDK's own error, before any claim
         meta = _request_meta(context)
         key_hint: str | None = None
 
@@ -190,7 +202,15 @@ class DurableServer(MCPServer[Any]):
             if isinstance(result, InputRequiredResult):
                 # Interim (multi-round) answers are never journaled as the call's result.
                 return ToolOutcome(result, b"", is_error=False, final=False)
-            return ToolOutcome(result, dump_result(result), is_error=bool(result.is_error))
+            try:
+                payload = limits.result_payload(name, lambda: dump_result(result), self.max_result_bytes)
+            except limits.LimitExceeded as exc:
+                if policy.exceptions != "persist":
+                    raise  # the engine releases the claim; answered below
+                text = limits.outcome_text(exc, released=False)
+                result = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+                payload = dump_result(result)
+            return ToolOutcome(result, payload, is_error=bool(result.is_error))
 
         def encode(value: Any) -> ToolOutcome:
             result = tool.fn_metadata.convert_result(value)
@@ -205,6 +225,9 @@ class DurableServer(MCPServer[Any]):
         except DurableError as exc:
             key_hint = getattr(exc, "key", None)
             return refusal(exc, key_hint)
+        except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
+            text = limits.outcome_text(exc, released=True)
+            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
         return answer(outcome)

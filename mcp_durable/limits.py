@@ -1,0 +1,114 @@
+"""Size limits on what a durable call writes to the journal: its arguments and its result. Pure.
+
+Every durable call stores the canonical JSON of its validated arguments (for the fingerprint,
+reconcile hooks and operators) and the JSON of its result (for replay). Unbounded, one buggy or
+hostile call could fill the journal's disk or stall every other call behind one huge commit.
+
+Defaults, and why:
+- arguments: `DEFAULT_MAX_ARGUMENT_BYTES` = 1 MiB of canonical JSON (sorted keys, no
+  whitespace). A tool call an agent makes is a few hundred bytes; 1 MiB leaves room for
+  documents passed inline while keeping one record far below anything that hurts a commit.
+  Checked on the validated arguments *before any claim*: an over-size call is a bad request,
+  refused like an argument validation error (the SDK's own `isError` result), not with a
+  durability code. Nothing is journaled, so a corrected retry with the same key still runs
+  (the IETF Idempotency-Key draft: validation rejections are not saved).
+- results: `DEFAULT_MAX_RESULT_BYTES` = 16 MiB of result JSON. Results are replayed in full, so
+  they are allowed to be larger than arguments (a generated report, a file's text), but a result
+  of tens of MiB belongs in a resource or a blob store, not in an idempotency record. Checked
+  after the tool ran, before the result is persisted. A result over the limit, or one that
+  cannot be serialised as JSON, cannot be replayed: the call's claim is released (never left
+  PENDING), the caller gets a clear `isError` result, and a retry runs the tool again, exactly
+  like an unexpected exception. Under `ToolPolicy(exceptions="persist")` that error result is
+  persisted and replayed instead, like any other persisted exception.
+
+`None` disables a limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigError
+from .keys import canonical_json
+
+DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
+DEFAULT_MAX_RESULT_BYTES = 16 << 20
+
+
+class LimitExceeded(ValueError):
+    """What a durable call would journal is too large or not JSON.
+
+    Not a `DurableError`: it never reaches a caller as an exception. The MCP face turns it into
+    the SDK's own `isError` result (arguments: before any claim; results: after releasing the
+    claim), so the public error codes of DESIGN.md §3 stay as they are.
+    """
+
+    def __init__(self, message: str, *, what: str, size: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
+def check_limit(name: str, limit: int | None) -> int | None:
+    """Validate a configured limit (`None`, or a positive number of bytes)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        raise ConfigError(f"{name} must be a positive number of bytes or None, not {limit!r}")
+    return limit
+
+
+def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None) -> bytes:
+    """The canonical JSON of `arguments`, or `LimitExceeded` if it is over `limit` or not JSON."""
+    try:
+        payload = canonical_json(dict(arguments))
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        raise LimitExceeded(
+            f"the arguments of tool {tool!r} cannot be journaled: they are not JSON-serialisable ({exc})",
+            what="arguments",
+        ) from exc
+    if limit is not None and len(payload) > limit:
+        raise LimitExceeded(
+            f"the arguments of tool {tool!r} are {len(payload)} bytes of canonical JSON; "
+            f"the limit is {limit} bytes (max_argument_bytes). Pass large content by reference",
+            what="arguments", size=len(payload), limit=limit,
+        )  # fmt: skip
+    return payload
+
+
+def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
+    """`payload` (a result's JSON) if within `limit`; `LimitExceeded` otherwise."""
+    if limit is not None and len(payload) > limit:
+        raise LimitExceeded(
+            f"the result of tool {tool!r} is {len(payload)} bytes of JSON; the limit is {limit} bytes "
+            "(max_result_bytes)",
+            what="result", size=len(payload), limit=limit,
+        )  # fmt: skip
+    return payload
+
+
+def outcome_text(error: LimitExceeded, *, released: bool) -> str:
+    """What the caller reads when a result could not be journaled (`released`: a retry runs again)."""
+    if released:
+        return f"{error.message}. The call was not journaled: its claim was released and a retry runs the tool again"
+    return f"{error.message}. This error is journaled and replayed for the key"
+
+
+def unserialisable_result(tool: str, exc: BaseException) -> LimitExceeded:
+    """The error for a result that cannot be written as JSON (so it could never be replayed)."""
+    error = LimitExceeded(
+        f"the result of tool {tool!r} cannot be journaled: it is not JSON-serialisable ({exc})",
+        what="result",
+    )
+    error.__cause__ = exc
+    return error
+
+
+def result_payload(tool: str, dump: Callable[[], bytes], limit: int | None) -> bytes:
+    """The result JSON `dump()` gives, checked against `limit`; `LimitExceeded` if too large or not JSON."""
+    try:
+        payload = dump()
+    except (TypeError, ValueError) as exc:  # orjson's and pydantic's serialisation errors
+        raise unserialisable_result(tool, exc) from exc
+    return check_result(tool, payload, limit)
