@@ -1,0 +1,232 @@
+"""What only the Postgres journal has: migrations, several journals on one schema, NOTIFY
+wake-ups across connections, URLs, and recovery from connections the server dropped.
+
+Every test runs on its own schema of the test database (`postgres_or_skip()`: skipped without
+a server, failed under CI).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+
+import anyio
+import orjson
+import psycopg
+import pytest
+
+from mcp_durable.errors import ConfigError, JournalError
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
+from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
+from mcp_durable.journal.postgres.schema import LATEST, MIGRATIONS
+from tests.conftest import postgres_or_skip
+
+T0 = 1_700_000_000.0
+
+
+def pending(key: str = "k", owner: str = "A") -> CallRecord:
+    return CallRecord(
+        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
+        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner=owner, lease_until=T0 + 30,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def schema_url() -> str:
+    base = postgres_or_skip()
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}schema=t_{uuid.uuid4().hex[:12]}"
+
+
+async def opened(url: str) -> PostgresJournal:
+    journal = create_journal(url)
+    assert isinstance(journal, PostgresJournal)
+    await journal.open()
+    return journal
+
+
+@pytest.fixture
+async def pair(schema_url: str) -> AsyncIterator[tuple[PostgresJournal, PostgresJournal]]:
+    """Two journals on one schema, each with its own pool and LISTEN connection: two replicas."""
+    first, second = await opened(schema_url), await opened(schema_url)
+    try:
+        yield first, second
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+def test_our_query_parameters_are_stripped_before_libpq_sees_the_url() -> None:
+    s = PostgresSettings.from_url(
+        "postgresql://u:p@db:5433/app?schema=tenant_1&pool_max=32&sslmode=disable&pool_timeout=2.5&poll=3"
+    )
+    assert (s.schema, s.pool_max, s.pool_timeout, s.poll) == ("tenant_1", 32, 2.5, 3.0)
+    assert s.conninfo == "postgresql://u:p@db:5433/app?sslmode=disable&connect_timeout=5"
+    assert s.channel == "mcp_durable.tenant_1"
+    assert PostgresSettings.from_url("postgres://h/db?connect_timeout=1").conninfo == "postgres://h/db?connect_timeout=1"
+
+
+@pytest.mark.parametrize(
+    "query", ["schema=1bad", "schema=a;drop", "schema=" + "x" * 49, "pool_max=0", "pool_min=5&pool_max=2", "poll=x"]
+)
+def test_a_bad_url_parameter_is_a_config_error(query: str) -> None:
+    with pytest.raises(ConfigError):
+        create_journal(f"postgresql://127.0.0.1/test?{query}")
+
+
+def test_a_missing_driver_names_the_pip_command() -> None:
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from mcp_durable.errors import ConfigError\n"
+        "from mcp_durable.journal import create_journal\n"
+        "try:\n    create_journal('postgresql://127.0.0.1/test')\n"
+        "except ConfigError as exc:\n    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "pip install 'mcp-durable[postgres]'" in out
+
+
+async def test_replicas_opening_at_once_apply_each_migration_exactly_once(schema_url: str) -> None:
+    journals = [create_journal(schema_url) for _ in range(5)]
+    async with anyio.create_task_group() as tg:
+        for journal in journals:
+            tg.start_soon(journal.open)
+    try:
+        applied = [j.recovery.problems for j in journals if j.recovery is not None and j.recovery.problems]
+        assert len(applied) == 1  # one replica migrated; the others found the schema current
+        schema = PostgresSettings.from_url(schema_url).schema
+        with psycopg.connect(postgres_or_skip()) as conn:
+            rows = conn.execute(f'SELECT version FROM "{schema}".schema_version ORDER BY version').fetchall()
+        assert [r[0] for r in rows] == [m.version for m in MIGRATIONS]
+    finally:
+        for journal in journals:
+            await journal.aclose()
+
+
+async def test_a_schema_migrated_by_a_newer_release_is_refused(schema_url: str) -> None:
+    journal = await opened(schema_url)
+    await journal.aclose()
+    schema = PostgresSettings.from_url(schema_url).schema
+    with psycopg.connect(postgres_or_skip(), autocommit=True) as conn:
+        conn.execute(f'INSERT INTO "{schema}".schema_version (version, description) VALUES (%s, %s)',
+                     (LATEST + 1, "from the future"))  # fmt: skip
+    with pytest.raises(JournalError, match="newer"):
+        await opened(schema_url)
+
+
+async def test_of_claims_spread_over_three_journals_exactly_one_wins(schema_url: str) -> None:
+    journals = [await opened(schema_url) for _ in range(3)]
+    winners: list[str] = []
+
+    async def claim(i: int) -> None:
+        won, _ = await journals[i % 3].claim(pending(owner=f"owner-{i}"), T0)
+        if won:
+            winners.append(f"owner-{i}")
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for i in range(60):
+                tg.start_soon(claim, i)
+        assert len(winners) == 1
+        for journal in journals:
+            stored = await journal.get(CallIdentity("local", "refund", "k"))
+            assert stored is not None and stored.owner == winners[0]
+    finally:
+        for journal in journals:
+            await journal.aclose()
+
+
+async def test_a_waiter_on_one_replica_is_woken_by_notify_from_another(schema_url: str) -> None:
+    # The waiter's fallback re-read is 60 s away: only the NOTIFY can wake it within the 20 s wait.
+    slow_poll = await opened(schema_url + "&poll=60")
+    writer = await opened(schema_url)
+    try:
+        _, record = await writer.claim(pending(), T0)
+        assert await slow_poll.get(record.identity) is not None
+
+        async def complete_soon() -> None:
+            await anyio.sleep(0.2)
+            assert await writer.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(complete_soon)
+            with anyio.move_on_after(20) as waited:
+                while True:
+                    await slow_poll.wait_for_change(record.identity, 20)
+                    current = await slow_poll.get(record.identity)
+                    if current is not None and current.state == CallState.COMPLETED:
+                        break
+        assert not waited.cancelled_caught, "the waiter was not woken by the other journal's change"
+    finally:
+        await slow_poll.aclose()
+        await writer.aclose()
+
+
+async def test_a_lease_renewal_wakes_no_one_but_a_swap_does(pair: tuple[PostgresJournal, PostgresJournal]) -> None:
+    first, second = pair
+    _, record = await first.claim(pending(), T0)
+    payloads: list[str] = []
+    listener = second._listener
+    assert listener is not None
+    original = listener._on_message
+    listener._on_message = lambda payload: (payloads.append(payload), original(payload))[-1]
+    await first.renew(record.identity, "A", T0 + 60)
+    await first.swap(1, record.evolve(state=CallState.IN_DOUBT))
+    # A last change on another key: NOTIFYs arrive in commit order, so once it is here every
+    # notification of the renewal and the swap would be here too.
+    _, marker = await first.claim(pending("marker"), T0)
+    await first.swap(1, marker.evolve(state=CallState.IN_DOUBT))
+    with anyio.fail_after(10):
+        while len(payloads) < 2:
+            await anyio.sleep(0.01)
+    assert [orjson.loads(p) for p in payloads] == [["local", "refund", "k"], ["local", "refund", "marker"]]
+
+
+async def test_connections_the_server_drops_give_journal_errors_then_recover(schema_url: str) -> None:
+    app = f"mcpd_{uuid.uuid4().hex[:10]}"
+    journal = await opened(f"{schema_url}&pool_min=3&application_name={app}")
+    try:
+        _, record = await journal.claim(pending(), T0)
+        listener = journal._listener
+        assert listener is not None and listener.connections == 1
+        with psycopg.connect(postgres_or_skip(), autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (app,)
+            ).fetchone()
+        assert killed is not None and killed[0] >= 2  # the pool's connections and the LISTEN one
+        errors: list[BaseException] = []
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    stored = await journal.get(record.identity)
+                    break
+                except Exception as exc:  # noqa: BLE001 - collected and checked below
+                    errors.append(exc)
+                    await anyio.sleep(0.05)
+            while listener.connections < 2:
+                await anyio.sleep(0.05)
+        assert stored is not None and stored.owner == "A"
+        assert all(isinstance(e, JournalError) for e in errors), errors
+        assert listener.connected
+    finally:
+        await journal.aclose()
+
+
+async def test_an_unreachable_database_fails_open_with_a_journal_error() -> None:
+    with anyio.fail_after(30):
+        with pytest.raises(JournalError):
+            await opened("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2&pool_timeout=2")
+
+
+@pytest.mark.skipif(not os.environ.get("MCP_DURABLE_PG_BIG"), reason="set MCP_DURABLE_PG_BIG=1")
+async def test_many_records_list_in_pages(schema_url: str) -> None:  # pragma: no cover - opt-in volume check
+    journal = await opened(schema_url)
+    try:
+        for i in range(5000):
+            await journal.claim(pending(f"k{i:05d}"), T0)
+        assert len(await journal.list_calls(limit=10_000)) == 5000
+    finally:
+        await journal.aclose()
