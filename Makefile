@@ -3,6 +3,7 @@
 #   make test  build .venv, install the package with its test extras, run the test suite
 PYTHON ?= python3
 VENV ?= .venv
+PORT ?= 8000
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
@@ -15,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/mcp-durable serve tools/payments.py --transport http --host 127.0.0.1 --port 8000
+	$(BIN)/mcp-durable serve tools/payments.py --transport http --host 127.0.0.1 --port $(PORT)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
