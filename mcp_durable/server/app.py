@@ -41,7 +41,9 @@ def default_principal(context: Context[Any, Any] | None) -> str:
     if token is None:
         return LOCAL_PRINCIPAL
     issuer = (token.claims or {}).get("iss")
-    parts = [token.client_id, token.subject or "", str(issuer) if issuer else ""]
+    # A subject equal to the client id (a static token map's principal) is not repeated: `alice`.
+    subject = token.subject if token.subject and token.subject != token.client_id else ""
+    parts = [token.client_id, subject, str(issuer) if issuer else ""]
     return "/".join(parts).rstrip("/")
 
 
