@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 from mcp import Client, StdioServerParameters
@@ -56,6 +57,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)
     return env
+
+
+async def wait_listening(port: int, timeout: float = 30.0) -> None:
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            except OSError:
+                await anyio.sleep(0.05)
+                continue
+            await stream.aclose()
+            return
 
 
 def refunds(ledger: Path, order: str = "O-1") -> list[dict[str, Any]]:
@@ -147,6 +160,7 @@ async def test_make_run_serves_the_payments_tools_and_prints_how_to_connect(tmp_
                 break
         url = f"http://127.0.0.1:{port}/mcp"
         assert any(f"streamable HTTP at {url}" in line for line in printed), "".join(printed)
+        await wait_listening(port)  # the message is printed just before uvicorn binds
         async with Client(url, mode="legacy") as client:
             first = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta={KEY_META: "mr"})
             second = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta={KEY_META: "mr"})
