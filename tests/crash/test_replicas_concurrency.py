@@ -1,0 +1,75 @@
+"""Three `mcp-durable serve` replicas over HTTP on one Postgres journal run each key once.
+
+500 concurrent calls, 50 distinct keys, every key's calls spread over all three replicas. The
+tool's effect goes to a payment provider (a SQLite ledger the test reads), which records every
+request it receives: exactly 50 requests means exactly 50 executions.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import Client
+
+from mcp_durable.demo.ledger import PaymentProvider
+from tests.conftest import postgres_or_skip
+from tests.helpers import serve_http
+
+TARGET = "tests/crash/servers/replica.py"
+KEY_META = "mcp-durable/idempotency-key"
+REPLAYED = "mcp-durable/replayed"
+
+
+def replica_journal_url() -> str:
+    """The test database with a fresh schema: the replicas of one test share it, no one else."""
+    base = postgres_or_skip()
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}schema=t_{uuid.uuid4().hex[:12]}"
+
+
+async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once(tmp_path: Path) -> None:
+    journal = replica_journal_url()
+    ledger = PaymentProvider(tmp_path / "ledger.db")
+    env = {"PAYMENTS_LEDGER": str(ledger.path)}
+    # Call i uses key i % 50 on replica i % 3: each key's ten calls reach all three replicas.
+    calls = [(i, f"key-{i % 50:02d}", i % 3) for i in range(500)]
+    random.Random(6).shuffle(calls)
+    results: dict[int, tuple[str, Any]] = {}
+
+    async with AsyncExitStack() as stack:
+        replicas = [await stack.enter_async_context(serve_http(TARGET, journal=journal, env=env)) for _ in range(3)]
+        # Two clients per replica, shared by the calls; 50 calls in flight at most (2 cores).
+        clients = [[await stack.enter_async_context(Client(r.url)) for _ in range(2)] for r in replicas]
+        limit = anyio.Semaphore(50)
+
+        async def call(i: int, key: str, replica: int) -> None:
+            async with limit:
+                client = clients[replica][i % 2]
+                result = await client.call_tool("refund", {"order_id": f"O-{key}", "amount_cents": 500},
+                                                meta={KEY_META: key})  # fmt: skip
+            results[i] = (key, result)
+
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for i, key, replica in calls:
+                    tg.start_soon(call, i, key, replica)
+
+    assert len(results) == 500
+    errors = [r.structured_content for _, r in results.values() if r.is_error]
+    assert errors == []
+    by_key: dict[str, set[str]] = defaultdict(set)
+    for key, result in results.values():
+        by_key[key].add(result.structured_content["id"])
+    assert all(len(ids) == 1 for ids in by_key.values()), "callers of one key got different results"
+    executed = [r for _, r in results.values() if not (r.meta or {}).get(REPLAYED)]
+    assert len(executed) == 50  # one first-hand result per key; the 450 others replayed
+
+    effects = ledger.effects()
+    assert len(effects) == 50 and len(ledger.requests()) == 50  # 50 executions, no duplicate request
+    assert {e["idempotency_key"]: e["id"] for e in effects} == {k: ids.pop() for k, ids in by_key.items()}
