@@ -1,0 +1,91 @@
+"""Case 1: sequential latency through the in-memory client, in both protocol eras.
+
+Per journal: the plain no-op call, the durable first call (a miss: a new key every call, so the
+claim and the result are made durable before the answer) and the durable repeat (a replay of
+one key). Variants are measured in interleaved rounds so that the machine's load drifts over
+all of them alike; each cell is the median of every sample.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+from mcp import Client
+
+from .common import CaseResult, Settings, Table, Target, journal_urls, median, ratio, skipped_journals, us, verdict
+from .servers import TOOL, durable_server, plain_server
+from .timing import check_result, timed_calls
+
+ERAS = {"legacy": "2025-11-25 (legacy)", "auto": "2026-07-28"}
+REPLAY_N = -1  # the argument of the one call every replay repeats
+
+
+async def run(settings: Settings) -> CaseResult:
+    result = CaseResult("latency")
+    rounds = settings.pick(3, 10)
+    per_round = settings.pick(30, 200)
+    urls = journal_urls(settings)
+    samples: dict[tuple[str, str, str], list[float]] = {}
+
+    async with AsyncExitStack() as stack:
+        plain = plain_server()
+        durables = {name: durable_server(url) for name, url in urls.items()}
+        fresh: dict[str, Iterator[int]] = {name: itertools.count(1) for name in urls}
+        variants: list[tuple[tuple[str, str, str], Callable[..., Awaitable[Any]], Callable[[], dict[str, int]]]] = []
+        for era in ERAS:
+            client = await stack.enter_async_context(Client(plain, mode=era))
+            variants.append(((era, "plain", ""), client.call_tool, lambda: {"n": 1}))
+            for name, server in durables.items():
+                client = await stack.enter_async_context(Client(server, mode=era))
+                counter = fresh[name]
+                variants.append(((era, "miss", name), client.call_tool, lambda c=counter: {"n": next(c)}))
+                variants.append(((era, "replay", name), client.call_tool, lambda: {"n": REPLAY_N}))
+        # Warm up every path (and complete the one call replays repeat); check each answers right.
+        for (_, kind, _), call, args in variants:
+            for i in range(20):
+                expect = None if kind == "plain" or (kind == "replay" and i == 0) else kind == "replay"
+                check_result(await call(TOOL, args()), replayed=expect)
+        for _ in range(rounds):
+            for key, call, args in variants:
+                samples.setdefault(key, []).extend(await timed_calls(call, args, per_round))
+
+    fsync = settings.fsync_s
+    table = Table(
+        "1. Sequential latency, in-memory client (median per call)",
+        ["journal", "era", "plain", "miss", "miss − plain", "replay", "replay / plain",
+         "replay ≤ 1.0x", "miss ≤ plain + 2·fsync"],
+    )  # fmt: skip
+    table.notes.append(
+        f"{rounds} interleaved rounds × {per_round} calls per cell; fsync measured at start: {us(fsync)}; "
+        "miss = a new key per call (claim and result durable before the answer), replay = the same key again."
+    )
+    table.notes.extend(skipped_journals())
+    verdicts: dict[str, list[tuple[str, float, bool, float, bool]]] = {}
+    for name in urls:
+        for era, era_label in ERAS.items():
+            plain_s = median(samples[(era, "plain", "")])
+            miss_s = median(samples[(era, "miss", name)])
+            replay_s = median(samples[(era, "replay", name)])
+            replay_ok = replay_s <= plain_s
+            miss_ok = miss_s <= plain_s + 2 * fsync
+            table.add(name, era_label, us(plain_s), us(miss_s), us(miss_s - plain_s), us(replay_s),
+                      ratio(replay_s / plain_s), verdict(replay_ok), verdict(miss_ok))  # fmt: skip
+            verdicts.setdefault(name, []).append((era, replay_s / plain_s, replay_ok, miss_s - plain_s, miss_ok))
+    result.tables.append(table)
+    for name, rows in verdicts.items():
+        result.targets.append(Target(
+            f"Replay latency ≤ 1.0× plain [{name}]", "≤ 1.00x in both eras",
+            ", ".join(f"{ERAS[era].split(' ')[0]}: {r:.2f}x" for era, r, _, _, _ in rows),
+            all(ok for _, _, ok, _, _ in rows),
+        ))  # fmt: skip
+        if name == "memory":
+            continue  # nothing to fsync: the bar is about durable storage
+        result.targets.append(Target(
+            f"Sequential miss ≤ plain + 2 × fsync [{name}]", f"extra ≤ {us(2 * fsync)}",
+            ", ".join(f"{ERAS[era].split(' ')[0]}: +{us(extra)}" for era, _, _, extra, _ in rows),
+            all(ok for *_, ok in rows),
+        ))  # fmt: skip
+    return result
