@@ -13,6 +13,7 @@ already become identical `isError` results.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -25,7 +26,7 @@ from pydantic import ValidationError
 
 from .. import limits
 from ..engine import LOCAL_PRINCIPAL, Engine, ToolOutcome
-from ..errors import DurableError
+from ..errors import DurableError, JournalError
 from ..journal import Journal, create_journal
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
@@ -33,6 +34,7 @@ from .auth import token_auth_kwargs, tokens_from_env
 from .results import answer, dump_result, refusal
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+logger = logging.getLogger(__name__)
 
 
 def default_principal(context: Context[Any, Any] | None) -> str:
@@ -99,7 +101,13 @@ class DurableServer(MCPServer[Any]):
     async def _durable_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[Any]:
         # Entered once per stdio/in-memory connection and once by the HTTP session manager:
         # the journal stays open while any of them runs.
-        await self.engine.start()
+        try:
+            await self.engine.start()
+        except JournalError as exc:
+            # Serve anyway (full disk, read-only directory, locked database): every durable call
+            # retries the start and is refused with `journal_unavailable` until it succeeds, so
+            # the fault clears without a restart.
+            logger.warning("journal %s unavailable at start: %s", self.journal.url, exc)
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -110,7 +118,10 @@ class DurableServer(MCPServer[Any]):
         finally:
             self._lifespan_users -= 1
             if self._lifespan_users == 0:
-                await self.engine.aclose()
+                try:
+                    await self.engine.aclose()
+                except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
+                    logger.warning("journal %s: the stop could not be journaled: %s", self.journal.url, exc)
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""

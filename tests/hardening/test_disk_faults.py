@@ -1,0 +1,226 @@
+"""Faults under the journal: a full disk, a read-only directory, a SQLite database locked by another process.
+
+The promise under every fault: the tool does not run, the caller gets `journal_unavailable`, a
+result acknowledged before the fault is still replayed, and once the fault is gone everything
+works with nothing lost, also across a restart.
+
+The full disk is a real one: a 4 MiB tmpfs mounted for the test and filled to the last byte
+(this needs root, which the test machines give; the tests skip with the reason otherwise). A
+read-only directory is a read-only bind mount (chmod does not stop root).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from mcp_durable.journal.sqlite import SQLiteJournal
+from mcp_durable.journal import CallState
+from tests.hardening.conftest import KEY_META, Runs, build_server, snapshot, text_of
+
+BIG = "B" * 50_000  # each call journals ~100 KB (arguments and result): a full disk cannot take it
+
+
+def _mount(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+
+
+class TinyDisk:
+    """A small tmpfs that a test can fill to the last byte and free again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.filler = root / "filler"
+
+    def fill(self) -> None:
+        with open(self.filler, "ab", buffering=0) as handle:
+            for chunk in (1 << 20, 1 << 16, 1 << 12, 1 << 9, 1):
+                try:
+                    while True:
+                        handle.write(b"\0" * chunk)
+                except OSError:
+                    continue
+        assert os.statvfs(self.root).f_bavail == 0
+
+    def free(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[TinyDisk]:
+    root = tmp_path / "disk"
+    root.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mounted = _mount("-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(root))
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield TinyDisk(root)
+    finally:
+        if subprocess.run(["umount", str(root)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
+
+
+def file_journal_available() -> bool:
+    try:
+        from mcp_durable.journal.file import FileJournal  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(params=["sqlite", "file"])
+def url_in(request: pytest.FixtureRequest) -> Any:
+    kind: str = request.param
+    if kind == "file" and not file_journal_available():
+        pytest.skip("the file journal (mcp_durable/journal/file/) is not built yet")
+    return lambda root: f"sqlite:///{root}/journal.db" if kind == "sqlite" else f"file://{root}/journal"
+
+
+async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_lost(
+    tiny_disk: TinyDisk, url_in: Any, mode: str
+) -> None:
+    runs = Runs()
+    url = url_in(tiny_disk.root)
+    server = build_server(url, runs)
+    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        before = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+        assert not before.is_error
+        tiny_disk.fill()
+        refused: list[str] = []
+        for i in range(8):
+            key = f"B{i}"
+            ran = runs.count("echo")
+            result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta={KEY_META: key})
+            if result.is_error:
+                assert result.structured_content["error"] == "journal_unavailable", text_of(result)
+                assert runs.count("echo") == ran, "the tool ran although its claim could not be journaled"
+                refused.append(key)
+            else:
+                # A journal with space set aside may still take a call; it must then be durable.
+                assert result.meta["mcp-durable/key"] == key and runs.count("echo") == ran + 1
+        assert refused, "no call was refused on a full disk"
+        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+        assert replay.meta["mcp-durable/replayed"] is True and replay.content == before.content
+
+        tiny_disk.free()
+        for i in range(8):
+            result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta={KEY_META: f"B{i}"})
+            assert not result.is_error, text_of(result)
+        assert runs.count("echo") == 1 + 8  # each key ran exactly once, the refused ones after the fault
+        records, _ = await snapshot(server.journal)
+        assert {r.identity.key: r.state for r in records} == {
+            "A": CallState.COMPLETED, **{f"B{i}": CallState.COMPLETED for i in range(8)}
+        }
+
+    # A restart on the same journal: everything acknowledged is replayed, nothing runs again.
+    again = build_server(url, runs)
+    async with Client(again, mode=mode) as client:  # type: ignore[arg-type]
+        for key, text in [("A", "acknowledged"), *((f"B{i}", f"{BIG}{i}") for i in range(8))]:
+            result = await client.call_tool("echo", {"text": text}, meta={KEY_META: key})
+            assert result.meta["mcp-durable/replayed"] is True, key
+    assert runs.count("echo") == 9
+
+
+async def test_a_server_started_on_a_full_disk_refuses_calls_until_space_is_back(
+    tiny_disk: TinyDisk, url_in: Any
+) -> None:
+    runs = Runs()
+    url = url_in(tiny_disk.root)
+    first = build_server(url, runs)
+    async with Client(first, mode="legacy") as client:
+        await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+    tiny_disk.fill()
+    server = build_server(url, runs)
+    async with Client(server, mode="legacy") as client:
+        refused = await client.call_tool("echo", {"text": BIG}, meta={KEY_META: "B"})
+        assert refused.is_error and refused.structured_content["error"] == "journal_unavailable"
+        assert runs.count("echo") == 1
+        tiny_disk.free()
+        ok = await client.call_tool("echo", {"text": BIG}, meta={KEY_META: "B"})
+        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+    assert not ok.is_error and replay.meta["mcp-durable/replayed"] is True
+    assert runs.count("echo") == 2
+
+
+async def test_a_read_only_journal_directory_refuses_calls_until_it_is_writable(tmp_path: Path, url_in: Any) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root (chmod does not stop root)")
+    source, view = tmp_path / "source", tmp_path / "view"
+    source.mkdir()
+    view.mkdir()
+    runs = Runs()
+    first = build_server(url_in(source), runs)
+    async with Client(first, mode="auto") as client:
+        await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+    if _mount("--bind", str(source), str(view)).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        assert _mount("-o", "remount,bind,ro", str(view)).returncode == 0
+        server = build_server(url_in(view), runs)
+        async with Client(server, mode="auto") as client:
+            refused = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
+            assert refused.is_error and refused.structured_content["error"] == "journal_unavailable"
+            assert runs.count("echo") == 1
+            await server.engine.aclose()  # let go of the files before making the mount writable
+            assert _mount("-o", "remount,bind,rw", str(view)).returncode == 0
+            ok = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
+            replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+        assert not ok.is_error, text_of(ok)
+        assert replay.meta["mcp-durable/replayed"] is True and runs.count("echo") == 2
+    finally:
+        subprocess.run(["umount", "-l", str(view)], capture_output=True, check=False)
+
+
+LOCK_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()  # hold the lock until told to let go
+conn.execute("ROLLBACK")
+"""
+
+
+async def test_a_sqlite_journal_locked_by_another_process_refuses_calls_until_the_lock_is_gone(
+    tmp_path: Path, mode: str
+) -> None:
+    db = tmp_path / "journal.db"
+    runs = Runs()
+    server = build_server(SQLiteJournal(db, busy_timeout=0.3), runs)
+    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        acknowledged = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LOCK_HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            refused = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
+            assert refused.is_error and refused.structured_content["error"] == "journal_unavailable"
+            assert "locked" in refused.structured_content["message"]
+            assert runs.count("echo") == 1
+            # A repeat claims before it reads (one write transaction), so under another process's
+            # write lock it is refused too; it must never run the tool or answer anything else.
+            during = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+            if during.is_error:
+                assert during.structured_content["error"] == "journal_unavailable"
+            else:
+                assert during.meta["mcp-durable/replayed"] is True and during.content == acknowledged.content
+            assert runs.count("echo") == 1
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.write("go\n")
+            holder.stdin.close()
+            holder.wait(timeout=10)
+        ok = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
+        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+    assert not ok.is_error and replay.content == acknowledged.content and replay.meta["mcp-durable/replayed"]
+    assert runs.count("echo") == 2
