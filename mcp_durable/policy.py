@@ -74,8 +74,24 @@ class ToolPolicy:
     def __post_init__(self) -> None:
         if self.key not in ("auto", "required"):
             raise ConfigError(f"key must be 'auto' or 'required', not {self.key!r}")
-        if self.wait < 0 or self.lease <= 0:
+        if not (self.wait >= 0 and self.lease > 0):  # written so NaN fails too
             raise ConfigError("wait must be >= 0 and lease > 0 seconds")
+        if self.tool_errors not in ("persist", "release") or self.exceptions not in ("persist", "release"):
+            raise ConfigError(f"tool_errors and exceptions must be 'persist' or 'release', "
+                              f"not {self.tool_errors!r} / {self.exceptions!r}")  # fmt: skip
+        if self.key_argument is not None and (not isinstance(self.key_argument, str) or not self.key_argument):
+            raise ConfigError(f"key_argument must be an argument name, not {self.key_argument!r}")
+        if (self.key_fn is not None and not callable(self.key_fn)) or (
+            self.reconcile is not None and not callable(self.reconcile)
+        ):
+            raise ConfigError("key_fn and reconcile must be callables")
+        # A bare string is one field name, not a sequence of one-letter fields.
+        if isinstance(self.key_fields, str):
+            object.__setattr__(self, "key_fields", (self.key_fields,))
+        if isinstance(self.sensitive, str):
+            object.__setattr__(self, "sensitive", (self.sensitive,))
+        if self.key_fields is not None and not self.key_fields:
+            raise ConfigError("key_fields must name at least one argument (or be None)")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be at least 1")
         if self.retention is not None and self.retention <= 0:
