@@ -175,6 +175,10 @@ class PostgresJournal:
         s = self.settings
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
             s.conninfo, min_size=s.pool_min, max_size=s.pool_max, timeout=s.pool_timeout, open=False,
+            # Give up a failing reconnection after a second instead of backing off for minutes:
+            # the next call that needs a connection starts a fresh attempt at once, so the
+            # pool is back within about a second of the database.
+            reconnect_timeout=1.0,
             kwargs={"autocommit": True, "options": f"-c statement_timeout={int(s.statement_timeout * 1000)}"},
             name=f"mcp-durable/{s.schema}",
         )  # fmt: skip
