@@ -1,0 +1,61 @@
+"""`file://DIR`: the crash-safe file journal, the embedded default.
+
+URL: `file://PATH` (relative `file://.mcp-durable/journal`, absolute `file:///var/lib/x`; the
+prefix is stripped, no netloc rules) with optional query `durability=strict|relaxed` (relaxed:
+no fsync, for tests and benchmarks) and `mode=rw|ro` (read-only: no lock, writes raise
+`JournalError`; it reads what is on disk at open, e.g. the CLI beside a running server).
+
+On-disk format (directory 0700, files 0600):
+
+    DIR/
+      MANIFEST                    JSON: format, journal_id, hash_key, segments (log order), next_segment, seq_floor
+      LOCK                        flock'ed by the writer; JSON {pid, host, started_at} of the holder
+      seg-00000001.log …          segments: frames, append-only; the manifest's last one is active
+      snapshot-<seq hex>.snap     the index at sequence number <seq> (header line + raw arrays)
+      seg-….log.torn-<offset>     a torn tail cut off at open, kept aside
+      seg-….log.damaged-<offset>  a damaged range skipped at open, kept aside
+
+Frame (one text line; `grep`, `tail -f`, `cut -c37- | jq` work on segments):
+
+    @LLLLLLLL SSSSSSSSSSSSSSSS CCCCCCCC {json payload}\\n
+    L payload length (hex), S sequence number (hex, strictly increasing across the journal),
+    C CRC-32 of "@L S " and the payload (hex).
+
+Payloads (`t`): `call` (op claim|swap|renew and the whole record after it: the latest frame of
+an identity is the record), `entry` (a process entry; its seq is the frame's), `purge` (every
+record expired at `now` is gone from there on). Results are stored as text when UTF-8.
+
+Writes: every mutation is one frame. Group commit (commit.py): concurrent writers' frames go out
+in one `pwrite` + `fdatasync` per batch, and nothing returns before the flush of its frame
+(claims included); reads wait for the frames they return to be on disk. Segments rotate at
+64 MiB (the new one is created and fsynced, then the manifest is replaced atomically).
+
+Index (index.py): per call record ~65 bytes of flat arrays (hash, position, version, state,
+times, tool, principal), found by a 128-bit keyed BLAKE2b of `(principal, tool, key)`; results
+stay on disk and `get()` preads the frame. Process entries: arrays chained per process.
+
+Recovery (recovery.py): the newest usable snapshot, then every frame after its end. Snapshots
+(snapshot.py) are written after 100,000 frames (or a quarter of the live records) and at close:
+temp file, fsync, rename, fsync directory. A stale or damaged snapshot is ignored.
+
+Corruption policy: a torn or corrupt tail (damage no valid frame follows) is cut off at open,
+its bytes kept in `<segment>.torn-<offset>` and reported (`recovery.bytes_truncated`,
+`truncated_to`, `problems`). Damage before the tail is *resynchronised*: the scanner skips to
+the next `\\n@` that starts a valid frame with a higher sequence number, keeps every valid
+record after it, and reports the damaged range with its offset in `recovery.problems` (bytes
+copied to `<segment>.damaged-<offset>`). A segment named by the manifest but missing, or a
+missing manifest beside segments, is refused with `JournalCorruptError`.
+
+Compaction (compaction.py): drops expired records and superseded versions by copying live frames
+of the sealed segments verbatim into a new segment, then one atomic manifest rename, then
+deleting the old ones: a crash at any point leaves a journal that opens with every live record.
+
+Lock (lock.py): one writer process (`flock` on `LOCK`); a second gets `JournalLockedError`
+naming the holder. `verify(directory)` (verify.py) checks every frame without the lock.
+"""
+
+from .compaction import CompactionReport
+from .journal import FileJournal
+from .verify import Problem, VerifyReport, verify
+
+__all__ = ["CompactionReport", "FileJournal", "Problem", "VerifyReport", "verify"]

@@ -1,0 +1,109 @@
+"""Group commit: concurrent writers share one `write` + `fdatasync` per batch.
+
+A writer encodes its frame and appends it to the open batch in the event loop (no I/O, no
+await, so the position it gets is exact and the index can be updated at once), then waits for
+the batch. Whoever finds no flush running leads: it takes the open batch, writes it and syncs
+it in a worker thread, and wakes everyone. Frames arriving meanwhile gather in the next batch,
+whose first waiter leads the next flush. So under load each flush carries everything that
+arrived during the previous one, and nobody returns before the flush of its own frame:
+
+    writer A  ──add──wait─────────────[flush 1: A]──────────▶ returns
+    writer B  ─────────add──wait──────────────────[flush 2: B C]──▶ returns
+    writer C  ────────────add──wait───────────────[flush 2: B C]──▶ returns
+
+`fdatasync` is enough for appends (it flushes the file size, the only metadata a reader needs).
+A failed flush poisons the journal: the index already shows the lost frames, so every later
+call raises `JournalError` until the journal is reopened (recovery then reads what is on disk).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import anyio
+import anyio.to_thread
+
+from ...errors import JournalError
+
+
+class Batch:
+    """Frames to write together: runs of `(segment, offset, frames)` in log order."""
+
+    __slots__ = ("chunks", "last_seq", "finished")
+
+    def __init__(self) -> None:
+        self.chunks: list[tuple[int, int, list[bytes]]] = []
+        self.last_seq = 0
+        self.finished = False
+
+
+class GroupCommit:
+    """The batching writer. `open_fd(segment)` returns a writable descriptor for a segment."""
+
+    def __init__(self, open_fd: Callable[[int], int], *, sync: bool, durable_seq: int) -> None:
+        self._open_fd = open_fd
+        self._sync = sync
+        self.current = Batch()
+        self.flushing: Batch | None = None
+        self._flushed = anyio.Event()
+        self.durable_seq = durable_seq
+        self.failure: BaseException | None = None
+
+    def add(self, segment: int, offset: int, frame: bytes, seq: int) -> Batch:
+        batch = self.current
+        if batch.chunks and batch.chunks[-1][0] == segment:
+            batch.chunks[-1][2].append(frame)
+        else:
+            batch.chunks.append((segment, offset, [frame]))
+        batch.last_seq = seq
+        return batch
+
+    def check(self) -> None:
+        if self.failure is not None:
+            raise JournalError(f"the journal failed to write and must be reopened: {self.failure}") from self.failure
+
+    async def wait(self, batch: Batch) -> None:
+        """Return once `batch` is on stable storage (leading its flush if nobody does)."""
+        while not batch.finished:
+            self.check()
+            if self.flushing is not None:
+                await self._flushed.wait()
+            else:
+                await self._lead()
+        self.check()
+
+    async def wait_seq(self, seq: int) -> None:
+        """Return once every frame up to `seq` is on stable storage."""
+        while seq > self.durable_seq:
+            self.check()
+            flushing = self.flushing
+            await self.wait(flushing if flushing is not None and seq <= flushing.last_seq else self.current)
+
+    async def _lead(self) -> None:
+        batch, self.current = self.current, Batch()
+        if not batch.chunks:
+            batch.finished = True
+            return
+        self.flushing, self._flushed = batch, anyio.Event()
+        try:
+            # Shielded: once the bytes are handed to the thread, their fate must be known.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._write, batch)
+            self.durable_seq = batch.last_seq
+        except Exception as exc:
+            self.failure = exc
+        finally:
+            batch.finished = True
+            self.flushing = None
+            self._flushed.set()
+
+    def _write(self, batch: Batch) -> None:
+        for segment, offset, frames in batch.chunks:
+            fd = self._open_fd(segment)
+            view = memoryview(b"".join(frames))
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view, offset = view[written:], offset + written
+            if self._sync:
+                os.fdatasync(fd)

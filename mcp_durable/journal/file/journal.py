@@ -1,0 +1,423 @@
+"""`FileJournal`: the `Journal` protocol over segment files (see the package docstring)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import anyio.to_thread
+import orjson
+
+from ...errors import ConfigError, JournalCorruptError, JournalError
+from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, sort_key
+from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from . import snapshot as snapshots
+from .codec import (call_payload, entry_from_dict, entry_payload, identity_hash, process_hash, purge_payload,
+                    record_from_dict)  # fmt: skip
+from .commit import Batch, GroupCommit
+from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
+from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
+from .lock import WriterLock
+from .recovery import recover
+from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
+
+SEGMENT_BYTES = 64 * 1024 * 1024
+#: A snapshot is written once this many frames were appended since the last one (and at
+#: close), or a quarter of the live records if that is more: recovery replays at most that tail.
+SNAPSHOT_EVERY = 100_000
+SNAPSHOT_ON_CLOSE = 1_000
+
+
+class FileJournal:
+    """A crash-safe journal in a directory of append-only segment files; one writer process."""
+
+    single_writer = True
+
+    def __init__(self, directory: str | os.PathLike[str], *, durability: str = "strict", read_only: bool = False,
+                 url: str | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:  # fmt: skip
+        if durability not in ("strict", "relaxed"):
+            raise ConfigError(f"durability must be strict or relaxed, not {durability!r}")
+        self.directory = Path(directory)
+        self.url = url or f"file://{self.directory}"
+        self.durability = durability
+        self.read_only = read_only
+        self.segment_bytes = segment_bytes
+        self.recovery: RecoveryReport | None = None
+        self._signals = ChangeSignals()
+        self._maintenance = anyio.Lock()
+        self._hash_cache: dict[CallIdentity, int] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._calls = CallIndex()
+        self._entries = EntryIndex()
+        self._manifest: Manifest | None = None
+        self._keeper: ManifestKeeper | None = None
+        self._commit: GroupCommit | None = None
+        self._lock: WriterLock | None = None
+        self._readers: dict[int, int] = {}
+        self._writer: tuple[int, int] | None = None  # (segment, fd), used by the flush thread only
+        self._next_seq = 1
+        self._active = 1
+        self._active_end = 0
+        self._since_snapshot = 0
+
+    @classmethod
+    def from_url(cls, url: str) -> FileJournal:
+        """`file://PATH[?durability=strict|relaxed][&mode=rw|ro]`; PATH relative or absolute."""
+        path, _, query = url[len("file://") :].partition("?")
+        if not path:
+            raise ConfigError(f"file journal URL needs a directory: {url!r} (e.g. file://.mcp-durable/journal)")
+        params = {k: v[-1] for k, v in parse_qs(query).items()}
+        mode = params.get("mode", "rw")
+        if mode not in ("rw", "ro"):
+            raise ConfigError(f"mode must be rw or ro, not {mode!r}")
+        return cls(path, durability=params.get("durability", "strict"), read_only=mode == "ro", url=url)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._manifest is not None:
+            return
+        started = time.perf_counter()
+        try:
+            await anyio.to_thread.run_sync(self._open_sync)
+        except BaseException:
+            self._close_files()
+            self._reset()
+            raise
+        assert self.recovery is not None
+        self.recovery = dataclasses.replace(self.recovery, duration_s=time.perf_counter() - started)
+        if not self.read_only and self._since_snapshot >= SNAPSHOT_EVERY:
+            await self.snapshot()
+
+    def _open_sync(self) -> None:
+        if self.read_only:
+            if not self.directory.is_dir():
+                raise JournalError(f"no journal at {self.directory}")
+            for _ in range(5):  # a compaction may delete a segment between manifest and read
+                try:
+                    return self._load(Manifest.read(self.directory))
+                except JournalCorruptError:
+                    time.sleep(0.05)
+            return self._load(Manifest.read(self.directory))
+        self.directory.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        os.chmod(self.directory, DIR_MODE)
+        self._lock = WriterLock(self.directory)
+        self._lock.acquire()
+        manifest = Manifest.read(self.directory)
+        if manifest is None:
+            if any(p.name.startswith("seg-") for p in self.directory.iterdir()):
+                raise JournalCorruptError(str(self.directory / "MANIFEST"), 0, "missing, but segments exist")
+            manifest = Manifest.new()
+            manifest.write(self.directory)
+            os.close(os.open(self.directory / segment_name(1), os.O_WRONLY | os.O_CREAT, FILE_MODE))
+        self._keeper = ManifestKeeper(self.directory, manifest)
+        self._load(manifest)
+
+    def _load(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            raise JournalError(f"no journal at {self.directory} (no MANIFEST)")
+        found = recover(self.directory, manifest, writable=not self.read_only)
+        self._manifest = manifest
+        self._calls, self._entries = found.calls, found.entries
+        self._next_seq = found.last_seq + 1
+        self._active, self._active_end = found.active, found.active_end
+        self._since_snapshot = found.frames_replayed
+        self._commit = GroupCommit(self._writer_fd, sync=self.durability == "strict", durable_seq=found.last_seq)
+        self.recovery = RecoveryReport(
+            "file", 0.0, snapshot_used=found.snapshot_used, records_loaded=len(found.calls),
+            entries_replayed=found.frames_replayed, bytes_truncated=found.bytes_truncated,
+            truncated_to=found.truncated_to, problems=tuple(found.problems),
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        if self._manifest is None:
+            return
+        try:
+            if self._commit is not None and self._commit.failure is None and not self.read_only:
+                await self._commit.wait_seq(self._next_seq - 1)
+                if self._since_snapshot >= SNAPSHOT_ON_CLOSE:
+                    await self.snapshot()
+        finally:
+            self._close_files()
+            self._reset()
+            self._signals.notify_all()
+
+    def _close_files(self) -> None:
+        for fd in self._readers.values():
+            os.close(fd)
+        if self._writer is not None:
+            os.close(self._writer[1])
+        if self._lock is not None:
+            self._lock.release()
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _writable(self) -> GroupCommit:
+        if self._commit is None:
+            raise JournalError(f"journal {self.url} is not open")
+        if self.read_only:
+            raise JournalError(f"journal {self.url} is open read-only")
+        self._commit.check()
+        return self._commit
+
+    def _writer_fd(self, segment: int) -> int:
+        """The flush thread's descriptor for `segment`, creating the segment on first use."""
+        if self._writer is not None and self._writer[0] == segment:
+            return self._writer[1]
+        assert self._keeper is not None
+        if segment not in self._keeper.current.segments:
+            self._keeper.add_segment(segment)
+        fd = os.open(self.directory / segment_name(segment), os.O_WRONLY)
+        if self._writer is not None:
+            os.close(self._writer[1])
+        self._writer = (segment, fd)
+        return fd
+
+    def _submit(self, payload: bytes) -> tuple[int, int, int, Batch]:
+        """Queue one frame: returns its `(seq, position, size, batch)`. No await: atomic."""
+        commit = self._writable()
+        seq = self._next_seq
+        self._next_seq += 1
+        frame = encode_frame(seq, payload)
+        if self._active_end and self._active_end + len(frame) > self.segment_bytes:
+            self._rotate()
+        offset = self._active_end
+        self._active_end += len(frame)
+        self._since_snapshot += 1
+        return seq, pack(self._active, offset), len(frame), commit.add(self._active, offset, frame, seq)
+
+    def _rotate(self) -> None:
+        assert self._keeper is not None
+        self._active, self._active_end = self._keeper.allocate(), 0
+
+    async def _durable(self, batch: Batch) -> None:
+        assert self._commit is not None
+        await self._commit.wait(batch)
+        threshold = max(SNAPSHOT_EVERY, len(self._calls) // 4)
+        if self._since_snapshot >= threshold and not self._maintenance.locked():
+            await self.snapshot()
+
+    def _hash(self, identity: CallIdentity) -> int:
+        h = self._hash_cache.get(identity)
+        if h is None:
+            assert self._manifest is not None
+            if len(self._hash_cache) > 4096:
+                self._hash_cache.clear()
+            h = self._hash_cache[identity] = identity_hash(self._manifest.hash_key, identity)
+        return h
+
+    def _read(self, position: int, size: int) -> dict[str, Any]:
+        """Read one frame back (pread), check it, and decode its payload."""
+        segment, offset = unpack(position)
+        fd = self._readers.get(segment)
+        if fd is None:
+            fd = self._readers[segment] = os.open(self.directory / segment_name(segment), os.O_RDONLY)
+        buf = os.pread(fd, size, offset)
+        frame = parse_at(buf, 0, len(buf))
+        if not isinstance(frame, Frame):
+            raise JournalCorruptError(str(self.directory / segment_name(segment)), offset, frame)
+        result: dict[str, Any] = orjson.loads(buf[HEADER_SIZE : HEADER_SIZE + frame.length])
+        return result
+
+    async def _load_call(self, identity: CallIdentity, h: int) -> tuple[int, CallRecord] | None:
+        """The durable latest record of `identity` with its seq, or None."""
+        commit = self._commit
+        if commit is None:
+            raise JournalError(f"journal {self.url} is not open")
+        while True:
+            slot = self._calls.find(h)
+            if slot is None:
+                return None
+            seq = self._calls.seq[slot]
+            if seq > commit.durable_seq:  # never answer with a record that is not on disk yet
+                await commit.wait_seq(seq)
+                continue
+            record = record_from_dict(self._read(self._calls.pos[slot], self._calls.size[slot])["r"])
+            if record.identity != identity:
+                raise JournalError(f"index hash collision between {identity} and {record.identity}")
+            return seq, record
+
+    def _put(self, op: str, h: int, record: CallRecord) -> Batch:
+        seq, position, size, batch = self._submit(call_payload(op, h, record))
+        self._calls.put(h, record, position, size, seq)
+        self._signals.notify(record.identity)
+        return batch
+
+    # -- call records -----------------------------------------------------------------------------
+
+    async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:
+        self._writable()
+        h = self._hash(record.identity)
+        while True:
+            slot = self._calls.find(h)
+            if slot is None or self._calls.expires[slot] <= now:
+                break
+            found = await self._load_call(record.identity, h)
+            if found is not None and not found[1].is_expired(now):
+                return False, found[1]
+        await self._durable(self._put("claim", h, record))
+        return True, record
+
+    async def get(self, identity: CallIdentity) -> CallRecord | None:
+        found = await self._load_call(identity, self._hash(identity))
+        return None if found is None else found[1]
+
+    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+        self._writable()
+        h = self._hash(record.identity)
+        slot = self._calls.find(h)
+        if slot is None or self._calls.version[slot] != expected_version:
+            return False
+        await self._durable(self._put("swap", h, record))
+        return True
+
+    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+        self._writable()
+        h = self._hash(identity)
+        while True:
+            found = await self._load_call(identity, h)
+            if found is None or found[1].state != CallState.PENDING or found[1].owner != owner:
+                return False
+            slot = self._calls.find(h)
+            if slot is not None and self._calls.seq[slot] == found[0]:  # unchanged while we read it
+                break
+        # A renewal is not a transition: the version stays, so the owner's pending swap still applies.
+        await self._durable(self._put("renew", h, dataclasses.replace(found[1], lease_until=lease_until)))
+        return True
+
+    async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
+        await self._signals.wait(identity, timeout)
+
+    async def list_calls(
+        self,
+        *,
+        principal: str | None = None,
+        tool: str | None = None,
+        state: CallState | None = None,
+        limit: int = 100,
+        cursor: CallCursor | None = None,
+    ) -> list[CallRecord]:
+        if self._commit is None:
+            raise JournalError(f"journal {self.url} is not open")
+        await self._commit.wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
+        idx = self._calls
+        tool_id = idx.tools.ids.get(tool, -1) if tool is not None else None
+        principal_id = idx.principals.ids.get(principal, -1) if principal is not None else None
+        code = STATE_CODES[state] if state is not None else None
+        top = cursor.created_at if cursor is not None else float("inf")
+        candidates = [
+            (idx.created[s], s) for s in range(len(idx.state))
+            if idx.state[s] != DEAD and (code is None or idx.state[s] == code)
+            and (tool_id is None or idx.tool[s] == tool_id)
+            and (principal_id is None or idx.principal[s] == principal_id) and idx.created[s] <= top
+        ]  # fmt: skip
+        candidates.sort(reverse=True)
+        out: list[CallRecord] = []
+        i = 0
+        while i < len(candidates) and len(out) < limit:
+            j = i
+            while j < len(candidates) and candidates[j][0] == candidates[i][0]:
+                j += 1
+            group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for _, s in candidates[i:j]]
+            if cursor is not None:
+                group = [r for r in group if sort_key(r) < (cursor.created_at, cursor.identity)]
+            out.extend(sorted(group, key=sort_key, reverse=True))
+            i = j
+        return out[: max(0, limit)]
+
+    async def purge_expired(self, now: float) -> int:
+        self._writable()
+        slots = self._calls.expired(now)
+        if not slots:
+            return 0
+        _, _, _, batch = self._submit(purge_payload(now))
+        for slot in slots:
+            self._calls.delete(slot)
+        await self._durable(batch)
+        return len(slots)
+
+    async def stats(self) -> JournalStats:
+        idx = self._calls
+        live = [s for s in range(len(idx.state)) if idx.state[s] != DEAD]
+        by_state = Counter(CODE_STATES[idx.state[s]].value for s in live)
+        by_tool = Counter(idx.tools.names[idx.tool[s]] for s in live)
+        size = 0
+        for p in self.directory.glob("seg-*.log"):
+            size += p.stat().st_size
+        oldest = min((idx.created[s] for s in live), default=None)
+        return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries), size, oldest)
+
+    # -- process entries --------------------------------------------------------------------------
+
+    async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
+        payload = entry_payload(process_id, entry_type, data, ts)
+        seq, position, size, batch = self._submit(payload)
+        self._entries.add(seq, position, size, process_hash(process_id), entry_type == CHECKPOINT)
+        await self._durable(batch)
+        return JournalEntry(process_id, entry_type, data, ts, seq)
+
+    async def entries(
+        self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
+    ) -> list[JournalEntry]:
+        if self._commit is None:
+            raise JournalError(f"journal {self.url} is not open")
+        await self._commit.wait_seq(self._next_seq - 1)
+        e = self._entries
+        if process_id is None:
+            stop = len(e) if limit is None else min(len(e), e.first_after(after) + max(0, limit))
+            indexes: list[int] | range = range(e.first_after(after), stop)
+        else:
+            indexes = e.chain(process_hash(process_id), after)
+        out: list[JournalEntry] = []
+        for i in indexes:
+            if limit is not None and len(out) >= limit:
+                break
+            d = self._read(e.pos[i], e.size[i])
+            if process_id is None or d["process_id"] == process_id:
+                out.append(entry_from_dict(d, e.seq[i]))
+        return out
+
+    async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
+        if self._commit is None:
+            raise JournalError(f"journal {self.url} is not open")
+        await self._commit.wait_seq(self._next_seq - 1)
+        e, phash = self._entries, process_hash(process_id)
+        i = e.checkpoint.get(phash)
+        if i is not None and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
+            return entry_from_dict(d, e.seq[i])
+        for i in reversed(e.chain(phash, 0)):  # two process ids share a hash: look at each entry
+            d = self._read(e.pos[i], e.size[i])
+            if d["process_id"] == process_id and d["entry_type"] == CHECKPOINT:
+                return entry_from_dict(d, e.seq[i])
+        return None
+
+    # -- maintenance ------------------------------------------------------------------------------
+
+    async def snapshot(self) -> str | None:
+        """Write a snapshot of the index now; returns its file name (None when read-only)."""
+        commit = self._writable() if not self.read_only else None
+        if commit is None or self._keeper is None:
+            return None
+        async with self._maintenance:
+            seq = self._next_seq - 1
+            segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
+            data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
+            self._since_snapshot = 0
+            tmp = await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
+            await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
+            path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
+            return path.name
+
+    async def compact(self, now: float) -> Any:
+        """Drop expired records and superseded versions by rewriting the sealed segments."""
+        from .compaction import compact
+
+        return await compact(self, now)

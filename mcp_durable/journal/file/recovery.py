@@ -1,0 +1,173 @@
+"""Opening a journal: the last usable snapshot, then every frame after it, with repairs.
+
+Runs in a worker thread, before the journal serves anything. What it does to the files (only
+when opened for writing; a read-only open reports the same things and changes nothing):
+- a torn or corrupt tail (damage that no valid frame follows) is cut off: the bytes are first
+  copied to `<segment>.torn-<offset>` (fsynced), then the segment is truncated there, so the
+  next append starts on a frame boundary and is never glued to half a frame;
+- damage before the tail is skipped by resynchronising on the framing; every valid frame after
+  it is kept, the damaged range is reported with its offset and copied to
+  `<segment>.damaged-<offset>` (the segment itself is left as it is);
+- orphans (segments not in the manifest, temp files, snapshots that no longer apply) are deleted.
+A segment the manifest names but that does not exist is refused (`JournalCorruptError`):
+records would be missing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ...errors import JournalCorruptError
+from ..base import CHECKPOINT
+from .codec import process_hash
+from .framing import Damage, scan
+from .index import STATE_CODES, CallIndex, EntryIndex, pack
+from .segments import FILE_MODE, Manifest, fsync_dir, segment_name, segment_number
+from .snapshot import LoadedSnapshot, SnapshotError, list_snapshots, load
+
+_STATE_BY_NAME = {state.value: code for state, code in STATE_CODES.items()}
+
+
+@dataclass(slots=True)
+class Recovered:
+    """The index rebuilt from disk, and what was found on the way."""
+
+    calls: CallIndex
+    entries: EntryIndex
+    last_seq: int
+    active: int
+    active_end: int
+    snapshot_used: str | None = None
+    frames_replayed: int = 0
+    bytes_truncated: int = 0
+    truncated_to: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, position: int, size: int) -> None:
+    """Fold one frame's payload into the index (the replay rule, in one place)."""
+    kind = d["t"]
+    if kind == "call":
+        r = d["r"]
+        calls.put_fields(
+            int(d["h"], 16), r["version"], _STATE_BY_NAME[r["state"]], r["created_at"], r["expires_at"],
+            r["tool"], r["principal"], position, size, seq,
+        )  # fmt: skip
+    elif kind == "entry":
+        entries.add(seq, position, size, process_hash(d["process_id"]), d["entry_type"] == CHECKPOINT)
+    elif kind == "purge":
+        for slot in calls.expired(d["now"]):
+            calls.delete(slot)
+
+
+def _usable_snapshot(directory: Path, manifest: Manifest, problems: list[str]) -> LoadedSnapshot | None:
+    for path in list_snapshots(directory):
+        try:
+            snap = load(path)
+        except SnapshotError as exc:
+            problems.append(f"{path.name}: {exc}; not used (recovery reads the segments instead)")
+            continue
+        covered = snap.segments if snap.end else snap.segments[:-1]
+        if manifest.segments[: len(covered)] != covered:
+            continue  # written before a compaction: stale, not damaged
+        if snap.end and (directory / segment_name(snap.segments[-1])).stat().st_size < snap.end:
+            problems.append(f"{path.name}: covers more than its segment holds; not used")
+            continue
+        return snap
+    return None
+
+
+def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered:
+    """Rebuild the index of the journal in `directory` (see the module docstring)."""
+    problems: list[str] = []
+    snap = _usable_snapshot(directory, manifest, problems)
+    if snap is not None:
+        calls, entries, last_seq = snap.calls, snap.entries, snap.seq
+        start_index, start_offset = len(snap.segments) - 1, snap.end
+    else:
+        calls, entries, last_seq = CallIndex(), EntryIndex(), 0
+        start_index, start_offset = 0, 0
+    out = Recovered(calls, entries, last_seq, manifest.segments[-1], 0,
+                    snapshot_used=snap.path.name if snap else None, problems=problems)  # fmt: skip
+    for i in range(start_index, len(manifest.segments)):
+        number = manifest.segments[i]
+        path = directory / segment_name(number)
+        base = start_offset if i == start_index else 0
+        try:
+            with open(path, "rb") as f:
+                f.seek(base)
+                data = f.read()
+        except FileNotFoundError:
+            raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
+        end = base + len(data)
+        for item in scan(data, 0, out.last_seq):
+            if isinstance(item, Damage):
+                end = _repair(path, base, data, item, out, writable=writable, sealed=i < len(manifest.segments) - 1)
+                continue
+            payload = data[item.start : item.start + item.length]
+            try:
+                apply(calls, entries, orjson.loads(payload), item.seq, pack(number, base + item.offset), item.size)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                problems.append(f"{path.name}: frame at offset {base + item.offset} has a valid checksum "
+                                f"but an unreadable payload ({exc}); skipped")  # fmt: skip
+            out.last_seq = item.seq
+            out.frames_replayed += 1
+        out.active_end = end
+    out.last_seq = max(out.last_seq, manifest.seq_floor - 1)
+    if writable:
+        _delete_orphans(directory, manifest, snap)
+    return out
+
+
+def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, *, writable: bool, sealed: bool) -> int:
+    """Report (and, writable, set aside) one damaged range; returns where the segment now ends."""
+    start, stop = base + damage.start, base + damage.end
+    cut = data[damage.start : damage.end]
+    if not damage.tail:
+        aside = path.with_name(f"{path.name}.damaged-{start}")
+        if writable and not aside.exists():
+            _keep_aside(aside, cut)
+        out.problems.append(
+            f"{path.name}: damaged bytes at offset {start} to {stop} ({damage.reason}); resynchronised on the "
+            f"next frame, every valid record after it kept; the damaged bytes are in {aside.name}"
+        )
+        return base + len(data)
+    aside = path.with_name(f"{path.name}.torn-{start}")
+    where = "sealed segment" if sealed else "tail"
+    out.problems.append(f"{path.name}: torn or corrupt {where} at offset {start} ({damage.reason}): "
+                        f"{len(cut)} bytes cut off and kept in {aside.name}")  # fmt: skip
+    out.bytes_truncated += len(cut)
+    out.truncated_to = str(aside)
+    if writable:
+        _keep_aside(aside, cut)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, start)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return start
+
+
+def _keep_aside(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(path.parent)
+
+
+def _delete_orphans(directory: Path, manifest: Manifest, used: LoadedSnapshot | None) -> None:
+    listed = set(manifest.segments)
+    for p in directory.iterdir():
+        number = segment_number(p.name)
+        stale_snapshot = p.name.startswith("snapshot-") and (used is None or p != used.path)
+        if (number is not None and number not in listed) or p.name.endswith(".tmp") or stale_snapshot:
+            p.unlink(missing_ok=True)

@@ -1,0 +1,153 @@
+"""The directory: segment naming, the manifest, and the few filesystem moves that must be atomic.
+
+- Segments are `seg-NNNNNNNN.log` (a number that only grows; compaction output gets a new one).
+- `MANIFEST` (JSON) is the authority on which segments make the journal, in log order. It is
+  only ever replaced whole: write `MANIFEST.tmp`, fsync it, rename it over `MANIFEST`, fsync
+  the directory. A segment file not in the manifest is an orphan of an interrupted rotation or
+  compaction and is deleted at the next writable open.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import threading
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import orjson
+
+from ...errors import JournalCorruptError
+
+FORMAT = 1
+MANIFEST = "MANIFEST"
+LOCK = "LOCK"
+_SEGMENT_RE = re.compile(r"^seg-(\d{8,})\.log$")
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def segment_name(number: int) -> str:
+    return f"seg-{number:08d}.log"
+
+
+def segment_number(name: str) -> int | None:
+    match = _SEGMENT_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new file, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """The journal's identity and its segments in log order (the last one is the active one)."""
+
+    journal_id: str
+    hash_key: bytes
+    segments: tuple[int, ...]
+    next_segment: int
+    #: Sequence numbers below this were used (compaction may drop the frames that held them).
+    seq_floor: int = 0
+    format: int = FORMAT
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls) -> Manifest:
+        return cls(secrets.token_hex(8), secrets.token_bytes(16), (1,), 2)
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps(
+            {"format": self.format, "journal_id": self.journal_id, "hash_key": self.hash_key.hex(),
+             "segments": [segment_name(n) for n in self.segments], "next_segment": self.next_segment,
+             "seq_floor": self.seq_floor},
+            option=orjson.OPT_INDENT_2,
+        )  # fmt: skip
+
+    @classmethod
+    def read(cls, directory: Path) -> Manifest | None:
+        path = directory / MANIFEST
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            d = orjson.loads(raw)
+            numbers = tuple(segment_number(name) for name in d["segments"])
+            if any(n is None for n in numbers) or not numbers:
+                raise ValueError("bad segment list")
+            return cls(d["journal_id"], bytes.fromhex(d["hash_key"]), numbers, int(d["next_segment"]),  # type: ignore[arg-type]
+                       int(d.get("seq_floor", 0)), int(d["format"]))  # fmt: skip
+        except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+            raise JournalCorruptError(str(path), 0, f"unreadable manifest: {exc}") from exc
+
+    def write(self, directory: Path) -> None:
+        atomic_write(directory / MANIFEST, self.to_bytes())
+
+
+class ManifestKeeper:
+    """The current manifest of a writable journal; every change goes through one lock.
+
+    Rotation (the group-commit thread) and compaction (a worker thread) both change the segment
+    list; the lock makes each read-modify-write of the manifest whole.
+    """
+
+    def __init__(self, directory: Path, manifest: Manifest) -> None:
+        self.directory = directory
+        self.current = manifest
+        self.lock = threading.Lock()
+
+    def add_segment(self, number: int) -> None:
+        """Create segment `number` (empty, fsynced) and append it to the manifest."""
+        with self.lock:
+            path = self.directory / segment_name(number)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, FILE_MODE)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            m = self.current
+            updated = replace(m, segments=(*m.segments, number), next_segment=max(m.next_segment, number + 1))
+            updated.write(self.directory)
+            self.current = updated
+
+    def replace_segments(self, old: tuple[int, ...], new: int, seq_floor: int) -> None:
+        """Swap the leading segments `old` for the compacted segment `new` (one atomic rename)."""
+        with self.lock:
+            m = self.current
+            if m.segments[: len(old)] != old:
+                raise RuntimeError("compacted segments are no longer the head of the manifest")
+            updated = replace(
+                m, segments=(new, *m.segments[len(old) :]), next_segment=max(m.next_segment, new + 1),
+                seq_floor=max(m.seq_floor, seq_floor),
+            )  # fmt: skip
+            updated.write(self.directory)
+            self.current = updated
+
+    def allocate(self) -> int:
+        """A fresh segment number (recorded in the manifest at the next change)."""
+        with self.lock:
+            number = self.current.next_segment
+            self.current = replace(self.current, next_segment=number + 1)
+            return number

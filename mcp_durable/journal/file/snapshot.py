@@ -1,0 +1,171 @@
+"""Snapshots: the index written to disk, so recovery reads the last snapshot plus the tail.
+
+A snapshot (`snapshot-<seq hex>.snap`) is one JSON header line, then the index arrays raw:
+
+    {"format":1,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
+     "sections":[["call.lo","Q",nbytes],…],"tools":[…],"principals":[…]}\\n<sections…>
+
+It covers every frame of `segments` up to byte `end` of the last one (all fsynced before the
+snapshot was renamed into place). It is written to a temp file, fsynced, renamed, and the
+directory fsynced: a crash leaves the old snapshot or the new one, never half of one. A
+snapshot is a cache: one that fails its CRC or no longer matches the manifest (compaction
+rewrote its segments) is ignored and recovery reads the segments instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .index import CallIndex, EntryIndex, Interned
+from .segments import FILE_MODE, fsync_dir, segment_name, segment_number
+
+FORMAT = 1
+PREFIX = "snapshot-"
+SUFFIX = ".snap"
+
+
+def snapshot_name(seq: int) -> str:
+    return f"{PREFIX}{seq:016x}{SUFFIX}"
+
+
+def list_snapshots(directory: Path) -> list[Path]:
+    """Snapshot files, newest first."""
+    found = [p for p in directory.iterdir() if p.name.startswith(PREFIX) and p.name.endswith(SUFFIX)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+@dataclass(slots=True)
+class SnapshotData:
+    """A copy of the index taken in the event loop, written later by a worker thread."""
+
+    seq: int
+    segments: tuple[int, ...]
+    end: int
+    sections: list[tuple[str, str, bytes]]
+    tools: list[str]
+    principals: list[str]
+
+
+def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int) -> SnapshotData:
+    """Copy the index (array copies: fast, and consistent because the loop does not yield)."""
+    sections: list[tuple[str, str, bytes]] = []
+    for name, code in CallIndex.ARRAYS:
+        sections.append((f"call.{name}", code, getattr(calls, name).tobytes()))
+    sections.append(("call.state", "B", bytes(calls.state)))
+    for name, code in EntryIndex.ARRAYS:
+        sections.append((f"entry.{name}", code, getattr(entries, name).tobytes()))
+    for name in ("last", "checkpoint"):
+        mapping: dict[int, int] = getattr(entries, name)
+        sections.append((f"entry.{name}.keys", "Q", array("Q", mapping.keys()).tobytes()))
+        sections.append((f"entry.{name}.values", "Q", array("Q", mapping.values()).tobytes()))
+    return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names))
+
+
+def write_temp(directory: Path, data: SnapshotData) -> Path:
+    """Write `data` to a temp file and fsync it; `publish` then puts it in place."""
+    crc = 0
+    for _, _, blob in data.sections:
+        crc = zlib.crc32(blob, crc)
+    header = {
+        "format": FORMAT, "seq": data.seq, "segments": [segment_name(n) for n in data.segments],
+        "end": data.end, "byteorder": sys.byteorder, "crc": crc,
+        "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
+        "tools": data.tools, "principals": data.principals,
+    }  # fmt: skip
+    tmp = directory / (snapshot_name(data.seq) + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    try:
+        for blob in (orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)):
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def publish(tmp: Path) -> Path:
+    """Rename a written snapshot into place, fsync the directory, delete the older snapshots."""
+    path = tmp.with_name(tmp.name[: -len(".tmp")])
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    for old in list_snapshots(path.parent):
+        if old != path:
+            old.unlink(missing_ok=True)
+    return path
+
+
+@dataclass(slots=True)
+class LoadedSnapshot:
+    path: Path
+    seq: int
+    segments: tuple[int, ...]
+    end: int
+    calls: CallIndex
+    entries: EntryIndex
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be used (the reason is the message)."""
+
+
+def load(path: Path) -> LoadedSnapshot:
+    """Read a snapshot back into a fresh index; raises `SnapshotError` if it is unusable."""
+    try:
+        with open(path, "rb") as f:
+            header: dict[str, Any] = orjson.loads(f.readline())
+            if header.get("format") != FORMAT or header.get("byteorder") != sys.byteorder:
+                raise SnapshotError("unknown snapshot format")
+            blobs: dict[str, array[Any] | bytes] = {}
+            crc = 0
+            for name, code, nbytes in header["sections"]:
+                raw = f.read(nbytes)
+                if len(raw) != nbytes:
+                    raise SnapshotError("snapshot is shorter than its header says")
+                crc = zlib.crc32(raw, crc)
+                if code == "B":
+                    blobs[name] = raw
+                else:
+                    arr = array(code)
+                    arr.frombytes(raw)
+                    blobs[name] = arr
+                del raw
+            if crc != header["crc"]:
+                raise SnapshotError("snapshot checksum mismatch")
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+        raise SnapshotError(f"unreadable snapshot: {exc}") from exc
+    calls = CallIndex()
+    for name, _ in CallIndex.ARRAYS:
+        setattr(calls, name, blobs[f"call.{name}"])
+    calls.state = bytearray(blobs["call.state"])
+    calls.tools = Interned(header["tools"])
+    calls.principals = Interned(header["principals"])
+    calls.rebuild_maps()
+    entries = EntryIndex()
+    for name, _ in EntryIndex.ARRAYS:
+        setattr(entries, name, blobs[f"entry.{name}"])
+    for name in ("last", "checkpoint"):
+        keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
+        setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]
+    numbers = tuple(segment_number(n) for n in header["segments"])
+    if any(n is None for n in numbers):
+        raise SnapshotError("snapshot names an unknown segment")
+    return LoadedSnapshot(path, int(header["seq"]), numbers, int(header["end"]), calls, entries)  # type: ignore[arg-type]
+
+
+def verify_file(path: Path) -> str | None:
+    """Why the snapshot at `path` is unusable, or None if its checksum holds."""
+    try:
+        load(path)
+    except SnapshotError as exc:
+        return str(exc)
+    return None
