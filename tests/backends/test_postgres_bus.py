@@ -1,0 +1,74 @@
+"""`PgSubscriptionBus`: resource change events cross replicas through Postgres LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.server.subscriptions import ResourceUpdated, ServerEvent, ToolsListChanged
+
+from mcp_durable.server.pgbus import PgSubscriptionBus, decode_event, encode_event
+from tests.conftest import postgres_or_skip
+from tests.crash.test_replicas_concurrency import KEY_META, replica_journal_url
+from tests.helpers import serve_http
+
+
+@pytest.fixture
+def bus_url() -> str:
+    base = postgres_or_skip()
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}schema=t_{uuid.uuid4().hex[:12]}"
+
+
+def test_events_survive_their_notify_payload() -> None:
+    for event in (ResourceUpdated(uri="journal://calls/refund/k%201"), ToolsListChanged()):
+        assert decode_event(encode_event("me", event)) == ("me", event)
+    assert decode_event("not json") is None and decode_event('{"t": "unknown", "o": "x"}') is None
+
+
+async def test_two_buses_on_two_connections_deliver_each_others_events_once(bus_url: str) -> None:
+    heard: dict[str, list[ServerEvent]] = {"a": [], "b": []}
+    async with PgSubscriptionBus(bus_url) as a, PgSubscriptionBus(bus_url) as b:
+        a.subscribe(heard["a"].append)
+        b.subscribe(heard["b"].append)
+        await a.publish(ResourceUpdated(uri="journal://calls/refund/from-a"))
+        await b.publish(ResourceUpdated(uri="journal://calls/refund/from-b"))
+        await b.publish(ToolsListChanged())
+        with anyio.fail_after(10):
+            while len(heard["a"]) < 3 or len(heard["b"]) < 3:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)  # an echo of a bus's own event would arrive by now
+    expected = [ResourceUpdated(uri="journal://calls/refund/from-a"),
+                ResourceUpdated(uri="journal://calls/refund/from-b"), ToolsListChanged()]  # fmt: skip
+    assert heard["a"] == expected and heard["b"] == expected
+
+
+async def test_buses_on_other_schemas_do_not_hear_each_other(bus_url: str) -> None:
+    heard: list[ServerEvent] = []
+    other = bus_url.rsplit("schema=", 1)[0] + f"schema=t_{uuid.uuid4().hex[:12]}"
+    async with PgSubscriptionBus(bus_url) as a, PgSubscriptionBus(other) as b, PgSubscriptionBus(bus_url) as c:
+        b.subscribe(heard.append)
+        c.subscribe(heard.append)
+        await a.publish(ResourceUpdated(uri="journal://stats"))
+        with anyio.fail_after(10):
+            while not heard:
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)
+    assert heard == [ResourceUpdated(uri="journal://stats")]  # c heard it, b did not
+
+
+async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_another() -> None:
+    journal = replica_journal_url()
+    target = "tests/crash/servers/bus_replica.py"
+    uri = "journal://calls/refund/order-9"
+    async with serve_http(target, journal=journal) as a, serve_http(target, journal=journal) as b:
+        async with Client(a.url) as listener, Client(b.url) as caller:
+            async with listener.listen(resource_subscriptions=[uri]) as subscription:
+                result = await caller.call_tool("refund", {"order_id": "O-9", "amount_cents": 900},
+                                                meta={KEY_META: "order-9"})  # fmt: skip
+                assert not result.is_error
+                with anyio.fail_after(10):
+                    event = await subscription.__anext__()
+    assert event == ResourceUpdated(uri=uri)
