@@ -1,0 +1,171 @@
+"""`verify_url(url)`: read every record of a journal and report what is corrupt, and where.
+
+- `file://DIR`: the file journal's own `verify(directory, progress)` (every record's length,
+  checksum and sequence number).
+- `sqlite:///PATH`: `PRAGMA integrity_check` (every b-tree page; a page number becomes a byte
+  offset in the file), then every row decoded as the journal would: state, numbers, and the
+  JSON of arguments, results and entry data.
+- anything else (Postgres, memory): every record and entry read through the `Journal` API.
+
+Read-only: safe while a server holds the journal.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import orjson
+
+from ..errors import ConfigError, DurableError
+from .model import CallState
+
+Progress = Callable[[int], None]
+_STATES = frozenset(state.value for state in CallState)
+_PAGE_MESSAGE = re.compile(r"\bpage (\d+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One corruption: the file (or table and row), the byte offset (-1 when unknown), why."""
+
+    path: str
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    records: int
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def verify_url(url: str, progress: Progress | None = None) -> Any:
+    """Verify the journal at `url`; returns a report with `records`, `problems` and `ok`."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "file":
+        try:
+            from .file import verify
+        except ImportError as exc:  # pragma: no cover - until the file journal lands
+            raise ConfigError("the file journal is not available in this build") from exc
+        directory = url[len("file://") :].partition("?")[0]
+        report = verify(Path(directory), progress)
+        return await report if inspect.isawaitable(report) else report
+    if scheme == "sqlite":
+        from .sqlite import SQLiteJournal
+
+        path = SQLiteJournal.from_url(url).path
+        return await anyio.to_thread.run_sync(verify_sqlite, path, progress)
+    return await _verify_through_api(url, progress)
+
+
+def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
+    """Check a SQLite journal file page by page, then row by row."""
+    if not path.is_file():
+        raise ConfigError(f"no SQLite journal at {path}")
+    problems: list[Problem] = []
+    records = 0
+    where = str(path)
+    try:
+        conn = sqlite3.connect(path, timeout=5.0)
+    except sqlite3.Error as exc:
+        return VerifyReport(0, [Problem(where, -1, f"cannot open: {exc}")])
+    try:
+        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+        for (message,) in conn.execute("PRAGMA integrity_check(1000)"):
+            if message == "ok":
+                continue
+            page = _PAGE_MESSAGE.search(message)
+            offset = (int(page.group(1)) - 1) * page_size if page else -1
+            problems.append(Problem(where, offset, f"integrity_check: {message}"))
+        rows = conn.execute(
+            "SELECT rowid, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, "
+            "result, arguments FROM calls"
+        )
+        for row in rows:
+            records += 1
+            reason = _bad_call_row(row)
+            if reason:
+                problems.append(Problem(f"{where} (table calls, rowid {row[0]}: {row[2]}/{row[3]})", -1, reason))
+            if progress is not None and records % 100 == 0:
+                progress(100)
+        for seq, data, ts in conn.execute("SELECT seq, data, ts FROM entries"):
+            records += 1
+            reason = _bad_json(data, "data", want_object=True) or (None if isinstance(ts, float | int) else "ts")
+            if reason:
+                problems.append(Problem(f"{where} (table entries, seq {seq})", -1, reason))
+            if progress is not None and records % 100 == 0:
+                progress(100)
+    except sqlite3.DatabaseError as exc:
+        problems.append(Problem(where, -1, f"unreadable: {exc}"))
+    finally:
+        conn.close()
+    if progress is not None:
+        progress(records % 100)
+    return VerifyReport(records, problems)
+
+
+def _bad_json(value: Any, name: str, *, want_object: bool = False) -> str | None:
+    if value is None:
+        return None
+    try:
+        parsed = orjson.loads(value)
+    except (orjson.JSONDecodeError, TypeError) as exc:
+        return f"{name} is not JSON: {exc}"
+    if want_object and not isinstance(parsed, dict):
+        return f"{name} is not a JSON object"
+    return None
+
+
+def _bad_call_row(row: tuple[Any, ...]) -> str | None:
+    _, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, result, arguments = row
+    if not all(isinstance(v, str) and v for v in (principal, tool, key)):
+        return "identity is not three non-empty strings"
+    if state not in _STATES:
+        return f"unknown state {state!r}"
+    if not (isinstance(fingerprint, str) and len(fingerprint) == 64 and all(c in "0123456789abcdef" for c in fingerprint)):
+        return f"fingerprint is not a SHA-256 hex digest: {fingerprint!r}"
+    if not (isinstance(version, int) and version >= 1 and isinstance(attempts, int) and attempts >= 0):
+        return f"bad version/attempts {version!r}/{attempts!r}"
+    if not (isinstance(created_at, float | int) and isinstance(updated_at, float | int)):
+        return "bad timestamps"
+    return _bad_json(result, "result") or _bad_json(arguments, "arguments")
+
+
+async def _verify_through_api(url: str, progress: Progress | None) -> VerifyReport:
+    from . import create_journal
+    from .transfer import iter_calls, iter_entries
+
+    journal = create_journal(url)
+    await journal.open()
+    problems: list[Problem] = []
+    records = 0
+    try:
+        try:
+            async for record in iter_calls(journal):
+                records += 1
+                reason = _bad_json(record.result, "result") or _bad_json(record.arguments, "arguments")
+                if reason:
+                    i = record.identity
+                    problems.append(Problem(f"{url} ({i.principal} {i.tool}/{i.key})", -1, reason))
+                if progress is not None:
+                    progress(1)
+            async for _entry in iter_entries(journal):
+                records += 1
+                if progress is not None:
+                    progress(1)
+        except (DurableError, ValueError, KeyError) as exc:
+            problems.append(Problem(url, -1, f"unreadable after {records} record(s): {exc}"))
+    finally:
+        await journal.aclose()
+    return VerifyReport(records, problems)

@@ -1,0 +1,195 @@
+"""Moving a journal between backends: export to JSON lines, import from them.
+
+The format is one JSON object per line:
+
+    {"type": "header", "format": "mcp-durable-journal", "version": 1, "calls": N, "entries": M}
+    {"type": "call", "principal": …, "tool": …, "key": …, "state": …, "version": …, …}
+    {"type": "entry", "process_id": …, "entry_type": …, "data": {…}, "ts": …, "seq": …}
+
+A call line holds every `CallRecord` field; the byte fields (`result`, `arguments`) are written
+as text when they are UTF-8 (they always are when the MCP face wrote them) and as base64 under
+`result_b64` / `arguments_b64` otherwise, so every record round-trips byte for byte. Entries
+are written in `seq` order; the importing journal numbers them anew, in the same order.
+
+Import inserts each record with `claim(record, now=-inf)`: a record whose identity the target
+already holds is kept as it is and counted as skipped (an import never overwrites).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import orjson
+
+from ..errors import JournalError
+from .base import CallCursor, Journal
+from .model import CallIdentity, CallRecord, CallState, JournalEntry
+
+FORMAT = "mcp-durable-journal"
+VERSION = 1
+_PAGE = 500
+
+Progress = Callable[[int], None]  # called with how many items were just done
+
+
+def _bytes_out(out: dict[str, Any], name: str, value: bytes | None) -> None:
+    if value is None:
+        out[name] = None
+        return
+    try:
+        out[name] = value.decode("utf-8")
+    except UnicodeDecodeError:
+        out[f"{name}_b64"] = base64.b64encode(value).decode()
+
+
+def _bytes_in(line: dict[str, Any], name: str) -> bytes | None:
+    if f"{name}_b64" in line:
+        return base64.b64decode(line[f"{name}_b64"])
+    value = line.get(name)
+    return None if value is None else str(value).encode("utf-8")
+
+
+def call_to_json(record: CallRecord) -> dict[str, Any]:
+    """A call record as one export line's object (every field)."""
+    i = record.identity
+    out: dict[str, Any] = {
+        "type": "call", "principal": i.principal, "tool": i.tool, "key": i.key,
+        "fingerprint": record.fingerprint, "state": record.state.value, "version": record.version,
+        "run_id": record.run_id, "attempts": record.attempts, "created_at": record.created_at,
+        "updated_at": record.updated_at, "owner": record.owner, "lease_until": record.lease_until,
+        "completed_at": record.completed_at, "expires_at": record.expires_at, "error": record.error,
+    }  # fmt: skip
+    _bytes_out(out, "result", record.result)
+    _bytes_out(out, "arguments", record.arguments)
+    return out
+
+
+def call_from_json(line: dict[str, Any]) -> CallRecord:
+    """The call record of an export line (raises KeyError/ValueError when it is not one)."""
+    return CallRecord(
+        identity=CallIdentity(str(line["principal"]), str(line["tool"]), str(line["key"])),
+        fingerprint=str(line["fingerprint"]), state=CallState(line["state"]), version=int(line["version"]),
+        run_id=str(line["run_id"]), attempts=int(line["attempts"]), created_at=float(line["created_at"]),
+        updated_at=float(line["updated_at"]), owner=line.get("owner"), lease_until=line.get("lease_until"),
+        completed_at=line.get("completed_at"), expires_at=line.get("expires_at"),
+        result=_bytes_in(line, "result"), error=line.get("error"), arguments=_bytes_in(line, "arguments"),
+    )  # fmt: skip
+
+
+def entry_to_json(entry: JournalEntry) -> dict[str, Any]:
+    return {"type": "entry", "process_id": entry.process_id, "entry_type": entry.entry_type,
+            "data": entry.data, "ts": entry.ts, "seq": entry.seq}  # fmt: skip
+
+
+async def iter_calls(journal: Journal, **filters: Any) -> AsyncIterator[CallRecord]:
+    """Every call record (newest first), page by page."""
+    cursor: CallCursor | None = None
+    while True:
+        page = await journal.list_calls(limit=_PAGE, cursor=cursor, **filters)
+        for record in page:
+            yield record
+        if len(page) < _PAGE:
+            return
+        cursor = CallCursor.after(page[-1])
+
+
+async def iter_entries(journal: Journal, after: int = 0) -> AsyncIterator[JournalEntry]:
+    """Every process entry after `after`, in `seq` order."""
+    while True:
+        page = await journal.entries(after=after, limit=_PAGE)
+        for entry in page:
+            yield entry
+        if len(page) < _PAGE:
+            return
+        after = page[-1].seq
+
+
+@dataclass(slots=True)
+class TransferCounts:
+    """What an export or import moved (`skipped`: records the target already held)."""
+
+    calls: int = 0
+    entries: int = 0
+    skipped: int = 0
+    skipped_identities: list[CallIdentity] = field(default_factory=list)
+
+
+async def totals(journal: Journal) -> tuple[int, int]:
+    """How many call records and entries `journal` holds (for progress bars)."""
+    stats = await journal.stats()
+    return sum(stats.calls_by_state.values()), stats.entries
+
+
+async def export_journal(journal: Journal, out: IO[bytes], progress: Progress | None = None) -> TransferCounts:
+    """Write every call record and entry of an open journal to `out` as JSON lines."""
+    calls, entries = await totals(journal)
+    header = {"type": "header", "format": FORMAT, "version": VERSION, "calls": calls, "entries": entries}
+    out.write(orjson.dumps(header) + b"\n")
+    counts = TransferCounts()
+    async for record in iter_calls(journal):
+        out.write(orjson.dumps(call_to_json(record)) + b"\n")
+        counts.calls += 1
+        if progress is not None:
+            progress(1)
+    async for entry in iter_entries(journal):
+        out.write(orjson.dumps(entry_to_json(entry)) + b"\n")
+        counts.entries += 1
+        if progress is not None:
+            progress(1)
+    return counts
+
+
+def read_header(first_line: bytes) -> dict[str, Any]:
+    """Parse and check an export's header line; raises `JournalError` when it is not one."""
+    try:
+        header = orjson.loads(first_line)
+    except orjson.JSONDecodeError as exc:
+        raise JournalError(f"not a journal export (line 1 is not JSON: {exc})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise JournalError("not a journal export (line 1 is not an mcp-durable-journal header)")
+    if header.get("version") != VERSION:
+        raise JournalError(f"journal export version {header.get('version')!r} is not supported (expected {VERSION})")
+    return header
+
+
+async def import_journal(
+    journal: Journal, lines: Iterable[bytes], progress: Progress | None = None
+) -> TransferCounts:
+    """Insert an export's records and entries into an open journal (existing records are kept).
+
+    `lines` are the export's lines after its header. Raises `JournalError` naming the line of
+    anything that is not a call or an entry.
+    """
+    counts = TransferCounts()
+    for number, raw in enumerate(lines, start=2):
+        if not raw.strip():
+            continue
+        try:
+            line = orjson.loads(raw)
+            kind = line.get("type")
+            if kind == "call":
+                record = call_from_json(line)
+            elif kind == "entry":
+                entry = JournalEntry(str(line["process_id"]), str(line["entry_type"]), dict(line["data"]),
+                                     float(line["ts"]))  # fmt: skip
+            else:
+                raise ValueError(f"unknown line type {kind!r}")
+        except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise JournalError(f"journal export line {number}: {exc}") from None
+        if kind == "call":
+            # `now=-inf`: nothing counts as expired, so an identity already present is never replaced.
+            won, _ = await journal.claim(record, float("-inf"))
+            if won:
+                counts.calls += 1
+            else:
+                counts.skipped += 1
+                counts.skipped_identities.append(record.identity)
+        else:
+            await journal.append(entry.process_id, entry.entry_type, entry.data, entry.ts)
+            counts.entries += 1
+        if progress is not None:
+            progress(1)
+    return counts

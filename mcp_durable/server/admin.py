@@ -1,0 +1,129 @@
+"""Operator tools over MCP: resolve an in-doubt call, purge expired records. Admins only.
+
+Registered only when the server has admin principals (`DurableServer(admin_principals=…)`, or
+`$MCP_DURABLE_ADMINS`, a comma-separated list); a call from any other principal is refused
+before anything is read. Over HTTP the principal is the bearer token's identity; on stdio and
+in memory it is `local`, which may be configured as an admin.
+
+- `journal_resolve(tool, key, resolution, result=None, principal=None, note="")`: the
+  operator's verdict on a call in doubt, via `Engine.resolve`: `completed` (the effect happened;
+  `result` is what repeats of the key replay from now on), `failed` (replay an error result) or
+  `not_applied` (the effect did not happen: the next call with the key runs). `principal` names
+  whose record (default: the caller's own).
+- `journal_purge_expired()`: drop records whose retention has ended (`Engine.purge_expired`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import ValidationError
+
+from ..errors import DurableError, OperatorError
+from ..journal.model import CallIdentity
+from .redact import record_view
+from .results import dump_result
+
+if TYPE_CHECKING:
+    from .app import DurableServer
+
+ENV_ADMINS = "MCP_DURABLE_ADMINS"
+Resolution = Literal["completed", "not_applied", "failed"]
+
+
+def admins_from_env() -> frozenset[str]:
+    """The admin principals named in `$MCP_DURABLE_ADMINS` (comma-separated), if any."""
+    text = os.environ.get(ENV_ADMINS, "")
+    return frozenset(filter(None, (part.strip() for part in text.split(","))))
+
+
+def operator_payload(value: Any, *, failed: bool, note: str = "") -> bytes:
+    """The result bytes an operator's resolution replays (a `CallToolResult` dump).
+
+    `value` may be a whole `CallToolResult` (an object with `content`), any other JSON value
+    (sent as text, and as `structuredContent` when it is an object), or None (a short text saying
+    an operator resolved the call). Raises `OperatorError` for a malformed `CallToolResult`.
+    """
+    if isinstance(value, dict) and "content" in value:
+        try:
+            result = CallToolResult.model_validate(value, by_name=False)
+        except ValidationError as exc:
+            raise OperatorError(f"the result is not a valid CallToolResult: {exc.errors()[0]['msg']}") from None
+        if failed:
+            result = result.model_copy(update={"is_error": True})
+        return dump_result(result)
+    if value is None:
+        text = note or ("failed (resolved by an operator)" if failed else "completed (resolved by an operator)")
+        return dump_result(CallToolResult(content=[TextContent(type="text", text=text)], is_error=failed))
+    import orjson
+
+    structured = value if isinstance(value, dict) else None
+    return dump_result(
+        CallToolResult(
+            content=[TextContent(type="text", text=orjson.dumps(value).decode())],
+            structured_content=structured,
+            is_error=failed,
+        )
+    )
+
+
+def register_admin_tools(server: DurableServer) -> bool:
+    """Add the admin tools when the server has admin principals; returns whether it did."""
+    if not server.admin_principals:
+        return False
+
+    def require_admin(ctx: Context[Any, Any] | None) -> str:
+        principal = server.principal_of(ctx)
+        if principal not in server.admin_principals:
+            raise ToolError(f"forbidden: principal {principal!r} is not a journal admin")
+        return principal
+
+    async def journal_resolve(
+        tool: str,
+        key: str,
+        resolution: Resolution,
+        ctx: Context[Any, Any],
+        result: Any = None,
+        principal: str | None = None,
+        note: str = "",
+    ) -> dict[str, Any]:
+        """Resolve a call in doubt: completed (with the result to replay), failed, or not_applied."""
+        caller = require_admin(ctx)
+        owner = principal or caller
+        try:
+            if resolution == "completed" and result is None:
+                raise OperatorError("resolving as completed needs the result to replay")
+            payload = None if resolution == "not_applied" else operator_payload(
+                result, failed=resolution == "failed", note=note
+            )  # fmt: skip
+            record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
+                                                 note=note or f"by {caller}", retention=_retention(server, tool))  # fmt: skip
+        except DurableError as exc:
+            raise ToolError(f"{exc.code}: {exc.message}") from None
+        policy = server.policies.get(tool)
+        return record_view(record, policy.sensitive if policy else ())
+
+    async def journal_purge_expired(ctx: Context[Any, Any]) -> dict[str, int]:
+        """Drop call records whose retention has ended; returns how many were purged."""
+        require_admin(ctx)
+        try:
+            return {"purged": await server.engine.purge_expired()}
+        except DurableError as exc:
+            raise ToolError(f"{exc.code}: {exc.message}") from None
+
+    operator = ToolAnnotations(destructive_hint=True, idempotent_hint=False, read_only_hint=False)
+    server.add_tool(journal_resolve, name="journal_resolve", annotations=operator)
+    server.add_tool(journal_purge_expired, name="journal_purge_expired",
+                    annotations=operator.model_copy(update={"idempotent_hint": True}))  # fmt: skip
+    return True
+
+
+def _retention(server: DurableServer, tool: str) -> float | None:
+    from ..policy import DEFAULT_RETENTION
+
+    policy = server.policies.get(tool)
+    return policy.retention if policy is not None else DEFAULT_RETENTION

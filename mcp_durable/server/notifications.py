@@ -1,0 +1,195 @@
+"""Change notifications for the journal resources, in both protocol eras, scoped by principal.
+
+When the engine changes a call record (claim, completion, in doubt, resolution…) it calls its
+listeners; `JournalNotifier.on_change` then announces `journal://calls/{tool}/{key}` and
+`journal://stats` as updated:
+
+- 2026-07-28: on `subscriptions/listen` streams. We serve that method with the SDK's own
+  `ListenHandler` over a `PrincipalBus`, which remembers the principal of each stream and
+  delivers a record's events only to its principal and to admins. Events published on the
+  server's own bus (`ctx.notify_resource_updated`, `MCPServer(subscriptions=…)`) still reach every
+  stream, unfiltered, as before.
+- 2025-11-25: `resources/subscribe` / `resources/unsubscribe` (which `MCPServer` does not serve)
+  are registered on the low-level server; subscribed sessions get
+  `notifications/resources/updated`, with the same principal rule.
+
+Notifications are local to this server process: another replica sharing a Postgres journal
+announces the changes it makes itself. Delivery is best effort and bounded in time: a slow or
+vanished client never delays or fails the call that changed the record.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent, SubscriptionBus
+from mcp_types import EmptyResult, SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
+
+from ..journal.model import CallRecord
+from .redact import SensitiveNames, record_uri
+from .resources import STATS_URI
+
+if TYPE_CHECKING:
+    from .app import DurableServer
+
+logger = logging.getLogger(__name__)
+SEND_TIMEOUT = 2.0
+
+#: The principal of the `subscriptions/listen` request being served (read by `PrincipalBus.subscribe`).
+_LISTENER: ContextVar[str | None] = ContextVar("journal_listener", default=None)
+
+
+class PrincipalBus:
+    """A `SubscriptionBus` that knows whose each listen stream is.
+
+    `subscribe` runs synchronously inside the listen request (the SDK's `ListenHandler` calls it
+    before its first await), so it reads the stream's principal from a context variable.
+    `publish_for(principal, event)` reaches that principal's streams and admins' streams only.
+    """
+
+    def __init__(self, inner: SubscriptionBus, is_admin: Callable[[str], bool]) -> None:
+        self._listeners: dict[object, tuple[Callable[[ServerEvent], None], str | None]] = {}
+        self._is_admin = is_admin
+        inner.subscribe(self._deliver_all)  # the server's own events keep reaching every stream
+
+    def _deliver_all(self, event: ServerEvent) -> None:
+        for listener, _ in list(self._listeners.values()):
+            _safe(listener, event)
+
+    async def publish(self, event: ServerEvent) -> None:
+        self._deliver_all(event)
+        await anyio.lowlevel.checkpoint()
+
+    def publish_for(self, principal: str, event: ServerEvent) -> None:
+        """Deliver to `principal`'s streams and admins' streams. Synchronous on purpose: it runs
+        inside the engine's change listener, which must not yield the event loop needlessly."""
+        for listener, owner in list(self._listeners.values()):
+            if owner is not None and (owner == principal or self._is_admin(owner)):
+                _safe(listener, event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        token = object()
+        self._listeners[token] = (listener, _LISTENER.get())
+
+        def unsubscribe() -> None:
+            self._listeners.pop(token, None)
+
+        return unsubscribe
+
+
+def _safe(listener: Callable[[ServerEvent], None], event: ServerEvent) -> None:
+    try:
+        listener(event)
+    except Exception:  # fan-out boundary: one broken stream must not starve the others
+        logger.exception("journal subscription listener raised; continuing")
+
+
+class JournalNotifier:
+    """Announces record changes to subscribers of both eras; journals the redaction config."""
+
+    def __init__(self, server: DurableServer) -> None:
+        self.server = server
+        # uri -> {id(session): (session, principal)}: legacy subscriptions of live sessions.
+        self._legacy: dict[str, dict[int, tuple[Any, str]]] = {}
+        self._bus: PrincipalBus | None = None
+        self._journaled: dict[str, tuple[str, ...]] | None = None
+
+    def install(self) -> None:
+        server = self.server
+        server.engine.listeners.append(self.on_change)
+        lowlevel = server._lowlevel_server
+        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
+        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
+        if lowlevel.get_request_handler("subscriptions/listen") is not None:
+            self._bus = PrincipalBus(server._subscriptions, self._is_admin)
+            handler = ListenHandler(self._bus)
+
+            async def listen(ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams) -> Any:
+                token = _LISTENER.set(self._principal(ctx))
+                try:
+                    return await handler(ctx, params)
+                finally:
+                    _LISTENER.reset(token)
+
+            lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
+
+    def _is_admin(self, principal: str) -> bool:
+        return principal in self.server.admin_principals
+
+    def _principal(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        return self.server.principal_of(Context(request_context=ctx, mcp_server=self.server))
+
+    # -- 2025-11-25 -------------------------------------------------------------------------------
+
+    async def _subscribe(self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
+        self._legacy.setdefault(str(params.uri), {})[id(ctx.session)] = (ctx.session, self._principal(ctx))
+        return EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
+    ) -> EmptyResult:
+        sessions = self._legacy.get(str(params.uri), {})
+        sessions.pop(id(ctx.session), None)
+        if not sessions:
+            self._legacy.pop(str(params.uri), None)
+        return EmptyResult()
+
+    async def _send_legacy(self, uri: str, principal: str) -> None:
+        for session_id, (session, owner) in list(self._legacy.get(uri, {}).items()):
+            if owner != principal and not self._is_admin(owner):
+                continue
+            sent = False
+            try:
+                with anyio.move_on_after(SEND_TIMEOUT):
+                    await session.send_resource_updated(uri)
+                    sent = True
+            except Exception:  # noqa: BLE001 - the session is gone: forget its subscriptions
+                sent = False
+            if not sent:
+                self._forget(session_id)
+
+    def _forget(self, session_id: int) -> None:
+        for uri in list(self._legacy):
+            self._legacy[uri].pop(session_id, None)
+            if not self._legacy[uri]:
+                del self._legacy[uri]
+
+    # -- the engine listener ------------------------------------------------------------------------
+
+    async def on_change(self, record: CallRecord) -> None:
+        """Called by the engine after every record change; never raises into the call.
+
+        It awaits only when there is something to send to a legacy subscriber or a redaction
+        config to journal: the engine calls listeners between a claim and the run, and a
+        needless yield there would only delay the call.
+        """
+        try:
+            await self._journal_sensitive_names()
+        except Exception:  # noqa: BLE001 - redaction config is best effort; the call goes on
+            logger.exception("could not journal the sensitive argument names")
+        principal = record.identity.principal
+        for uri in (record_uri(record.identity.tool, record.identity.key), STATS_URI):
+            try:
+                if self._bus is not None:
+                    self._bus.publish_for(principal, ResourceUpdated(uri=uri))
+                if uri in self._legacy:
+                    await self._send_legacy(uri, principal)
+            except Exception:  # noqa: BLE001 - notification is best effort
+                logger.exception("could not announce a change of %s", uri)
+
+    async def _journal_sensitive_names(self) -> None:
+        # Journal the tools' sensitive names before anything of theirs can be read by the CLI;
+        # written on the first change of a boot and again only when the policies change.
+        names = {tool: policy.sensitive for tool, policy in self.server.policies.items() if policy.sensitive}
+        if names == self._journaled:
+            return
+        if names:
+            await SensitiveNames.publish(self.server.journal, names, self.server.engine.clock())
+        self._journaled = names

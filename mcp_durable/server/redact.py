@@ -1,0 +1,167 @@
+"""What an operator or agent may see of a call record: one JSON view, with sensitive values masked.
+
+Every journal resource and every line of `mcp-durable journal` output goes through `record_view`,
+so redaction is decided in one place. The journal itself keeps everything replay needs (the
+stored result is replayed byte-identical to the caller who owns it); only views are masked.
+
+Which values are sensitive is per tool (`ToolPolicy.sensitive`): argument names whose values are
+masked wherever they appear at the top level of the arguments and anywhere in the result's
+`structuredContent`; the name `"*result*"` masks the whole result. A server journals its tools'
+sensitive names (see `SensitiveNames`) so the CLI, which only has a journal URL, masks the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from mcp.shared.uri_template import UriTemplate
+
+from ..journal.base import Journal
+from ..journal.model import CallRecord
+
+MASK = "[redacted]"
+RESULT_MARK = "*result*"
+#: The process under which servers journal their tools' sensitive names (one checkpoint, merged).
+REDACTION_PROCESS = "mcp-durable/redaction"
+
+CALL_TEMPLATE = UriTemplate.parse("journal://calls/{tool}/{key}")
+
+Sensitive = Mapping[str, Collection[str]]  # tool name -> sensitive argument names
+
+
+def iso(ts: float | None) -> str | None:
+    """Epoch seconds as ISO 8601 UTC (`2026-11-29T08:00:00.123456Z`), None stays None."""
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _json_or_text(payload: bytes | None) -> Any:
+    if payload is None:
+        return None
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return payload.decode("utf-8", "replace")
+
+
+def _mask_deep(value: Any, names: Collection[str]) -> Any:
+    if isinstance(value, dict):
+        return {k: MASK if k in names else _mask_deep(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask_deep(v, names) for v in value]
+    return value
+
+
+def mask_arguments(arguments: Any, names: Collection[str]) -> Any:
+    """The arguments with the values of sensitive top-level names replaced by `MASK`."""
+    if not names or not isinstance(arguments, dict):
+        return arguments
+    return {k: MASK if k in names else v for k, v in arguments.items()}
+
+
+def mask_result(result: Any, names: Collection[str]) -> Any:
+    """A stored result (a `CallToolResult` dump) as it may be shown.
+
+    `"*result*"` masks it entirely; otherwise sensitive names are masked anywhere in
+    `structuredContent` and in JSON text contents (the SDK mirrors structured output as text).
+    """
+    if result is None or not names:
+        return result
+    if RESULT_MARK in names:
+        return MASK
+    if not isinstance(result, dict):
+        return result
+    shown = dict(result)
+    if "structuredContent" in shown:
+        shown["structuredContent"] = _mask_deep(shown["structuredContent"], names)
+    content = shown.get("content")
+    if isinstance(content, list):
+        shown["content"] = [_mask_text_block(block, names) for block in content]
+    return shown
+
+
+def _mask_text_block(block: Any, names: Collection[str]) -> Any:
+    if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
+        return block
+    try:
+        parsed = orjson.loads(block["text"])
+    except orjson.JSONDecodeError:
+        return block
+    masked = _mask_deep(parsed, names)
+    if masked == parsed:
+        return block
+    return {**block, "text": orjson.dumps(masked).decode()}
+
+
+def record_uri(tool: str, key: str) -> str:
+    """The canonical `journal://calls/{tool}/{key}` URI of a record (RFC 6570 expansion: every
+    character of the key outside the unreserved set is percent-encoded, so `/` becomes `%2F`)."""
+    return CALL_TEMPLATE.expand({"tool": tool, "key": key})
+
+
+def record_summary(record: CallRecord) -> dict[str, Any]:
+    """A record's listing line: identity, state and times, without arguments or result."""
+    i = record.identity
+    return {
+        "uri": record_uri(i.tool, i.key),
+        "principal": i.principal,
+        "tool": i.tool,
+        "key": i.key,
+        "state": record.state.value,
+        "attempts": record.attempts,
+        "created_at": iso(record.created_at),
+        "updated_at": iso(record.updated_at),
+        "completed_at": iso(record.completed_at),
+    }
+
+
+def record_view(record: CallRecord, sensitive: Collection[str] = ()) -> dict[str, Any]:
+    """The full view of one record (what `journal://calls/{tool}/{key}` and `journal show` print)."""
+    view = record_summary(record)
+    view.update(
+        {
+            "fingerprint": record.fingerprint,
+            "version": record.version,
+            "run_id": record.run_id,
+            "owner": record.owner,
+            "lease_until": iso(record.lease_until),
+            "expires_at": iso(record.expires_at),
+            "arguments": mask_arguments(_json_or_text(record.arguments), sensitive),
+            "result": mask_result(_json_or_text(record.result), sensitive),
+            "error": record.error,
+        }
+    )
+    return view
+
+
+class SensitiveNames:
+    """The sensitive names per tool, journaled so readers without the server (the CLI) mask alike.
+
+    Stored as one checkpoint of the process `REDACTION_PROCESS`: `{"context_state": {"tools":
+    {tool: [names]}}}`. `publish` merges this server's tools into what the journal holds, so
+    several servers sharing a journal add up; it writes only when something changed.
+    """
+
+    @staticmethod
+    async def load(journal: Journal) -> dict[str, tuple[str, ...]]:
+        checkpoint = await journal.last_checkpoint(REDACTION_PROCESS)
+        if checkpoint is None:
+            return {}
+        tools = checkpoint.data.get("context_state", {}).get("tools", {})
+        return {str(t): tuple(str(n) for n in names) for t, names in tools.items() if isinstance(names, list)}
+
+    @staticmethod
+    async def publish(journal: Journal, tools: Sensitive, now: float) -> bool:
+        """Merge `tools` into the journaled names; returns whether anything was written."""
+        current = await SensitiveNames.load(journal)
+        merged = dict(current)
+        for tool, names in tools.items():
+            if names:
+                merged[tool] = tuple(sorted(set(names)))
+        if merged == current:
+            return False
+        data = {"context_state": {"tools": {t: list(n) for t, n in sorted(merged.items())}}, "lifecycle_state": None}
+        await journal.append(REDACTION_PROCESS, "checkpoint", data, now)
+        return True

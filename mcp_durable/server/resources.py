@@ -1,0 +1,365 @@
+"""The journal and the recovery state as MCP resources (DESIGN.md §3), scoped by principal.
+
+| URI | what | who |
+|---|---|---|
+| `journal://stats` | counts by state and tool, backend, size, oldest record, retention | own records; admins all |
+| `journal://recovery` | what the last start found: snapshot, entries replayed, time, bytes truncated, in doubt | anyone |
+| `journal://calls{?tool,state,limit,cursor}` | records newest first, `next_cursor` to page on | own; admins all |
+| `journal://calls/{tool}/{key}` | one record (admins add `?principal=P` for another's) | own; admins all |
+| `journal://in-doubt` | records in doubt (and pending ones whose lease ran out) | own; admins all |
+| `journal://entries{?after,limit}` | the raw process-log tail | admins only |
+| `journal://processes/{process_id}` | a process's state as `ReplayEngine.recover` rebuilds it | admins only |
+
+Every resource is `application/json`. Keys are percent-encoded in URIs (RFC 6570: `a/b` is
+`a%2Fb`); `redact.record_uri` gives the canonical form, which is also what change
+notifications carry. A record the caller may not see, and an admin resource read by a
+non-admin, answer exactly like an unknown URI (`ResourceNotFoundError`), revealing nothing.
+Values a tool marks sensitive are masked in every view (`redact.py`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections import Counter
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+from mcp.server.mcpserver.resources.templates import ResourceSecurity
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
+
+from ..journal.base import CallCursor
+from ..journal.model import CallIdentity, CallRecord, CallState
+from ..journal.replay import ReplayEngine
+from ..policy import DEFAULT_RETENTION
+from .redact import SensitiveNames, iso, record_summary, record_view
+
+if TYPE_CHECKING:
+    from .app import DurableServer
+
+JSON = "application/json"
+STATS_URI = "journal://stats"
+RECOVERY_URI = "journal://recovery"
+IN_DOUBT_URI = "journal://in-doubt"
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 500
+MAX_IN_DOUBT = 1000
+_PAGE = 1000
+
+#: The request being served by `resources/read` (static resources get no `Context` from the SDK,
+#: but the principal may depend on the request): set by the read wrapper installed below.
+_READING: ContextVar[tuple[ServerRequestContext[Any, Any] | None, str]] = ContextVar("journal_read", default=(None, ""))
+
+# Keys, tools and process ids are data, not paths: `..` or a leading `/` are legitimate in them.
+_DATA_PARAMS = ResourceSecurity(exempt_params=frozenset({"tool", "key", "principal", "process_id", "cursor"}))
+
+
+def encode_cursor(cursor: CallCursor) -> str:
+    """An opaque, URI-safe page token for a `CallCursor` (base64url of JSON, no padding)."""
+    i = cursor.identity
+    raw = orjson.dumps([cursor.created_at, i.principal, i.tool, i.key])
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(token: str) -> CallCursor:
+    """The `CallCursor` of a page token; raises `MCPError(INVALID_PARAMS)` for anything else."""
+    try:
+        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+        created_at, principal, tool, key = orjson.loads(raw)
+        if not all(isinstance(s, str) for s in (principal, tool, key)) or isinstance(created_at, bool):
+            raise ValueError(token)
+        return CallCursor(float(created_at), CallIdentity(principal, tool, key))
+    except (ValueError, TypeError, binascii.Error, orjson.JSONDecodeError):
+        raise MCPError(INVALID_PARAMS, f"invalid cursor {token!r}: pass next_cursor back unchanged") from None
+
+
+def _int_param(name: str, value: str | None, default: int, low: int, high: int) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise MCPError(INVALID_PARAMS, f"{name} must be an integer, not {value!r}") from None
+    if not low <= number <= high:
+        raise MCPError(INVALID_PARAMS, f"{name} must be between {low} and {high}, not {number}")
+    return number
+
+
+def _state_param(value: str | None) -> CallState | None:
+    if value is None or value == "":
+        return None
+    try:
+        return CallState(value)
+    except ValueError:
+        states = ", ".join(s.value for s in CallState)
+        raise MCPError(INVALID_PARAMS, f"state must be one of {states}, not {value!r}") from None
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
+
+
+class JournalResources:
+    """The resource functions, bound to one `DurableServer`; every read is scoped by principal."""
+
+    def __init__(self, server: DurableServer) -> None:
+        self.server = server
+        self._journaled_sensitive: dict[str, tuple[str, ...]] | None = None
+
+    # -- who is asking ------------------------------------------------------------------------------
+
+    def principal(self) -> str:
+        request, _ = _READING.get()
+        context = None if request is None else Context(request_context=request, mcp_server=self.server)
+        return self.server.principal_of(context)
+
+    def is_admin(self, principal: str) -> bool:
+        return principal in self.server.admin_principals
+
+    def not_found(self) -> ResourceNotFoundError:
+        # Word for word what the SDK answers for a URI nothing serves: a refusal reveals nothing.
+        return ResourceNotFoundError(f"Unknown resource: {_READING.get()[1]}")
+
+    async def sensitive(self, tool: str) -> tuple[str, ...]:
+        policy = self.server.policies.get(tool)
+        if policy is not None:
+            return policy.sensitive
+        if self._journaled_sensitive is None:  # another server's tool sharing this journal
+            self._journaled_sensitive = await SensitiveNames.load(self.server.journal)
+        return self._journaled_sensitive.get(tool, ())
+
+    async def _ready(self) -> None:
+        await self.server.engine.start()
+
+    async def _own_records(self, principal: str | None, **filters: Any) -> Any:
+        """Every record of `principal` (None: all) matching `filters`, page by page."""
+        cursor: CallCursor | None = None
+        while True:
+            batch = await self.server.journal.list_calls(principal=principal, limit=_PAGE, cursor=cursor, **filters)
+            for record in batch:
+                yield record
+            if len(batch) < _PAGE:
+                return
+            cursor = CallCursor.after(batch[-1])
+
+    # -- resources ----------------------------------------------------------------------------------
+
+    async def stats(self) -> str:
+        """Counts of calls by state and by tool, the backend, its size, the oldest record, retention."""
+        await self._ready()
+        principal = self.principal()
+        journal = self.server.journal
+        retention = {
+            "default_s": DEFAULT_RETENTION,
+            "by_tool": {tool: policy.retention for tool, policy in sorted(self.server.policies.items())},
+        }
+        if self.is_admin(principal):
+            stats = await journal.stats()
+            body: dict[str, Any] = {
+                "scope": "all",
+                "backend": stats.backend,
+                "calls": sum(stats.calls_by_state.values()),
+                "calls_by_state": stats.calls_by_state,
+                "calls_by_tool": stats.calls_by_tool,
+                "entries": stats.entries,
+                "size_bytes": stats.size_bytes,
+                "oldest_record_at": iso(stats.oldest_record_at),
+            }
+        else:
+            # Journal-wide counts would show other principals' activity: count this one's records.
+            by_state: Counter[str] = Counter()
+            by_tool: Counter[str] = Counter()
+            oldest: float | None = None
+            async for record in self._own_records(principal):
+                by_state[record.state.value] += 1
+                by_tool[record.identity.tool] += 1
+                oldest = record.created_at if oldest is None else min(oldest, record.created_at)
+            body = {
+                "scope": "principal",
+                "principal": principal,
+                "backend": (await journal.stats()).backend,
+                "calls": sum(by_state.values()),
+                "calls_by_state": dict(by_state),
+                "calls_by_tool": dict(by_tool),
+                "oldest_record_at": iso(oldest),
+            }
+        body["retention"] = retention
+        return _dumps(body)
+
+    async def recovery(self) -> str:
+        """What the last start found and did: journal recovery, calls found in doubt, lifecycle."""
+        await self._ready()
+        engine = self.server.engine
+        report = self.server.journal.recovery
+        body: dict[str, Any] = {
+            "backend": report.backend if report else None,
+            "snapshot_used": report.snapshot_used if report else None,
+            "records_loaded": report.records_loaded if report else 0,
+            "entries_replayed": report.entries_replayed if report else 0,
+            "journal_open_s": report.duration_s if report else None,
+            "bytes_truncated": report.bytes_truncated if report else 0,
+            "truncated_to": report.truncated_to if report else None,
+            "problems": list(report.problems) if report else [],
+            "calls_found_in_doubt": engine.orphans_found,
+            "previous_lifecycle_state": engine.previous_lifecycle_state,
+            "clean_previous_stop": engine.previous_lifecycle_state in (None, "stopped"),
+            "started_at": iso(engine.started_at),
+            "start_duration_s": engine.start_duration_s,
+            "instance_id": engine.instance_id,
+            "process_id": engine.process_id,
+        }
+        return _dumps(body)
+
+    async def calls(
+        self, tool: str | None = None, state: str | None = None, limit: str | None = None, cursor: str | None = None
+    ) -> str:
+        """Call records newest first; pass `next_cursor` back as `cursor` for the next page."""
+        await self._ready()
+        principal = self.principal()
+        size = _int_param("limit", limit, DEFAULT_LIMIT, 1, MAX_LIMIT)
+        after = decode_cursor(cursor) if cursor else None
+        scope = None if self.is_admin(principal) else principal
+        # One more than asked: whether a next page exists, without ever serving an empty one.
+        records = await self.server.journal.list_calls(
+            principal=scope, tool=tool or None, state=_state_param(state), limit=size + 1, cursor=after
+        )
+        page, more = records[:size], len(records) > size
+        return _dumps(
+            {
+                "calls": [record_summary(r) for r in page],
+                "next_cursor": encode_cursor(CallCursor.after(page[-1])) if more else None,
+            }
+        )
+
+    async def call(self, tool: str, key: str, principal: str | None = None) -> str:
+        """One call record: state, fingerprint, attempts, owner, lease, times, arguments, result, error."""
+        await self._ready()
+        caller = self.principal()
+        owner = caller
+        if principal and principal != caller:
+            if not self.is_admin(caller):
+                raise self.not_found()
+            owner = principal
+        record = await self.server.journal.get(CallIdentity(owner, tool, key))
+        if record is None:
+            raise self.not_found()
+        return _dumps(record_view(record, await self.sensitive(tool)))
+
+    async def call_of_principal(self, tool: str, key: str, principal: str | None = None) -> str:
+        """Another principal's record, for admins: `journal://calls/{tool}/{key}?principal=P`."""
+        return await self.call(tool, key, principal)
+
+    async def in_doubt(self) -> str:
+        """Calls whose outcome is unknown: in doubt, or pending with an expired lease (owner gone)."""
+        await self._ready()
+        principal = self.principal()
+        scope = None if self.is_admin(principal) else principal
+        now = self.server.engine.clock()
+        found: list[CallRecord] = []
+        async for record in self._own_records(scope, state=CallState.IN_DOUBT):
+            found.append(record)
+            if len(found) > MAX_IN_DOUBT:
+                break
+        async for record in self._own_records(scope, state=CallState.PENDING):
+            if len(found) > MAX_IN_DOUBT:
+                break
+            if record.lease_until is None or record.lease_until <= now:
+                found.append(record)
+        shown = found[:MAX_IN_DOUBT]
+        calls = []
+        for record in shown:
+            view = record_summary(record)
+            view.update({"error": record.error, "lease_expired": record.state == CallState.PENDING})
+            calls.append(view)
+        return _dumps({"count": len(shown), "truncated": len(found) > MAX_IN_DOUBT, "calls": calls})
+
+    async def entries(self, after: str | None = None, limit: str | None = None) -> str:
+        """The raw process-log tail after sequence number `after` (admins only)."""
+        await self._ready()
+        if not self.is_admin(self.principal()):
+            raise self.not_found()
+        start = _int_param("after", after, 0, 0, 2**63 - 1)
+        size = _int_param("limit", limit, 100, 1, 1000)
+        rows = await self.server.journal.entries(after=start, limit=size)
+        return _dumps(
+            {
+                "entries": [
+                    {"seq": e.seq, "process_id": e.process_id, "entry_type": e.entry_type, "ts": iso(e.ts),
+                     "data": e.data}  # fmt: skip
+                    for e in rows
+                ],
+                "next_after": rows[-1].seq if rows else start,
+            }
+        )
+
+    async def process(self, process_id: str) -> str:
+        """A process's state rebuilt from its last checkpoint and the entries after it (admins only)."""
+        await self._ready()
+        if not self.is_admin(self.principal()):
+            raise self.not_found()
+        recovered = await ReplayEngine(self.server.journal).recover(process_id)
+        if recovered.last_seq == 0:
+            raise self.not_found()
+        return _dumps(recovered.as_dict())
+
+
+def _install_read_context(server: DurableServer) -> None:
+    """Wrap `resources/read` so resource functions know the request (and so the principal)."""
+    lowlevel = server._lowlevel_server
+    entry = lowlevel.get_request_handler("resources/read")
+    if entry is None:  # pragma: no cover - MCPServer always serves resources/read
+        return
+    inner = entry.handler
+
+    async def read(ctx: ServerRequestContext[Any, Any], params: ReadResourceRequestParams) -> Any:
+        token = _READING.set((ctx, str(params.uri)))
+        try:
+            return await inner(ctx, params)
+        finally:
+            _READING.reset(token)
+
+    lowlevel.add_request_handler("resources/read", ReadResourceRequestParams, read)
+
+
+def register_journal_resources(server: DurableServer) -> JournalResources:
+    """Register the journal resources, change notifications and (with admins) the admin tools."""
+    from .admin import admins_from_env, register_admin_tools
+    from .notifications import JournalNotifier
+
+    if not server.admin_principals:
+        server.admin_principals = admins_from_env()
+    views = JournalResources(server)
+    add = server.resource
+    add(STATS_URI, name="journal-stats", mime_type=JSON, description=JournalResources.stats.__doc__)(views.stats)
+    add(RECOVERY_URI, name="journal-recovery", mime_type=JSON,
+        description=JournalResources.recovery.__doc__)(views.recovery)  # fmt: skip
+    add(IN_DOUBT_URI, name="journal-in-doubt", mime_type=JSON,
+        description=JournalResources.in_doubt.__doc__)(views.in_doubt)  # fmt: skip
+    add("journal://calls{?tool,state,limit,cursor}", name="journal-calls", mime_type=JSON,
+        description=JournalResources.calls.__doc__, security=_DATA_PARAMS)(views.calls)  # fmt: skip
+    add("journal://calls/{tool}/{key}", name="journal-call", mime_type=JSON,
+        description=JournalResources.call.__doc__, security=_DATA_PARAMS)(_two(views.call))  # fmt: skip
+    add("journal://calls/{tool}/{key}{?principal}", name="journal-call-of-principal", mime_type=JSON,
+        description=JournalResources.call_of_principal.__doc__, security=_DATA_PARAMS)(views.call_of_principal)  # fmt: skip
+    add("journal://entries{?after,limit}", name="journal-entries", mime_type=JSON,
+        description=JournalResources.entries.__doc__)(views.entries)  # fmt: skip
+    add("journal://processes/{process_id}", name="journal-process", mime_type=JSON,
+        description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)  # fmt: skip
+    _install_read_context(server)
+    JournalNotifier(server).install()
+    register_admin_tools(server)
+    return views
+
+
+def _two(call: Any) -> Any:
+    # The plain record template has exactly the variables tool and key.
+    async def call_record(tool: str, key: str) -> str:
+        return str(await call(tool, key))
+
+    call_record.__doc__ = JournalResources.call.__doc__
+    return call_record
