@@ -14,7 +14,7 @@ already become identical `isError` results.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -31,6 +31,7 @@ from ..journal import Journal, create_journal
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
+from .resources import register_journal_resources
 from .results import answer, dump_result, refusal
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -70,6 +71,7 @@ class DurableServer(MCPServer[Any]):
         instance_id: str | None = None,
         lifespan: Callable[[MCPServer[Any]], AbstractAsyncContextManager[Any]] | None = None,
         tokens: Mapping[str, str] | None = None,
+        admin_principals: Collection[str] = (),
         max_argument_bytes: int | None = limits.DEFAULT_MAX_ARGUMENT_BYTES,
         max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
         **kwargs: Any,
@@ -92,6 +94,10 @@ class DurableServer(MCPServer[Any]):
         self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
         self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
         self.policies: dict[str, ToolPolicy] = {}
+        # Journal resources, change notifications and admin tools (server/resources.py);
+        # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
+        self.admin_principals: frozenset[str] = frozenset(admin_principals)
+        register_journal_resources(self)
 
     @property
     def journal(self) -> Journal:
