@@ -41,7 +41,7 @@ temp file, fsync, rename, fsync directory. A stale or damaged snapshot is ignore
 Corruption policy: a torn or corrupt tail (damage no valid frame follows) is cut off at open,
 its bytes kept in `<segment>.torn-<offset>` and reported (`recovery.bytes_truncated`,
 `truncated_to`, `problems`). Damage before the tail is *resynchronised*: the scanner skips to
-the next `\\n@` that starts a valid frame with a higher sequence number, keeps every valid
+the next `@` that starts a valid frame with a higher sequence number, keeps every valid
 record after it, and reports the damaged range with its offset in `recovery.problems` (bytes
 copied to `<segment>.damaged-<offset>`). A segment named by the manifest but missing, or a
 missing manifest beside segments, is refused with `JournalCorruptError`.

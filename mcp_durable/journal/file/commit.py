@@ -30,32 +30,38 @@ from ...errors import JournalError
 class Batch:
     """Frames to write together: runs of `(segment, offset, frames)` in log order."""
 
-    __slots__ = ("chunks", "last_seq", "finished")
+    __slots__ = ("chunks", "last_seq", "finished", "led", "signal")
 
     def __init__(self) -> None:
         self.chunks: list[tuple[int, int, list[bytes]]] = []
         self.last_seq = 0
         self.finished = False
+        self.led = False  # a waiter has taken the job of flushing this batch
+        self.signal = anyio.Event()  # set when finished, or when its leader gave up
 
 
 class GroupCommit:
-    """The batching writer. `open_fd(segment)` returns a writable descriptor for a segment."""
+    """The batching writer. `open_fd(segment)` returns a writable descriptor for a segment.
+
+    The first waiter of each batch is its leader: it waits for the flush before to finish, then
+    flushes its batch; the others sleep on the batch's signal (one wake-up each).
+    """
 
     def __init__(self, open_fd: Callable[[int], int], *, sync: bool, durable_seq: int) -> None:
         self._open_fd = open_fd
         self._sync = sync
         self.current = Batch()
         self.flushing: Batch | None = None
-        self._flushed = anyio.Event()
         self.durable_seq = durable_seq
         self.failure: BaseException | None = None
 
     def add(self, segment: int, offset: int, frame: bytes, seq: int) -> Batch:
         batch = self.current
-        if batch.chunks and batch.chunks[-1][0] == segment:
-            batch.chunks[-1][2].append(frame)
+        chunks = batch.chunks
+        if chunks and chunks[-1][0] == segment:
+            chunks[-1][2].append(frame)
         else:
-            batch.chunks.append((segment, offset, [frame]))
+            chunks.append((segment, offset, [frame]))
         batch.last_seq = seq
         return batch
 
@@ -67,10 +73,19 @@ class GroupCommit:
         """Return once `batch` is on stable storage (leading its flush if nobody does)."""
         while not batch.finished:
             self.check()
-            if self.flushing is not None:
-                await self._flushed.wait()
-            else:
-                await self._lead()
+            if batch.led:
+                await batch.signal.wait()
+                continue
+            batch.led = True
+            try:
+                while self.flushing is not None:
+                    await self.flushing.signal.wait()
+            except BaseException:
+                batch.led = False  # cancelled before leading: wake the others to elect another
+                signal, batch.signal = batch.signal, anyio.Event()
+                signal.set()
+                raise
+            await self._lead(batch)
         self.check()
 
     async def wait_seq(self, seq: int) -> None:
@@ -80,23 +95,22 @@ class GroupCommit:
             flushing = self.flushing
             await self.wait(flushing if flushing is not None and seq <= flushing.last_seq else self.current)
 
-    async def _lead(self) -> None:
-        batch, self.current = self.current, Batch()
-        if not batch.chunks:
-            batch.finished = True
-            return
-        self.flushing, self._flushed = batch, anyio.Event()
+    async def _lead(self, batch: Batch) -> None:
+        assert batch is self.current
+        self.current = Batch()
+        self.flushing = batch
         try:
-            # Shielded: once the bytes are handed to the thread, their fate must be known.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self._write, batch)
-            self.durable_seq = batch.last_seq
+            if batch.chunks:
+                # Shielded: once the bytes are handed to the thread, their fate must be known.
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._write, batch)
+            self.durable_seq = max(self.durable_seq, batch.last_seq)
         except Exception as exc:
             self.failure = exc
         finally:
             batch.finished = True
             self.flushing = None
-            self._flushed.set()
+            batch.signal.set()
 
     def _write(self, batch: Batch) -> None:
         for segment, offset, frames in batch.chunks:

@@ -6,8 +6,9 @@ A frame is one text line:
 
 `L` is the payload length (8 hex digits), `S` the sequence number (16 hex digits), `C` the
 CRC-32 (8 hex digits) of the first 27 bytes (`@L S `) followed by the payload. orjson never
-writes a raw newline inside a document, so the only `\\n` bytes of a segment end frames, and
-`\\n@` marks where the next frame may start: the scanner resynchronises on it after damage.
+writes a raw newline inside a document: the only `\\n` bytes of a segment end frames, and a
+frame can never be hidden inside another's payload: after damage the scanner resynchronises on
+the next `@` that starts a valid frame.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def parse_at(buf: bytes, pos: int, end: int) -> Frame | str:
 def scan(buf: bytes, start: int = 0, last_seq: int = 0) -> Iterator[Frame | Damage]:
     """Every frame of `buf[start:]` in order, and every damaged range between them.
 
-    Policy: on damage, resynchronise on the next `\\n@` that starts a valid frame whose sequence
+    Policy: on damage, resynchronise on the next `@` that starts a valid frame whose sequence
     number is above the last good one, and keep going; the bytes skipped are reported as a
     `Damage`. Damage with no valid frame after it is the tail (`tail=True`). A frame whose
     sequence number does not increase is treated as damage too (a stale copy is never replayed
@@ -109,13 +110,15 @@ def scan(buf: bytes, start: int = 0, last_seq: int = 0) -> Iterator[Frame | Dama
 
 
 def _resync(buf: bytes, pos: int, end: int, last_seq: int) -> int | None:
-    search = pos
+    # Any "@" may start the next frame (garbage need not end with a newline); a false start
+    # fails the header or the checksum, and a frame cannot hide inside a payload because a
+    # payload never holds the raw newline a frame ends with.
+    search = pos + 1
     while True:
-        nl = buf.find(b"\n@", search, end)
-        if nl < 0:
+        candidate = buf.find(b"@", search, end)
+        if candidate < 0:
             return None
-        candidate = nl + 1
         found = parse_at(buf, candidate, end)
         if isinstance(found, Frame) and found.seq > last_seq:
             return candidate
-        search = candidate
+        search = candidate + 1

@@ -52,6 +52,7 @@ class FileJournal:
         self._signals = ChangeSignals()
         self._maintenance = anyio.Lock()
         self._hash_cache: dict[CallIdentity, int] = {}
+        self._process_hashes: dict[str, int] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -214,6 +215,14 @@ class FileJournal:
             h = self._hash_cache[identity] = identity_hash(self._manifest.hash_key, identity)
         return h
 
+    def _process_hash(self, process_id: str) -> int:
+        h = self._process_hashes.get(process_id)
+        if h is None:
+            if len(self._process_hashes) > 4096:
+                self._process_hashes.clear()
+            h = self._process_hashes[process_id] = process_hash(process_id)
+        return h
+
     def _read(self, position: int, size: int) -> dict[str, Any]:
         """Read one frame back (pread), check it, and decode its payload."""
         segment, offset = unpack(position)
@@ -360,7 +369,7 @@ class FileJournal:
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
         payload = entry_payload(process_id, entry_type, data, ts)
         seq, position, size, batch = self._submit(payload)
-        self._entries.add(seq, position, size, process_hash(process_id), entry_type == CHECKPOINT)
+        self._entries.add(seq, position, size, self._process_hash(process_id), entry_type == CHECKPOINT)
         await self._durable(batch)
         return JournalEntry(process_id, entry_type, data, ts, seq)
 
@@ -375,7 +384,7 @@ class FileJournal:
             stop = len(e) if limit is None else min(len(e), e.first_after(after) + max(0, limit))
             indexes: list[int] | range = range(e.first_after(after), stop)
         else:
-            indexes = e.chain(process_hash(process_id), after)
+            indexes = e.chain(self._process_hash(process_id), after)
         out: list[JournalEntry] = []
         for i in indexes:
             if limit is not None and len(out) >= limit:
@@ -389,7 +398,7 @@ class FileJournal:
         if self._commit is None:
             raise JournalError(f"journal {self.url} is not open")
         await self._commit.wait_seq(self._next_seq - 1)
-        e, phash = self._entries, process_hash(process_id)
+        e, phash = self._entries, self._process_hash(process_id)
         i = e.checkpoint.get(phash)
         if i is not None and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
             return entry_from_dict(d, e.seq[i])
