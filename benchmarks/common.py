@@ -95,8 +95,8 @@ def ratio(value: float) -> str:
     return f"{value:.2f}x"
 
 
-def mib(size_bytes: float) -> str:
-    return f"{size_bytes / 2**20:,.0f} MiB"
+def mb(size_bytes: float) -> str:
+    return f"{size_bytes / 1e6:,.0f} MB"
 
 
 def verdict(ok: bool | None) -> str:

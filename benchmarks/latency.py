@@ -26,7 +26,7 @@ REPLAY_N = -1  # the argument of the one call every replay repeats
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("latency")
     rounds = settings.pick(3, 10)
-    per_round = settings.pick(30, 200)
+    per_round = settings.pick(20, 200)
     urls = journal_urls(settings)
     samples: dict[tuple[str, str, str], list[float]] = {}
 

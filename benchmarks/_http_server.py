@@ -1,0 +1,33 @@
+"""The server side of case 5: `python -m benchmarks._http_server plain|durable [JOURNAL_URL]`.
+
+Serves the no-op tool over streamable HTTP with uvicorn on 127.0.0.1, on a port the kernel
+picks; prints `PORT <n>` on stdout once the socket is bound and listening, then serves until
+killed.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import anyio
+import uvicorn
+
+from .servers import durable_server, plain_server
+
+
+def main() -> None:
+    kind = sys.argv[1]
+    server = plain_server() if kind == "plain" else durable_server(sys.argv[2])
+    app = server.streamable_http_app(streamable_http_path="/mcp")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+    anyio.run(uvicorn.Server(config).serve, [sock])
+
+
+if __name__ == "__main__":
+    main()

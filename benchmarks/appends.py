@@ -1,0 +1,130 @@
+"""Case 3: journal appends, group commit versus one fsync per append, at 1, 16 and 64 writers.
+
+Writers are tasks appending process entries (`Journal.append`, durable when it returns) as fast
+as they can. The baseline is written here, as simply as it can be: each append writes one record
+of the same size to a file and fsyncs it before the next (`write` + `fsync`, inline, no thread
+hop: the fastest a journal without group commit can be). The file journal shares one fsync among
+the appends that arrive while one is in progress; SQLite (one fsynced commit per append under its
+write lock) and Postgres (its own WAL flushing) are shown beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import anyio
+import orjson
+
+from mcp_durable.journal import Journal, create_journal
+
+from .common import CaseResult, Settings, Table, Target, journal_urls, median, rate, ratio, skipped_journals
+
+WRITERS = (1, 16, 64)
+TARGET_WRITERS = 64
+TARGET_RATIO = 10.0
+PROCESS = "bench/appender"
+
+
+def entry_data(i: int) -> dict[str, object]:
+    """A typical process entry: a step number and a little context (about 120 bytes of JSON)."""
+    return {"step": i, "order_id": f"O-{i:08d}", "note": "refund issued; provider reference attached"}
+
+
+def baseline_record(i: int) -> bytes:
+    """What one append writes in the baseline: the entry as JSON plus an 8-byte length/seq header,
+    about the size of a framed record in the file journal."""
+    body = orjson.dumps({"p": PROCESS, "t": "context_update", "d": entry_data(i), "ts": time.time()})
+    return len(body).to_bytes(4, "little") + i.to_bytes(4, "little") + body
+
+
+def baseline(path: str, total: int) -> float:
+    """Appends per second with one `write` + `fsync` per append.
+
+    Inline and serial: without group commit, concurrent writers take turns on the file anyway,
+    so the rate does not depend on how many there are (and a thread hop would only slow it).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        records = [baseline_record(i) for i in range(total)]
+        began = time.perf_counter()
+        for record in records:
+            os.write(fd, record)
+            os.fsync(fd)
+        return total / (time.perf_counter() - began)
+    finally:
+        os.close(fd)
+
+
+async def journal_appends(journal: Journal, writers: int, total: int, start: int) -> float:
+    """Appends per second of `total` appends by `writers` concurrent tasks."""
+    remaining = total
+    counter = start
+
+    async def writer() -> None:
+        nonlocal remaining, counter
+        while remaining > 0:
+            remaining -= 1
+            counter += 1
+            await journal.append(PROCESS, "context_update", entry_data(counter), time.time())
+
+    began = time.perf_counter()
+    async with anyio.create_task_group() as group:
+        for _ in range(writers):
+            group.start_soon(writer)
+    return total / (time.perf_counter() - began)
+
+
+async def run(settings: Settings) -> CaseResult:
+    result = CaseResult("appends")
+    reps = settings.pick(1, 3)
+    urls = journal_urls(settings, memory=False)
+    journals = {name: create_journal(url) for name, url in urls.items()}
+    for journal in journals.values():
+        await journal.open()
+    rates: dict[tuple[int, str], list[float]] = {}
+    done = 0
+    try:
+        for writers in WRITERS:
+            total = settings.pick(100, 1000)
+            for _ in range(reps):
+                path = str(settings.workdir / f"baseline-{uuid.uuid4().hex[:6]}.log")
+                rates.setdefault((writers, "baseline"), []).append(baseline(path, total))
+                os.unlink(path)
+                for name, journal in journals.items():
+                    # SQLite has no group commit: one fsynced commit per append is slow, so fewer.
+                    n = total if name != "sqlite" else max(50, total // 4)
+                    rates.setdefault((writers, name), []).append(await journal_appends(journal, writers, n, done))
+                    done += n
+    finally:
+        for journal in journals.values():
+            await journal.aclose()
+
+    names = list(journals)
+    table = Table(
+        "3. Journal appends per second (durable when append returns)",
+        ["writers", "baseline: write + fsync each", *names, *[f"{n} / baseline" for n in names]],
+    )
+    table.notes.append(
+        f"median of {reps} interleaved repetitions of {settings.pick(100, 1000)} appends (SQLite: a quarter of that); "
+        f"fsync measured at start: {settings.fsync_s * 1e6:,.0f} µs; records of about "
+        f"{len(baseline_record(0))} bytes."
+    )
+    table.notes.extend(skipped_journals())
+    for writers in WRITERS:
+        base = median(rates[(writers, "baseline")])
+        values = [median(rates[(writers, n)]) for n in names]
+        table.add(writers, rate(base), *[rate(v) for v in values], *[ratio(v / base) for v in values])
+    result.tables.append(table)
+    # The bar is the file journal's (the embedded default, the one with group commit of its own).
+    name = f"Group commit ≥ {TARGET_RATIO:.0f}× one fsync per append at {TARGET_WRITERS} writers [file]"
+    if "file" not in names:
+        result.targets.append(Target(name, f"≥ {TARGET_RATIO:.0f}x", "file journal not built", None))
+    else:
+        base = median(rates[(TARGET_WRITERS, "baseline")])
+        value = median(rates[(TARGET_WRITERS, "file")]) / base
+        result.targets.append(Target(name, f"≥ {TARGET_RATIO:.0f}x",
+                                     f"{ratio(value)} ({rate(value * base)} vs {rate(base)})",
+                                     value >= TARGET_RATIO))  # fmt: skip
+    return result

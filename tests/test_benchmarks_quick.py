@@ -1,0 +1,28 @@
+"""The benchmark suite's quick mode runs end to end (a smoke run in CI).
+
+It fails only when the suite does — an error or a non-zero exit — never on a figure: speed is
+measured in benchmarks/, never asserted in tests. Takes about 30–60 s on the 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_path: Path) -> None:
+    report = tmp_path / "benchmarks.md"
+    env = {**os.environ, "MCP_DURABLE_BENCH_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--output", str(report)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-6000:]}\nstderr:\n{done.stderr[-6000:]}"
+    text = report.read_text()
+    for heading in ("## Machine", "1. Sequential latency", "2. Throughput", "3. Journal appends",
+                    "4. Recovery", "5. Streamable HTTP", "6. Bytes on disk", "Targets"):  # fmt: skip
+        assert heading in text, f"the report lacks {heading!r}"
