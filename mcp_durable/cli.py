@@ -76,8 +76,12 @@ def _serve(args: argparse.Namespace) -> int:
     import anyio
     import uvicorn
 
+    from .server.auth import point_auth_at
+
+    base_url = f"http://{args.host}:{args.port}"
+    server.settings.auth = point_auth_at(server.settings.auth, base_url)  # 401s name this port
     app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless)
-    url = f"http://{args.host}:{args.port}/mcp"
+    url = f"{base_url}/mcp"
     print(
         f"mcp-durable: serving {args.target} over streamable HTTP at {url}\n"
         f"  journal: {journal}\n"

@@ -46,12 +46,32 @@ def parse_token_map(text: str) -> dict[str, str]:
     return tokens
 
 
-def token_auth_kwargs(tokens: Mapping[str, str], base_url: str = "http://127.0.0.1:8000") -> dict[str, Any]:
+#: The base URL token auth is configured with before the server knows where it will listen.
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+
+
+def token_auth_kwargs(tokens: Mapping[str, str], base_url: str = DEFAULT_BASE_URL) -> dict[str, Any]:
     """The `MCPServer(...)` keyword arguments that turn on bearer auth with a token map."""
     return {
         "token_verifier": StaticTokenVerifier(tokens),
-        "auth": AuthSettings(issuer_url=base_url, resource_server_url=base_url, validate_token_resource=False),
+        "auth": _auth_settings(base_url),
     }
+
+
+def _auth_settings(base_url: str) -> AuthSettings:
+    return AuthSettings(issuer_url=base_url, resource_server_url=base_url, validate_token_resource=False)  # type: ignore[arg-type]
+
+
+def point_auth_at(settings: AuthSettings | None, base_url: str) -> AuthSettings | None:
+    """Auth settings made with the default base URL, moved to where the server really listens.
+
+    The 401's `WWW-Authenticate` names the protected-resource metadata URL built from this, so a
+    server on another port would otherwise send clients to port 8000. Settings given explicitly
+    (any other URL) are returned unchanged.
+    """
+    if settings is None or str(settings.resource_server_url).rstrip("/") != DEFAULT_BASE_URL:
+        return settings
+    return _auth_settings(base_url)
 
 
 def tokens_from_env() -> dict[str, str] | None:

@@ -79,6 +79,9 @@ async def test_a_request_without_a_valid_bearer_token_is_refused_with_401(token:
             refused = await http.post(served.url, json=initialize, headers=headers)
             accepted = await http.post(served.url, json=initialize, headers={**headers, "Authorization": "Bearer tokB"})
     assert refused.status_code == 401
+    # The challenge names this server's own metadata URL (not a default port).
+    challenge = refused.headers["www-authenticate"]
+    assert challenge.startswith("Bearer ") and f"127.0.0.1:{served.port}/" in challenge
     assert accepted.status_code == 200  # the same request with a valid token is served
 
 
