@@ -4,6 +4,7 @@ A fenced block's info string says what it is:
 - ```sh: every line is a command (a trailing `\\` continues it; `#` starts a comment);
 - ```console: lines starting with `$ ` are commands, the other lines are their output;
 - ```python: a whole program.
+A command whose line ends in a comment saying `exit status N` is expected to exit with N.
 Other blocks (```json, ```text) are shown output and are not run.
 
 The docs are README.md, docs/*.md and examples/*.md.
@@ -19,6 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent.parent
 FENCE = re.compile(r"^(?P<indent> *)```(?P<info>[\w+-]*)\s*$")
 RUN_LANGS = ("sh", "console", "python")
+EXPECT = re.compile(r"#.*\bexit status (?P<status>\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,7 @@ class Command:
 
     block: Block
     text: str
+    expect: int = 0  # the exit status the doc promises (`# exit status N` on the line), else 0
 
 
 def doc_files() -> list[Path]:
@@ -90,6 +93,7 @@ def commands(block: Block) -> list[Command]:
         return []
     found: list[Command] = []
     pending = ""
+    expect = 0
     for raw in block.text.splitlines():
         if block.lang == "console":
             if pending:
@@ -100,6 +104,9 @@ def commands(block: Block) -> list[Command]:
                 continue  # output
         else:
             line = raw
+        status = EXPECT.search(line)
+        if status is not None:
+            expect = int(status["status"])
         line = _strip_comment(line) if not pending else line.rstrip()
         if line.endswith("\\"):
             pending += line[:-1].rstrip() + " "
@@ -107,7 +114,8 @@ def commands(block: Block) -> list[Command]:
         text = (pending + line).strip()
         pending = ""
         if text:
-            found.append(Command(block, " ".join(text.split()) if "'" not in text and '"' not in text else text))
+            found.append(Command(block, " ".join(text.split()) if "'" not in text and '"' not in text else text, expect))
+        expect = 0
     return found
 
 

@@ -1,0 +1,147 @@
+"""Every command and Python program shown in the docs runs, or a named test runs it.
+
+For each document (README.md, docs/*.md, examples/*.md), in a fresh directory laid out like a
+clone (tools/, examples/, .venv linked in; no journal yet):
+- each ```python block runs as a program, in order, and must exit 0;
+- each command of a ```sh or ```console block either
+  - is listed in `ELSEWHERE`, mapped to the test (or `.ci/run`) that exercises it — long-running
+    servers, `make test`, the Inspector — and that test must exist; or
+  - runs here, in order, through bash, and must exit with the status the doc promises (0 unless
+    the line says `# … exit status N`).
+A command that is neither fails the check, and so does an `ELSEWHERE` entry no doc uses.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.docs.snippets import REPO, Block, Command, all_commands, blocks, commands, doc_files
+
+EXAMPLES = "tests/docs/test_examples.py"
+
+#: Commands run by something other than this check: exact text, or `re:` + a regex (matched at
+#: the start). The value is `path::test_function` or a script that contains the command.
+ELSEWHERE: dict[str, str] = {
+    "make test": ".ci/run",
+    "make run": f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect",
+    r"re:npx -y @modelcontextprotocol/inspector@[\w.]+ --cli ":
+        f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server",
+    r're:\.venv/bin/python -c "from mcp_durable\.demo\.ledger import PaymentProvider':
+        f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server",
+    r"re:\.venv/bin/python examples/client\.py http ":
+        f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
+}  # fmt: skip
+
+TIMEOUT = 180
+
+
+def exercised_by(command: str) -> str | None:
+    for pattern, where in ELSEWHERE.items():
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], command):
+                return where
+        elif command == pattern:
+            return where
+    return None
+
+
+def defined_tests(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def test_every_elsewhere_entry_names_a_test_that_exists_and_is_used_by_a_doc() -> None:
+    shown = [command.text for command in all_commands()]
+    for pattern, where in ELSEWHERE.items():
+        path, _, name = where.partition("::")
+        assert (REPO / path).is_file(), f"{pattern!r} → {where}: no such file"
+        if name:
+            assert name in defined_tests(REPO / path), f"{pattern!r} → {where}: no such test"
+            assert name.startswith("test_")
+        else:
+            literal = pattern[3:] if pattern.startswith("re:") else pattern
+            assert literal in (REPO / path).read_text(), f"{where} does not run {pattern!r}"
+        assert any(exercised_by(text) == where and _matches(pattern, text) for text in shown), (
+            f"no doc shows {pattern!r} any more: remove it from ELSEWHERE"
+        )
+
+
+def _matches(pattern: str, text: str) -> bool:
+    return bool(re.match(pattern[3:], text)) if pattern.startswith("re:") else text == pattern
+
+
+def clone_like(tmp_path: Path) -> Path:
+    work = tmp_path / "clone"
+    work.mkdir()
+    for name in ("tools", "examples"):
+        (work / name).symlink_to(REPO / name)
+    (work / ".venv").symlink_to(Path(sys.prefix))
+    return work
+
+
+def run_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MCP_DURABLE_JOURNAL", "PAYMENTS_LEDGER")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+RUNNER = """
+import runpy, sys, traceback
+for path in sys.argv[1:]:
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except BaseException:
+        print(f"FAILED {path}", file=sys.stderr)
+        traceback.print_exc()
+        sys.exit(1)
+"""
+
+
+def run_python(group: list[Block], work: Path, first_index: int) -> None:
+    """Run consecutive python blocks, each as `__main__` in a fresh namespace, in one interpreter
+    (one import of mcp instead of one per block: the docs check stays quick)."""
+    names = []
+    for offset, block in enumerate(group):
+        script = work / f"snippet_{first_index + offset}.py"
+        script.write_text(block.text)
+        names.append(script.name)
+    proc = subprocess.run([sys.executable, "-c", RUNNER, *names], cwd=work, env=run_env(), capture_output=True,
+                          text=True, timeout=TIMEOUT)  # fmt: skip
+    if proc.returncode != 0:
+        failed = next((b for b, n in zip(group, names, strict=True) if f"FAILED {n}" in proc.stderr), group[0])
+        pytest.fail(f"{failed.where}: the python block failed\n{proc.stdout}\n{proc.stderr}")
+
+
+def run_command(command: Command, work: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT)  # fmt: skip
+    assert proc.returncode == command.expect, (
+        f"{command.block.where}: `{command.text}` exited {proc.returncode}, the doc says {command.expect}\n"
+        f"{proc.stdout}\n{proc.stderr}"
+    )
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda path: str(path.relative_to(REPO)))
+def test_every_block_in_the_doc_runs_or_is_run_by_a_named_test(doc: Path, tmp_path: Path) -> None:
+    work = clone_like(tmp_path)
+    env = run_env()
+    group: list[Block] = []
+    for index, block in enumerate([*blocks(doc), None]):
+        if block is not None and block.lang == "python":
+            group.append(block)
+            continue
+        if group:
+            run_python(group, work, index - len(group))
+            group = []
+        if block is None:
+            break
+        for command in commands(block):
+            if exercised_by(command.text) is None:
+                run_command(command, work, env)
