@@ -13,6 +13,7 @@ Values a tool marks sensitive are masked (the server journals its tools' sensiti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -251,7 +252,7 @@ async def _verify(args: argparse.Namespace) -> int:
     url = _url(args, read_only=True)
     with _progress("verifying", None) as bar:
         task = bar.add_task("verifying", total=None)
-        report = await verify_url(url, lambda n: bar.advance(task, n))
+        report = await verify_url(url, lambda done, total: bar.update(task, completed=done, total=total))
     for problem in report.problems:
         if _wants_json(args):
             _emit_json({"path": problem.path, "offset": problem.offset, "reason": problem.reason})
@@ -274,7 +275,10 @@ async def _compact(args: argparse.Namespace) -> int:
             outcome = await compact(now) if compact is not None else await journal.purge_expired(now)
     finally:
         await journal.aclose()
-    body = outcome if isinstance(outcome, dict) else {"purged" if compact is None else "result": outcome}
+    if dataclasses.is_dataclass(outcome) and not isinstance(outcome, type):
+        body = dataclasses.asdict(outcome)
+    else:
+        body = {"purged" if compact is None else "result": outcome}
     if _wants_json(args):
         _emit_json(body)
     else:

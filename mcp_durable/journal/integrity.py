@@ -26,7 +26,7 @@ import orjson
 from ..errors import ConfigError, DurableError
 from .model import CallState
 
-Progress = Callable[[int], None]
+Progress = Callable[[int, int | None], None]  # (done, total or None when unknown)
 _STATES = frozenset(state.value for state in CallState)
 _PAGE_MESSAGE = re.compile(r"\bpage (\d+)", re.IGNORECASE)
 
@@ -98,20 +98,20 @@ def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
             if reason:
                 problems.append(Problem(f"{where} (table calls, rowid {row[0]}: {row[2]}/{row[3]})", -1, reason))
             if progress is not None and records % 100 == 0:
-                progress(100)
+                progress(records, None)
         for seq, data, ts in conn.execute("SELECT seq, data, ts FROM entries"):
             records += 1
             reason = _bad_json(data, "data", want_object=True) or (None if isinstance(ts, float | int) else "ts")
             if reason:
                 problems.append(Problem(f"{where} (table entries, seq {seq})", -1, reason))
             if progress is not None and records % 100 == 0:
-                progress(100)
+                progress(records, None)
     except sqlite3.DatabaseError as exc:
         problems.append(Problem(where, -1, f"unreadable: {exc}"))
     finally:
         conn.close()
     if progress is not None:
-        progress(records % 100)
+        progress(records, records)
     return VerifyReport(records, problems)
 
 
@@ -159,11 +159,11 @@ async def _verify_through_api(url: str, progress: Progress | None) -> VerifyRepo
                     i = record.identity
                     problems.append(Problem(f"{url} ({i.principal} {i.tool}/{i.key})", -1, reason))
                 if progress is not None:
-                    progress(1)
+                    progress(records, None)
             async for _entry in iter_entries(journal):
                 records += 1
                 if progress is not None:
-                    progress(1)
+                    progress(records, None)
         except (DurableError, ValueError, KeyError) as exc:
             problems.append(Problem(url, -1, f"unreadable after {records} record(s): {exc}"))
     finally:

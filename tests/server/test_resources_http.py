@@ -1,0 +1,96 @@
+"""Over streamable HTTP with bearer identities (`mcp-durable serve` subprocess): a principal reads
+only its own records through every resource, an admin reads everyone's, and a non-admin gets no
+admin resource and cannot call an admin tool."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import orjson
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from mcp_durable import KEY_META
+from tests.helpers import serve_http
+
+COUNTING = "tests/server/servers/counting.py:make_server"
+ENV = {"MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops", "MCP_DURABLE_ADMINS": "ops"}
+
+
+@asynccontextmanager
+async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=60.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
+            yield client
+
+
+async def read(client: Any, uri: str) -> Any:
+    result = await client.read_resource(uri)
+    (content,) = result.contents
+    assert content.mime_type == "application/json"
+    return orjson.loads(content.text)
+
+
+async def refused(client: Any, uri: str) -> str:
+    with pytest.raises(MCPError) as caught:
+        await client.read_resource(uri)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_http_each_principal_reads_only_its_own_records_and_an_admin_reads_all(
+    mode: str, tmp_path: Path
+) -> None:
+    env = {**ENV, "COUNTER_FILE": str(tmp_path / "counter")}
+    async with serve_http(COUNTING, journal=f"sqlite:///{tmp_path}/j.db", env=env) as served:
+        async with client_as(served.url, "tokA", mode) as alice:
+            await alice.call_tool("record", {"text": "a"}, meta={KEY_META: "shared"})
+        async with client_as(served.url, "tokB", mode) as bob:
+            await bob.call_tool("record", {"text": "b"}, meta={KEY_META: "shared"})
+            await bob.call_tool("record", {"text": "b2"}, meta={KEY_META: "bob-only"})
+
+        async with client_as(served.url, "tokA", mode) as alice:
+            mine = await read(alice, "journal://calls/record/shared")
+            assert mine["principal"] == "alice" and mine["arguments"] == {"text": "a"}
+            listing = await read(alice, "journal://calls")
+            assert [(c["principal"], c["key"]) for c in listing["calls"]] == [("alice", "shared")]
+            assert (await read(alice, "journal://calls?tool=record&state=completed"))["calls"] == listing["calls"]
+            stats = await read(alice, "journal://stats")
+            assert stats["scope"] == "principal" and stats["calls"] == 1 and "entries" not in stats
+            assert (await read(alice, "journal://in-doubt"))["count"] == 0
+            # Bob's record, his key, the admin-only resources: all answer like URIs nothing serves.
+            for uri in ("journal://calls/record/bob-only", "journal://calls/record/shared?principal=bob",
+                        "journal://entries", "journal://processes/server%2Fcounting"):  # fmt: skip
+                assert f"Unknown resource: {uri}" in await refused(alice, uri)
+            assert "journal_resolve" in {t.name for t in (await alice.list_tools()).tools}
+            denied = await alice.call_tool("journal_resolve", {"tool": "record", "key": "shared",
+                                                               "resolution": "not_applied"})  # fmt: skip
+            assert denied.is_error and "forbidden" in denied.content[0].text
+            denied = await alice.call_tool("journal_purge_expired", {})
+            assert denied.is_error and "forbidden" in denied.content[0].text
+
+        async with client_as(served.url, "tokO", mode) as ops:
+            everyone = await read(ops, "journal://calls")
+            assert sorted((c["principal"], c["key"]) for c in everyone["calls"]) == [
+                ("alice", "shared"), ("bob", "bob-only"), ("bob", "shared")
+            ]
+            bobs = await read(ops, "journal://calls/record/shared?principal=bob")
+            assert bobs["principal"] == "bob" and bobs["arguments"] == {"text": "b"}
+            stats = await read(ops, "journal://stats")
+            assert stats["scope"] == "all" and stats["calls"] == 3 and stats["backend"] == "sqlite"
+            entries = await read(ops, "journal://entries")
+            assert any(e["process_id"] == "server/counting" for e in entries["entries"])
+            process = await read(ops, "journal://processes/server%2Fcounting")
+            assert process["lifecycle_state"] == "running"
+            purged = await ops.call_tool("journal_purge_expired", {})
+            assert not purged.is_error and purged.structured_content == {"purged": 0}
+        # Alice's record is untouched by anything the others did.
+        async with client_as(served.url, "tokA", mode) as alice:
+            assert (await read(alice, "journal://calls/record/shared"))["state"] == "completed"
