@@ -1,0 +1,122 @@
+"""Admin tools over MCP: registered only with admin principals, resolve a call in doubt (the next
+call with its key replays the operator's verdict, or runs), purge expired records."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from mcp import Client
+
+from mcp_durable import DurableServer, ToolPolicy
+from mcp_durable.keys import fingerprint
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
+
+MODES = ["legacy", "auto"]
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def build(journal: Journal, ran: list[str], *, admins: tuple[str, ...], clock: Clock | None = None) -> DurableServer:
+    kwargs: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    server = DurableServer("ops", journal=journal, admin_principals=admins, **kwargs)
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",), idempotent=False, retention=60.0))
+    def ship(order_id: str) -> dict[str, Any]:
+        ran.append(order_id)
+        return {"shipped": order_id}
+
+    return server
+
+
+@asynccontextmanager
+async def journal_with_a_call_in_doubt() -> AsyncIterator[Journal]:
+    journal = create_journal("memory://")
+    await journal.open()
+    ghost = CallRecord(identity=CallIdentity("local", "ship", "o-1"), fingerprint=fingerprint({"order_id": "o-1"}),
+                       state=CallState.PENDING, version=1, run_id="r", attempts=1, created_at=1.0,
+                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b'{"order_id":"o-1"}')  # fmt: skip
+    await journal.claim(ghost, 1.0)
+    yield journal
+    await journal.aclose()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_without_admin_principals_there_are_no_admin_tools(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MCP_DURABLE_ADMINS", raising=False)
+    server = build(create_journal("memory://"), [], admins=())
+    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert names == {"ship"}
+        refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1", "resolution": "failed"})
+        assert refused.is_error
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_non_admin_local_principal_is_refused_by_the_admin_tools(mode: str) -> None:
+    async with journal_with_a_call_in_doubt() as journal:
+        server = build(journal, [], admins=("ops",))
+        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+            refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1",
+                                                                 "resolution": "completed", "result": {"x": 1}})  # fmt: skip
+            assert refused.is_error and "forbidden" in refused.content[0].text  # type: ignore[union-attr]
+        assert (await journal.get(CallIdentity("local", "ship", "o-1"))).state == CallState.IN_DOUBT  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_resolving_a_call_in_doubt_as_completed_makes_its_key_replay_the_operators_result(mode: str) -> None:
+    ran: list[str] = []
+    async with journal_with_a_call_in_doubt() as journal:
+        server = build(journal, ran, admins=("local",))
+        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+            before = await client.call_tool("ship", {"order_id": "o-1"})
+            assert before.is_error and before.structured_content["error"] == "in_doubt"  # type: ignore[index]
+            resolved = await client.call_tool("journal_resolve", {
+                "tool": "ship", "key": "o-1", "resolution": "completed", "result": {"shipped": "o-1", "by": "hand"},
+                "note": "checked the carrier"})  # fmt: skip
+            assert not resolved.is_error, resolved
+            assert resolved.structured_content["state"] == "completed"  # type: ignore[index]
+            after = await client.call_tool("ship", {"order_id": "o-1"})
+        assert ran == []  # the tool never ran: the operator's verdict is replayed
+        assert not after.is_error and after.structured_content == {"shipped": "o-1", "by": "hand"}
+        assert after.meta is not None and after.meta["mcp-durable/replayed"] is True
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_resolving_a_call_in_doubt_as_not_applied_lets_the_next_call_run(mode: str) -> None:
+    ran: list[str] = []
+    async with journal_with_a_call_in_doubt() as journal:
+        server = build(journal, ran, admins=("local",))
+        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+            resolved = await client.call_tool("journal_resolve",
+                                              {"tool": "ship", "key": "o-1", "resolution": "not_applied"})  # fmt: skip
+            assert not resolved.is_error and resolved.structured_content["state"] == "released"  # type: ignore[index]
+            after = await client.call_tool("ship", {"order_id": "o-1"})
+            again = await client.call_tool("journal_resolve",
+                                           {"tool": "ship", "key": "o-1", "resolution": "not_applied"})  # fmt: skip
+        assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_purging_drops_exactly_the_records_whose_retention_ended(mode: str) -> None:
+    clock = Clock()
+    journal = create_journal("memory://")
+    server = build(journal, [], admins=("local",), clock=clock)
+    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        await client.call_tool("ship", {"order_id": "old"})
+        clock.now += 50
+        await client.call_tool("ship", {"order_id": "new"})
+        clock.now += 20  # "old" is 70 s old (retention 60 s), "new" 20 s
+        purged = await client.call_tool("journal_purge_expired", {})
+        assert purged.structured_content == {"purged": 1}
+        left = await client.read_resource("journal://calls")
+    assert '"new"' in left.contents[0].text and '"old"' not in left.contents[0].text  # type: ignore[union-attr]
