@@ -95,8 +95,8 @@ async def test_replicas_opening_at_once_apply_each_migration_exactly_once(schema
         for journal in journals:
             tg.start_soon(journal.open)
     try:
-        applied = [j.recovery.problems for j in journals if j.recovery is not None and j.recovery.problems]
-        assert len(applied) == 1  # one replica migrated; the others found the schema current
+        applied = [j.migrations_applied for j in journals if isinstance(j, PostgresJournal) and j.migrations_applied]
+        assert applied == [list(range(1, LATEST + 1))]  # one replica migrated; the others found it current
         schema = PostgresSettings.from_url(schema_url).schema
         with psycopg.connect(postgres_or_skip()) as conn:
             rows = conn.execute(f'SELECT version FROM "{schema}".schema_version ORDER BY version').fetchall()
@@ -165,24 +165,69 @@ async def test_a_waiter_on_one_replica_is_woken_by_notify_from_another(schema_ur
         await writer.aclose()
 
 
-async def test_a_lease_renewal_wakes_no_one_but_a_swap_does(pair: tuple[PostgresJournal, PostgresJournal]) -> None:
+async def test_only_changes_of_a_watched_record_notify_and_a_lease_renewal_does_not(
+    pair: tuple[PostgresJournal, PostgresJournal],
+) -> None:
     first, second = pair
-    _, record = await first.claim(pending(), T0)
+    _, watched = await first.claim(pending("watched"), T0)
+    _, quiet = await first.claim(pending("quiet"), T0)
+    _, marker = await first.claim(pending("marker"), T0)
+    for record in (watched, marker):  # a waiter on the second replica reads, then waits
+        assert await second.get(record.identity) is not None
+        await second.wait_for_change(record.identity, 0.01)
     payloads: list[str] = []
     listener = second._listener
     assert listener is not None
     original = listener._on_message
     listener._on_message = lambda payload: (payloads.append(payload), original(payload))[-1]
-    await first.renew(record.identity, "A", T0 + 60)
-    await first.swap(1, record.evolve(state=CallState.IN_DOUBT))
-    # A last change on another key: NOTIFYs arrive in commit order, so once it is here every
-    # notification of the renewal and the swap would be here too.
-    _, marker = await first.claim(pending("marker"), T0)
+    await first.renew(watched.identity, "A", T0 + 60)
+    await first.swap(1, watched.evolve(state=CallState.IN_DOUBT))
+    await first.swap(1, quiet.evolve(state=CallState.IN_DOUBT))  # nobody waits on it: no NOTIFY
+    # A last change: NOTIFYs arrive in commit order, so once it is here every notification of
+    # the renewal and the swaps before it would be here too.
     await first.swap(1, marker.evolve(state=CallState.IN_DOUBT))
     with anyio.fail_after(10):
         while len(payloads) < 2:
             await anyio.sleep(0.01)
-    assert [orjson.loads(p) for p in payloads] == [["local", "refund", "k"], ["local", "refund", "marker"]]
+    assert [orjson.loads(p) for p in payloads] == [["local", "refund", "watched"], ["local", "refund", "marker"]]
+
+
+async def test_a_wait_on_a_record_that_changed_since_it_was_read_returns_at_once(schema_url: str) -> None:
+    first, second = await opened(schema_url), await opened(schema_url + "&poll=60")
+    try:
+        _, record = await first.claim(pending(), T0)
+        assert await second.get(record.identity) is not None  # reads version 1 …
+        await first.swap(1, record.evolve(state=CallState.COMPLETED))  # … which changes, unwatched
+        with anyio.move_on_after(20) as waited:
+            await second.wait_for_change(record.identity, 60)  # the mark finds version 2: no wait
+        assert not waited.cancelled_caught
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_a_schema_at_an_older_version_is_migrated_and_keeps_its_records(schema_url: str) -> None:
+    settings = PostgresSettings.from_url(schema_url)
+    s = f'"{settings.schema}"'
+    with psycopg.connect(postgres_or_skip(), autocommit=True) as conn:  # what release 1 created
+        conn.execute(f"CREATE SCHEMA {s}")
+        conn.execute(f"CREATE TABLE {s}.schema_version (version integer PRIMARY KEY, description text NOT NULL, "
+                     "applied_at timestamptz NOT NULL DEFAULT now())")  # fmt: skip
+        for statement in MIGRATIONS[0].statements:
+            conn.execute(statement.format(s=s, channel=f"'{settings.channel}'"))
+        conn.execute(f"INSERT INTO {s}.schema_version (version, description) VALUES (1, 'v1')")
+        conn.execute(f"INSERT INTO {s}.calls (principal, tool, key, fingerprint, state, version, run_id, attempts, "
+                     "created_at, updated_at) VALUES ('local', 'refund', 'old', 'f', 'completed', 2, 'r', 1, 1, 1)")  # fmt: skip
+    journal = await opened(schema_url)
+    try:
+        assert journal.migrations_applied == list(range(2, LATEST + 1))
+        old = await journal.get(CallIdentity("local", "refund", "old"))
+        assert old is not None and old.state == CallState.COMPLETED and old.version == 2
+    finally:
+        await journal.aclose()
+    with psycopg.connect(postgres_or_skip()) as conn:
+        rows = conn.execute(f"SELECT version FROM {s}.schema_version ORDER BY version").fetchall()
+    assert [r[0] for r in rows] == list(range(1, LATEST + 1))
 
 
 async def test_connections_the_server_drops_give_journal_errors_then_recover(schema_url: str) -> None:

@@ -5,8 +5,10 @@
   repeat is one round trip. Postgres's unique index makes it atomic across replicas.
 - **swap / renew** are `UPDATE … WHERE version = expected` (resp. `state = 'pending' AND
   owner = …`): compare-and-set in the database.
-- **Wake-ups**: a trigger sends `pg_notify` in the transaction that changes a record; one LISTEN
-  connection per journal (`Listener`) turns those into in-process `ChangeSignals`. Waiters
+- **Wake-ups**: a trigger sends `pg_notify` in the transaction that changes a *watched* record;
+  one LISTEN connection per journal (`Listener`) turns those into in-process `ChangeSignals`.
+  A waiter marks the record watched first (`UPDATE … SET watched WHERE version = <read>`), so
+  the common path (nobody waiting) sends no NOTIFY, which would serialise commits. Waiters
   also re-read every `poll` seconds (every 0.2 s while the LISTEN connection is down), so a
   lost notification costs latency, never correctness.
 - **Pool**: `psycopg_pool.AsyncConnectionPool` (`pool_min`/`pool_max`), autocommit (each
@@ -80,6 +82,8 @@ class PostgresJournal:
         self.settings = settings
         self.url = url or settings.conninfo
         self.recovery: RecoveryReport | None = None
+        #: Schema versions the last `open()` applied (empty: the schema was current).
+        self.migrations_applied: list[int] = []
         self._signals = ChangeSignals()
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] | None = None
         self._listener: Listener | None = None
@@ -87,11 +91,13 @@ class PostgresJournal:
         # Closes the gap between a waiter's read and its wait (see `wait_for_change`).
         self._read_at: dict[CallIdentity, float] = {}
         self._notified_at: dict[CallIdentity, float] = {}
+        # PENDING records read here (version, watched): what a following wait marks watched.
+        self._seen: dict[CallIdentity, tuple[int, bool]] = {}
         s = quote_ident(settings.schema)
         self._calls = f"{s}.calls"
         self._entries = f"{s}.entries"
         placeholders = ", ".join(["%s"] * 17)
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _MUTABLE)
+        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _MUTABLE) + ", watched = false"
         # The claim: insert, or replace an expired record; else return the record that stands.
         # The second branch reads with the statement's snapshot, so a row committed by a
         # concurrent claim after that snapshot is not seen there: `claim` re-reads then.
@@ -99,11 +105,13 @@ class PostgresJournal:
             f"WITH claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
             f"ON CONFLICT (principal, tool, key) DO UPDATE SET {updates} "
             f"WHERE {self._calls}.expires_at IS NOT NULL AND {self._calls}.expires_at <= %s "
-            f"RETURNING {_COLUMNS}) "
-            f"SELECT true, {_COLUMNS} FROM claimed UNION ALL "
-            f"SELECT false, {_COLUMNS} FROM {self._calls} WHERE {_IDENTITY} AND NOT EXISTS (SELECT 1 FROM claimed)"
+            f"RETURNING {_COLUMNS}, watched) "
+            f"SELECT true, {_COLUMNS}, watched FROM claimed UNION ALL "
+            f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
+            "AND NOT EXISTS (SELECT 1 FROM claimed)"
         )
-        self._get_sql = f"SELECT {_COLUMNS} FROM {self._calls} WHERE {_IDENTITY}"
+        self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
+        self._watch_sql = f"UPDATE {self._calls} SET watched = true WHERE {_IDENTITY} AND version = %s"
         sets = ", ".join(f"{c} = %s" for c in _MUTABLE)
         self._swap_sql = f"UPDATE {self._calls} SET {sets} WHERE {_IDENTITY} AND version = %s"
 
@@ -197,8 +205,8 @@ class PostgresJournal:
         self._listener.start()
         # Not fatal if slow: waiters poll until the LISTEN is up.
         await self._listener.wait_connected(s.pool_timeout)
-        problems = (f"applied schema migrations {applied}",) if applied else ()
-        self.recovery = RecoveryReport("postgres", time.perf_counter() - started, problems=problems)
+        self.migrations_applied = applied
+        self.recovery = RecoveryReport("postgres", time.perf_counter() - started)
 
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
@@ -226,29 +234,56 @@ class PostgresJournal:
         self._signals.notify_all()
 
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
-        # Race: a waiter reads the record (PENDING), the owner completes it and the NOTIFY
-        # arrives before the waiter registers its event below: that wake-up would be lost.
-        #     get() starts ── commit+NOTIFY ── get() returns ── wait() registers
-        # `get` records when it started reading; a notification after that time means the
-        # record may already have changed, so return at once and let the caller re-read.
+        listening = self._listener is not None and self._listener.connected
+        seen = self._seen.pop(identity, None)
+        if seen is not None and not seen[1] and listening:
+            # Ask for a NOTIFY: mark the record watched, if it is still the version we read.
+            # If it is not, it changed since: return at once and let the caller re-read.
+            try:
+                marked = await self._rowcount(self._watch_sql, (identity.principal, identity.tool, identity.key,
+                                                                seen[0]))  # fmt: skip
+            except JournalError:
+                marked = 1  # the database is away: fall back to re-reading below
+            if marked == 0:
+                self._read_at.pop(identity, None)
+                return
+        # Race: the owner completes the record and its NOTIFY is dispatched after our read (or
+        # our mark) but before the event below is registered: that wake-up would be lost.
+        #     read/mark starts ── commit+NOTIFY ── read/mark returns ── wait() registers
+        # Reads note when they started; a notification after that means "re-read now".
         read_at = self._read_at.pop(identity, None)
         notified_at = self._notified_at.pop(identity, None)
         if read_at is not None and notified_at is not None and notified_at >= read_at:
             return
-        listening = self._listener is not None and self._listener.connected
         await self._signals.wait(identity, min(timeout, self.settings.poll if listening else 0.2))
+
+    def _note_read(self, record: CallRecord, watched: bool) -> None:
+        if record.state == CallState.PENDING:
+            if len(self._seen) > 10_000:
+                self._seen.clear()  # reads never followed by a wait: only a NOTIFY lost, polled for
+            self._seen[record.identity] = (record.version, watched)
+        else:
+            self._seen.pop(record.identity, None)
+
+    def _note_read_started(self, identity: CallIdentity) -> None:
+        if len(self._read_at) > 10_000:
+            self._read_at.clear()
+        self._read_at[identity] = anyio.current_time()
 
     # -- call records -----------------------------------------------------------------------------
 
     async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:
         i = record.identity
         while True:
+            self._note_read_started(i)
             rows = await self._fetchall(self._claim_sql, (*_params(record), now, i.principal, i.tool, i.key))
             if rows and rows[0][0]:
                 self._signals.notify(i)
                 return True, record
             if rows:
-                return False, _record(rows[0][1:])
+                existing = _record(rows[0][1:])
+                self._note_read(existing, bool(rows[0][18]))
+                return False, existing
             # Lost to a claim committed after this statement's snapshot: read it now.
             existing = await self.get(i)
             if existing is not None:
@@ -256,11 +291,13 @@ class PostgresJournal:
             # … and it was purged meanwhile: claim again.
 
     async def get(self, identity: CallIdentity) -> CallRecord | None:
-        if len(self._read_at) > 10_000:
-            self._read_at.clear()  # reads never followed by a wait; they only cost a spurious wake-up
-        self._read_at[identity] = anyio.current_time()
+        self._note_read_started(identity)
         row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key))
-        return None if row is None else _record(row)
+        if row is None:
+            return None
+        record = _record(row)
+        self._note_read(record, bool(row[17]))
+        return record
 
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         i = record.identity
