@@ -91,12 +91,19 @@ def _safe(listener: Callable[[ServerEvent], None], event: ServerEvent) -> None:
         logger.exception("journal subscription listener raised; continuing")
 
 
+def _connection_id(ctx: ServerRequestContext[Any, Any]) -> int:
+    """The identity of the client connection a request came on. `ctx.session` is built per
+    request around the connection; its unsolicited notifications go out on the connection's own
+    channel, so any of its sessions can send a subscription's updates after the request ended."""
+    return id(getattr(ctx.session, "_connection", ctx.session))
+
+
 class JournalNotifier:
     """Announces record changes to subscribers of both eras; journals the redaction config."""
 
     def __init__(self, server: DurableServer) -> None:
         self.server = server
-        # uri -> {id(session): (session, principal)}: legacy subscriptions of live sessions.
+        # uri -> {connection id: (session, principal)}: legacy subscriptions of live connections.
         self._legacy: dict[str, dict[int, tuple[Any, str]]] = {}
         self._bus: PrincipalBus | None = None
         self._journaled: dict[str, tuple[str, ...]] | None = None
@@ -129,14 +136,14 @@ class JournalNotifier:
     # -- 2025-11-25 -------------------------------------------------------------------------------
 
     async def _subscribe(self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
-        self._legacy.setdefault(str(params.uri), {})[id(ctx.session)] = (ctx.session, self._principal(ctx))
+        self._legacy.setdefault(str(params.uri), {})[_connection_id(ctx)] = (ctx.session, self._principal(ctx))
         return EmptyResult()
 
     async def _unsubscribe(
         self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
         sessions = self._legacy.get(str(params.uri), {})
-        sessions.pop(id(ctx.session), None)
+        sessions.pop(_connection_id(ctx), None)
         if not sessions:
             self._legacy.pop(str(params.uri), None)
         return EmptyResult()
