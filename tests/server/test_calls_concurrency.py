@@ -54,32 +54,35 @@ async def test_a_hundred_concurrent_calls_over_http_run_the_tool_once(tmp_path: 
     assert len({body_bytes(result) for result in results}) == 1
 
 
-@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto"])
+@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "http-auto"])
 async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(transport: str, tmp_path: Path) -> None:
     journal = f"sqlite:///{tmp_path}/journal.db"
-    server = make_server(journal=journal, counter=tmp_path / "counter")
-    arguments = {"text": "x", "delay": 1.0}
-    async with connect(transport, target="", journal=journal, server=server) as client:
+    counter = Counter(tmp_path / "counter")
+    server = make_server(journal=journal, counter=counter.path) if transport.startswith("memory") else None
+    setup = {"target": COUNTING, "journal": journal, "env": {"COUNTER_FILE": str(counter.path)}, "server": server}
+    arguments = {"text": "x"}
+    async with connect(transport, **setup) as client:
         results: list[Any] = []
 
         async def first() -> None:
-            results.append(await client.call_tool("slow_short_wait", arguments, meta={KEY_META: "k"}))
+            results.append(await client.call_tool("gated_short_wait", arguments, meta={KEY_META: "k"}))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(first)
-            # Latecomers are sent only once the first call is running (its start is counted).
-            with anyio.fail_after(10):
-                while Counter(tmp_path / "counter").count("slow_short_wait") == 0:
+            with anyio.fail_after(15):  # latecomers are sent once the first call is running
+                while counter.count("gated_short_wait") == 0:
                     await anyio.sleep(0.01)
-            late = await _call_concurrently(client, 10, "slow_short_wait", arguments, "k")
-        after = await client.call_tool("slow_short_wait", arguments, meta={KEY_META: "k"})
-    assert Counter(tmp_path / "counter").count("slow_short_wait") == 1
+            late = await _call_concurrently(client, 10, "gated_short_wait", arguments, "k")
+            counter.open_gate()  # only now can the first call finish
+        after = await client.call_tool("gated_short_wait", arguments, meta={KEY_META: "k"})
+    assert counter.count("gated_short_wait") == 1
     assert not results[0].is_error
     for result in late:
         assert result.is_error
         assert result.structured_content["error"] == "in_progress"
         assert isinstance(result.structured_content["retry_after"], int | float)
         assert result.structured_content["retry_after"] > 0
+        assert result.meta is not None and result.meta["mcp-durable/key"] == "k"
     # Once the first call finished, the retry gets its result.
     assert body_bytes(after) == body_bytes(results[0])
     assert after.meta is not None and after.meta["mcp-durable/replayed"] is True

@@ -1,7 +1,7 @@
 """A test target: durable and plain tools that count their executions in a file.
 
 Every execution appends one line (`<tool>` when it starts, `<tool>.done` when it finishes) to the
-counter file, so a test in another process (stdio, HTTP, after a SIGKILL) can count how often a
+counter file (`gated` tools finish only once the test opens the gate file beside it), so a test in another process (stdio, HTTP, after a SIGKILL) can count how often a
 tool really ran. Results carry a fresh `run` id, so a re-execution could never pass for a replay.
 
 Serve it with `mcp-durable serve tests/server/servers/counting.py:make_server` (the counter file is
@@ -38,6 +38,14 @@ class Counter:
             os.close(fd)
         return self.count(event)
 
+    @property
+    def gate(self) -> Path:
+        """The file whose creation lets `gated` tools finish."""
+        return self.path.with_name(self.path.name + ".gate")
+
+    def open_gate(self) -> None:
+        self.gate.touch()
+
     def count(self, event: str) -> int:
         try:
             lines = self.path.read_text().splitlines()
@@ -68,13 +76,23 @@ def make_server(journal: str | None = None, counter: str | os.PathLike[str] | No
         counts.hit("slow.done")
         return result("slow", text)
 
+    async def wait_for_gate(tool: str) -> None:
+        counts.hit(tool)
+        while not counts.gate.exists():  # blocks until the test opens the gate: no timing involved
+            await anyio.sleep(0.01)
+        counts.hit(f"{tool}.done")
+
+    @server.tool(durable=True)
+    async def gated(text: str) -> dict[str, Any]:
+        """Runs until the test opens the gate (`Counter.open_gate()`)."""
+        await wait_for_gate("gated")
+        return result("gated", text)
+
     @server.tool(durable=ToolPolicy(wait=0.05))
-    async def slow_short_wait(text: str, delay: float) -> dict[str, Any]:
-        """Like `slow`, but a duplicate in flight waits only 50 ms for it."""
-        counts.hit("slow_short_wait")
-        await anyio.sleep(delay)
-        counts.hit("slow_short_wait.done")
-        return result("slow_short_wait", text)
+    async def gated_short_wait(text: str) -> dict[str, Any]:
+        """Like `gated`, but a duplicate in flight waits only 50 ms for it."""
+        await wait_for_gate("gated_short_wait")
+        return result("gated_short_wait", text)
 
     @server.tool(durable=ToolPolicy(key="required"))
     def required(text: str) -> dict[str, Any]:
