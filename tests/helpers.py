@@ -22,6 +22,12 @@
 - `serve_app` serves an ASGI app with uvicorn inside the test's event loop on a free port and
   yields its base URL (`http://127.0.0.1:P`), for in-process servers over HTTP.
 
+- `connect(transport, target=, journal=, env=, server=)` yields a connected `mcp.Client` for one of
+  `TRANSPORTS` (`memory-legacy`, `memory-auto`, `stdio-legacy`, `stdio-auto`, `http-legacy`,
+  `http-auto`), so one test body can be parametrized over every transport and era.
+- `wire(result)` is a result's wire dict; `body_bytes(result)` the JSON bytes of its `content`,
+  `structuredContent` and `isError` (what a replay must keep byte-identical).
+
 TARGET paths are relative to the repository root (`REPO`), which is the subprocesses' cwd.
 """
 
