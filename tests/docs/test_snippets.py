@@ -37,9 +37,16 @@ ELSEWHERE: dict[str, str] = {
         f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server",
     r"re:\.venv/bin/python examples/client\.py http ":
         f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
+    # Servers run until stopped: each form is started by a test that then calls it.
+    "mcp-durable serve tools/payments.py":
+        f"{EXAMPLES}::test_the_desktop_client_config_starts_a_server_that_replays",
+    "mcp-durable serve tools/payments.py --transport http --port 8000":
+        f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect",
+    r"re:mcp-durable serve tools/payments\.py --transport http --host 127\.0\.0\.1 --port 8000 --journal sqlite:///":
+        f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
 }  # fmt: skip
 
-TIMEOUT = 180
+TIMEOUT = 120
 
 
 def exercised_by(command: str) -> str | None:
@@ -121,7 +128,7 @@ def run_python(group: list[Block], work: Path, first_index: int) -> None:
 
 def run_command(command: Command, work: Path, env: dict[str, str]) -> None:
     proc = subprocess.run(["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)  # fmt: skip
+                          stdin=subprocess.DEVNULL, timeout=TIMEOUT)  # fmt: skip
     assert proc.returncode == command.expect, (
         f"{command.block.where}: `{command.text}` exited {proc.returncode}, the doc says {command.expect}\n"
         f"{proc.stdout}\n{proc.stderr}"
