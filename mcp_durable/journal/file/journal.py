@@ -89,9 +89,11 @@ class FileJournal:
         started = time.perf_counter()
         try:
             await anyio.to_thread.run_sync(self._open_sync)
-        except BaseException:
+        except BaseException as exc:
             self._close_files()
             self._reset()
+            if isinstance(exc, OSError):  # a full disk, a read-only directory: the journal is unavailable
+                raise JournalError(f"cannot open journal {self.directory}: {exc}") from exc
             raise
         assert self.recovery is not None
         self.recovery = dataclasses.replace(self.recovery, duration_s=time.perf_counter() - started)

@@ -42,8 +42,12 @@ class WriterLock:
             {"pid": os.getpid(), "host": socket.gethostname(),
              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         )  # fmt: skip
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, info + b"\n", 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, info + b"\n", 0)
+        except OSError as exc:  # e.g. a full disk: let go, or this process locks itself out
+            os.close(fd)
+            raise JournalError(f"cannot write {self.path}: {exc}") from exc
         self._fd = fd
 
     def release(self) -> None:
