@@ -225,11 +225,13 @@ async def _tail(args: argparse.Namespace) -> int:
             from .journal.transfer import iter_entries
 
             last: list[Any] = []
+            end = 0
             async for entry in iter_entries(journal):
+                end = entry.seq
                 last.append(entry)
                 if len(last) > args.lines:
                     last.pop(0)
-            after = last[0].seq - 1 if last else 0
+            after = last[0].seq - 1 if last else end
         while True:
             entries = await journal.entries(after=after, limit=1000)
             _print_entries(args, entries)

@@ -110,6 +110,9 @@ def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
         problems.append(Problem(where, -1, f"unreadable: {exc}"))
     finally:
         conn.close()
+    if problems and not any(p.offset >= 0 for p in problems):
+        # SQLite said "malformed" without a place: find the damaged b-tree page ourselves.
+        problems.extend(_walk_btrees(path))
     if progress is not None:
         progress(records, records)
     return VerifyReport(records, problems)
@@ -169,3 +172,47 @@ async def _verify_through_api(url: str, progress: Progress | None) -> VerifyRepo
     finally:
         await journal.aclose()
     return VerifyReport(records, problems)
+
+
+_BTREE_TYPES = {2: "index interior", 5: "table interior", 10: "index leaf", 13: "table leaf"}
+
+
+def _walk_btrees(path: Path) -> list[Problem]:
+    """Walk every table's and index's b-tree from its root page (read from the schema, page 1)
+    and report each page whose header is not a b-tree page, with its byte offset."""
+    data = path.read_bytes()
+    if len(data) < 100 or not data.startswith(b"SQLite format 3\x00"):
+        return [Problem(str(path), 0, "not a SQLite database header")]
+    page_size = int.from_bytes(data[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = len(data) // page_size
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            roots = conn.execute("SELECT name, rootpage FROM sqlite_master WHERE rootpage > 0").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.DatabaseError as exc:
+        return [Problem(str(path), 0, f"the schema (page 1) is unreadable: {exc}")]
+    problems: list[Problem] = []
+    seen: set[int] = set()
+    for name, root in roots:
+        stack = [int(root)]
+        while stack:
+            page = stack.pop()
+            if page in seen or not 1 <= page <= pages:
+                continue
+            seen.add(page)
+            start = (page - 1) * page_size
+            header = start + (100 if page == 1 else 0)
+            kind = data[header]
+            if kind not in _BTREE_TYPES:
+                problems.append(Problem(str(path), start, f"page {page} of {name}: not a b-tree page (type byte {kind:#04x} at offset {header})"))
+                continue
+            if kind in (2, 5):  # interior: children in the cells, plus the right-most pointer
+                cells = int.from_bytes(data[header + 3 : header + 5], "big")
+                stack.append(int.from_bytes(data[header + 8 : header + 12], "big"))
+                for i in range(cells):
+                    pointer = int.from_bytes(data[header + 12 + 2 * i : header + 14 + 2 * i], "big")
+                    stack.append(int.from_bytes(data[start + pointer : start + pointer + 4], "big"))
+    return problems
