@@ -3,10 +3,9 @@
 Memory is the constraint (a million records must load in well under 300 MB), so nothing here is
 an object per record. A call record is a *slot*: one position in parallel `array`s (its hash,
 frame position and size, sequence number, version, state, times, interned tool and principal),
-about 65 bytes. The identity is found through a dict from the low 64 bits of its 128-bit hash to
-the slot (the high 64 bits are checked in an array); the rare identities whose low halves
-collide live in a small `overflow` dict keyed by the whole hash. Results and arguments stay on
-disk: a `get()` reads the frame back.
+about 65 bytes, plus 4 to 12 bytes of an open-addressing table from the identity's 128-bit hash
+to its slot (an array too, saved in snapshots as it is). Results and arguments stay on disk: a
+`get()` reads the frame back.
 
 Process entries are likewise arrays (sequence number, position, size, previous entry of the same
 process, process hash), with per-process chains so `entries(process_id=…)` and
@@ -17,6 +16,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from typing import Any
 
 from ..model import CallRecord, CallState
 
@@ -24,6 +24,9 @@ MASK64 = (1 << 64) - 1
 SEGMENT_SHIFT = 40  # a position is segment number << 40 | byte offset (segments stay < 1 TiB)
 NO_EXPIRY = float("inf")
 DEAD = 0
+EMPTY = -1
+DELETED = -2
+MIN_TABLE = 1024
 STATE_CODES = {CallState.PENDING: 1, CallState.COMPLETED: 2, CallState.FAILED: 3,
                CallState.IN_DOUBT: 4, CallState.RELEASED: 5}  # fmt: skip
 CODE_STATES: dict[int, CallState] = {code: state for state, code in STATE_CODES.items()}
@@ -53,10 +56,16 @@ class Interned:
 
 
 class CallIndex:
-    """Call records by identity hash: slot arrays plus the hash → slot maps."""
+    """Call records by identity hash: slot arrays plus an open-addressing table of slots.
+
+    `table` (an `array("i")`, a power of two long, at most 70 % used) maps a hash to its slot by
+    linear probing from its low bits; `-1` is an empty bucket, `-2` one whose slot was deleted.
+    Probes compare the whole 128-bit hash (`lo`, `hi`), so there is no collision to handle, and
+    the table is saved in the snapshot as it is: loading a million records builds nothing.
+    """
 
     ARRAYS = (("lo", "Q"), ("hi", "Q"), ("pos", "Q"), ("size", "I"), ("seq", "Q"), ("version", "Q"),
-              ("created", "d"), ("expires", "d"), ("tool", "I"), ("principal", "I"))  # fmt: skip
+              ("created", "d"), ("expires", "d"), ("tool", "I"), ("principal", "I"), ("table", "i"))  # fmt: skip
 
     def __init__(self) -> None:
         self.lo = array("Q")
@@ -69,26 +78,38 @@ class CallIndex:
         self.expires = array("d")
         self.tool = array("I")
         self.principal = array("I")
+        self.table = array("i", [EMPTY]) * MIN_TABLE
         self.state = bytearray()
         self.tools = Interned()
         self.principals = Interned()
-        self.primary: dict[int, int] = {}
-        self.overflow: dict[int, int] = {}
         self.free: list[int] = []
+        self.live = 0
+        self.used = 0  # buckets not EMPTY (live and deleted)
 
     def __len__(self) -> int:
         """Live records."""
-        return len(self.state) - self.state.count(DEAD)
+        return self.live
+
+    def _bucket(self, lo: int, hi: int) -> int:
+        """The bucket holding (lo, hi), or -1 - the first free bucket on its probe path."""
+        table, los, his = self.table, self.lo, self.hi
+        mask = len(table) - 1
+        i = lo & mask
+        free = -1
+        while True:
+            slot = table[i]
+            if slot == EMPTY:
+                return -1 - (i if free < 0 else free)
+            if slot == DELETED:
+                if free < 0:
+                    free = i
+            elif los[slot] == lo and his[slot] == hi:
+                return i
+            i = (i + 1) & mask
 
     def find(self, h: int) -> int | None:
-        if self.overflow:
-            slot = self.overflow.get(h)
-            if slot is not None:
-                return slot
-        slot = self.primary.get(h & MASK64)
-        if slot is not None and self.hi[slot] == h >> 64:
-            return slot
-        return None
+        bucket = self._bucket(h & MASK64, h >> 64)
+        return self.table[bucket] if bucket >= 0 else None
 
     def put(self, h: int, record: CallRecord, position: int, size: int, seq: int) -> int:
         """Point the identity `h` at its latest frame; returns its slot."""
@@ -99,9 +120,12 @@ class CallIndex:
 
     def put_fields(self, h: int, version: int, state: int, created: float, expires: float | None, tool: str,
                    principal: str, position: int, size: int, seq: int) -> int:  # fmt: skip
-        slot = self.find(h)
-        if slot is None:
-            slot = self._new_slot(h)
+        lo, hi = h & MASK64, h >> 64
+        bucket = self._bucket(lo, hi)
+        if bucket < 0 and (self.used + 1) * 10 > len(self.table) * 7:
+            self.rehash()  # before the new slot exists, so the rebuilt table has room for it
+            bucket = self._bucket(lo, hi)
+        slot = self.table[bucket] if bucket >= 0 else self._new_slot(lo, hi, -1 - bucket)
         self.pos[slot] = position
         self.size[slot] = size
         self.seq[slot] = seq
@@ -116,61 +140,60 @@ class CallIndex:
     def hash_of(self, slot: int) -> int:
         return self.hi[slot] << 64 | self.lo[slot]
 
-    def _new_slot(self, h: int) -> int:
-        lo, hi = h & MASK64, h >> 64
-        if self.free:
-            slot = self.free.pop()
-            self.lo[slot], self.hi[slot] = lo, hi
-        else:
-            slot = len(self.state)
-            self.lo.append(lo)
-            self.hi.append(hi)
-            for name, _ in self.ARRAYS[2:]:
-                getattr(self, name).append(0)
-            self.state.append(DEAD)
-        if lo in self.primary:
-            self.overflow[h] = slot  # another identity owns this low half
-        else:
-            self.primary[lo] = slot
+    def _new_slot(self, lo: int, hi: int, bucket: int) -> int:
+        if not self.free:
+            self._grow()
+        slot = self.free.pop()
+        self.lo[slot], self.hi[slot] = lo, hi
+        if self.table[bucket] == EMPTY:
+            self.used += 1
+        self.table[bucket] = slot
+        self.live += 1
         return slot
 
+    def _grow(self) -> None:
+        """Add spare (dead) slots to every array at once: one extend each, not one append per record."""
+        n = len(self.state)
+        extra = max(1024, n // 8)
+        for name, _ in self.ARRAYS[:-1]:
+            column: array[Any] = getattr(self, name)
+            column.frombytes(bytes(extra * column.itemsize))
+        self.state.extend(bytes(extra))
+        self.free.extend(range(n + extra - 1, n - 1, -1))  # popped lowest first
+
     def delete(self, slot: int) -> None:
-        h = self.hi[slot] << 64 | self.lo[slot]
-        if self.overflow.pop(h, None) is None:
-            del self.primary[self.lo[slot]]
+        bucket = self._bucket(self.lo[slot], self.hi[slot])
+        self.table[bucket] = DELETED
         self.state[slot] = DEAD
         self.lo[slot] = self.hi[slot] = 0
         self.free.append(slot)
+        self.live -= 1
+
+    def rehash(self) -> None:
+        """Rebuild the table for the live slots, at most 35 % full (a linear pass over them)."""
+        size = MIN_TABLE
+        while size * 35 < self.live * 100:
+            size *= 2
+        table = array("i", [EMPTY]) * size
+        mask = size - 1
+        los, state = self.lo, self.state
+        for slot in range(len(state)):
+            if state[slot] != DEAD:
+                i = los[slot] & mask
+                while table[i] != EMPTY:
+                    i = (i + 1) & mask
+                table[i] = slot
+        self.table, self.used = table, self.live
 
     def expired(self, now: float) -> list[int]:
         """Live slots whose record has expired at `now`."""
         state, expires = self.state, self.expires
         return [slot for slot, at in enumerate(expires) if at <= now and state[slot] != DEAD]
 
-    def live_slots(self) -> list[int]:
-        state = self.state
-        return [slot for slot in range(len(state)) if state[slot] != DEAD]
-
-    def rebuild_maps(self) -> None:
-        """Recompute `primary`, `overflow` and `free` from the arrays (after a snapshot load)."""
-        n = len(self.state)
-        dead = self.state.count(DEAD)
-        primary = dict(zip(self.lo.tolist(), range(n), strict=True))  # C speed; dead slots share key 0
-        expected = n - dead + (1 if dead else 0)
-        if len(primary) == expected and (not dead or self.state[primary[0]] == DEAD):
-            if dead:
-                del primary[0]
-            self.primary, self.overflow = primary, {}
-        else:  # a 64-bit collision (or a live hash with low half 0): the careful way
-            self.primary, self.overflow = {}, {}
-            for slot in range(n):
-                if self.state[slot] == DEAD:
-                    continue
-                lo = self.lo[slot]
-                if lo in self.primary:
-                    self.overflow[self.hi[slot] << 64 | lo] = slot
-                else:
-                    self.primary[lo] = slot
+    def after_load(self) -> None:
+        """Recompute the counters and the free list from the arrays (after a snapshot load)."""
+        self.live = len(self.state) - self.state.count(DEAD)
+        self.used = len(self.table) - self.table.count(EMPTY)
         free: list[int] = []
         i = self.state.find(DEAD)
         while i >= 0:

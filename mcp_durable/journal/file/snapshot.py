@@ -2,7 +2,7 @@
 
 A snapshot (`snapshot-<seq hex>.snap`) is one JSON header line, then the index arrays raw:
 
-    {"format":1,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
+    {"format":2,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
      "sections":[["call.lo","Q",nbytes],…],"tools":[…],"principals":[…]}\\n<sections…>
 
 It covers every frame of `segments` up to byte `end` of the last one (all fsynced before the
@@ -27,7 +27,7 @@ import orjson
 from .index import CallIndex, EntryIndex, Interned
 from .segments import FILE_MODE, fsync_dir, segment_name, segment_number
 
-FORMAT = 1
+FORMAT = 2  # 2: the call index's hash table is saved too
 PREFIX = "snapshot-"
 SUFFIX = ".snap"
 
@@ -143,19 +143,25 @@ def load(path: Path) -> LoadedSnapshot:
                 raise SnapshotError("snapshot checksum mismatch")
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
         raise SnapshotError(f"unreadable snapshot: {exc}") from exc
-    calls = CallIndex()
-    for name, _ in CallIndex.ARRAYS:
-        setattr(calls, name, blobs[f"call.{name}"])
-    calls.state = bytearray(blobs["call.state"])
-    calls.tools = Interned(header["tools"])
-    calls.principals = Interned(header["principals"])
-    calls.rebuild_maps()
-    entries = EntryIndex()
-    for name, _ in EntryIndex.ARRAYS:
-        setattr(entries, name, blobs[f"entry.{name}"])
-    for name in ("last", "checkpoint"):
-        keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
-        setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]
+    try:
+        calls = CallIndex()
+        for name, _ in CallIndex.ARRAYS:
+            setattr(calls, name, blobs[f"call.{name}"])
+        calls.state = bytearray(blobs["call.state"])
+        calls.tools = Interned(header["tools"])
+        calls.principals = Interned(header["principals"])
+        size = len(calls.table)
+        if size < 2 or size & (size - 1) or any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1]):
+            raise SnapshotError("snapshot arrays do not fit together")
+        calls.after_load()
+        entries = EntryIndex()
+        for name, _ in EntryIndex.ARRAYS:
+            setattr(entries, name, blobs[f"entry.{name}"])
+        for name in ("last", "checkpoint"):
+            keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
+            setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise SnapshotError(f"snapshot lacks a section: {exc}") from exc
     numbers = tuple(segment_number(n) for n in header["segments"])
     if any(n is None for n in numbers):
         raise SnapshotError("snapshot names an unknown segment")
