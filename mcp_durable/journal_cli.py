@@ -384,7 +384,7 @@ def add_journal_commands(subparsers: Any) -> None:
     commands = journal.add_subparsers(dest="journal_command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
-        parser = commands.add_parser(name, parents=[common], help=help, description=help)
+        parser: argparse.ArgumentParser = commands.add_parser(name, parents=[common], help=help, description=help)
         parser.set_defaults(handler=_run(handler))
         return parser
 

@@ -20,8 +20,10 @@ vanished client never delays or fails the call that changed the record.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +109,8 @@ class JournalNotifier:
         self._legacy: dict[str, dict[int, tuple[Any, str]]] = {}
         self._bus: PrincipalBus | None = None
         self._journaled: dict[str, tuple[str, ...]] | None = None
+        self._queue: deque[Coroutine[Any, Any, None]] = deque()
+        self._worker: asyncio.Task[None] | None = None
 
     def install(self) -> None:
         server = self.server
@@ -171,32 +175,57 @@ class JournalNotifier:
     # -- the engine listener ------------------------------------------------------------------------
 
     async def on_change(self, record: CallRecord) -> None:
-        """Called by the engine after every record change; never raises into the call.
+        """Called by the engine after every record change; never raises into the call, never yields.
 
-        It awaits only when there is something to send to a legacy subscriber or a redaction
-        config to journal: the engine calls listeners between a claim and the run, and a
-        needless yield there would only delay the call.
+        The engine calls its listeners between a claim and the run of the tool; a listener that
+        yields there lets a duplicate of the call look at a claimed record that is not running
+        yet. So only synchronous work happens here (the listen streams' buffers); what must
+        await (legacy sends, journaling the redaction config) goes, in order, to one background
+        worker per event loop.
         """
-        try:
-            await self._journal_sensitive_names()
-        except Exception:  # noqa: BLE001 - redaction config is best effort; the call goes on
-            logger.exception("could not journal the sensitive argument names")
         principal = record.identity.principal
-        for uri in (record_uri(record.identity.tool, record.identity.key), STATS_URI):
-            try:
-                if self._bus is not None:
+        uris = (record_uri(record.identity.tool, record.identity.key), STATS_URI)
+        if self._bus is not None:
+            for uri in uris:
+                try:
                     self._bus.publish_for(principal, ResourceUpdated(uri=uri))
-                if uri in self._legacy:
-                    await self._send_legacy(uri, principal)
-            except Exception:  # noqa: BLE001 - notification is best effort
-                logger.exception("could not announce a change of %s", uri)
+                except Exception:  # noqa: BLE001 - notification is best effort
+                    logger.exception("could not announce a change of %s", uri)
+        names = self._sensitive_names()
+        legacy = [uri for uri in uris if uri in self._legacy]
+        if names != self._journaled or legacy:
+            self._defer(self._after_change(names, legacy, principal))
 
-    async def _journal_sensitive_names(self) -> None:
-        # Journal the tools' sensitive names before anything of theirs can be read by the CLI;
-        # written on the first change of a boot and again only when the policies change.
-        names = {tool: policy.sensitive for tool, policy in self.server.policies.items() if policy.sensitive}
-        if names == self._journaled:
+    def _defer(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): nothing to hand it to
+            work.close()
             return
+        self._queue.append(work)
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            self._worker = loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while self._queue:
+            work = self._queue.popleft()
+            try:
+                await work
+            except Exception:  # noqa: BLE001 - best effort; the next change goes on
+                logger.exception("journal change follow-up failed")
+
+    async def _after_change(self, names: dict[str, tuple[str, ...]], legacy: list[str], principal: str) -> None:
+        if names != self._journaled:
+            await self._journal_sensitive_names(names)
+        for uri in legacy:
+            await self._send_legacy(uri, principal)
+
+    def _sensitive_names(self) -> dict[str, tuple[str, ...]]:
+        return {tool: policy.sensitive for tool, policy in self.server.policies.items() if policy.sensitive}
+
+    async def _journal_sensitive_names(self, names: dict[str, tuple[str, ...]]) -> None:
+        # Journal the tools' sensitive names so the CLI masks what the resources mask; written
+        # after the first change of a boot and again only when the policies change.
         if names:
             await SensitiveNames.publish(self.server.journal, names, self.server.engine.clock())
         self._journaled = names

@@ -125,3 +125,30 @@ async def test_over_http_a_subscribed_client_hears_its_call_complete(mode: str, 
             async with Client(f"{base}/mcp", mode="legacy", message_handler=on_message) as client:
                 await subscribe_and_call(client, updates, arrived)
                 assert await state_of(client) == "completed"
+
+
+async def test_with_subscribers_in_both_eras_concurrent_duplicates_still_run_the_tool_once() -> None:
+    runs: list[str] = []
+    server = DurableServer("notify", journal="memory://")
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",), sensitive=("order_id",)))
+    async def ship(order_id: str) -> dict[str, Any]:
+        runs.append(order_id)
+        await anyio.sleep(0.05)
+        return {"shipped": order_id}
+
+    _, _, on_message = collector()
+    async with Client(server, mode="legacy", message_handler=on_message) as legacy, Client(server) as modern:
+        await legacy.session.subscribe_resource("journal://stats")  # type: ignore[attr-defined]
+        await legacy.session.subscribe_resource(URI)  # type: ignore[attr-defined]
+        async with modern.listen(resource_subscriptions=[URI, "journal://stats"]):
+            results: list[Any] = []
+
+            async def one(client: Client) -> None:
+                results.append(await client.call_tool("ship", {"order_id": KEY}))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(one, legacy if i % 2 else modern)
+    assert runs == [KEY]
+    assert all(not r.is_error and r.structured_content == {"shipped": KEY} for r in results)
