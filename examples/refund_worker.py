@@ -154,7 +154,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         table.add_row(r["variant"], str(r["trials"]), f"{r['resumed']}/{r['trials']}",
                       str(r["trials_with_duplicates"]), str(r["danger_window_crashes"]))  # fmt: skip
-    Console().print(table)
+    Console(width=120).print(table)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ from .base import CallCursor, Journal
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 ENV_JOURNAL = "MCP_DURABLE_JOURNAL"
-DEFAULT_JOURNAL_URL = "sqlite:///.mcp-durable/journal.db"
+DEFAULT_JOURNAL_URL = "file://.mcp-durable/journal"
 
 
 def default_journal_url() -> str:
