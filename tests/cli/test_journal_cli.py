@@ -94,9 +94,7 @@ def test_list_show_stats_and_tail_print_what_the_journal_holds_with_sensitive_va
     assert len(shown) == 1 and shown[0]["arguments"] == {"order_id": "r/1", "card": "[redacted]"}
     assert shown[0]["result"]["structuredContent"]["card"] == "[redacted]"
     human = run("journal", "--journal", sqlite_url, "show", "refund", "r/1")
-    assert "[redacted]" in human.stdout and "r/1" in human.stdout
-    for proc in (human,):
-        assert "4111" not in proc.stdout
+    assert "[redacted]" in human.stdout and "r/1" in human.stdout and "4111" not in human.stdout
 
     (stats,) = json_lines(run("journal", "--journal", sqlite_url, "--json", "stats"))
     assert stats["backend"] == "sqlite" and stats["calls"] == 5
@@ -227,8 +225,9 @@ def test_export_then_import_round_trips_every_record_and_entry(sqlite_url: str, 
     again_calls, again_entries = _export_lines(target, tmp_path / "b.jsonl")
     assert again_calls == calls  # every field of every record, byte for byte
     assert again_entries == entries
-    repeat = run("journal", "--journal", target, "import", str(tmp_path / "a.jsonl"))
-    assert "5 already present" in repeat.stderr  # an import never overwrites a record
+    if kind == "sqlite":  # (once: each run of the CLI costs a second or two of start-up)
+        repeat = run("journal", "--journal", target, "import", str(tmp_path / "a.jsonl"))
+        assert "5 already present" in repeat.stderr  # an import never overwrites a record
 
 
 def test_a_round_trip_through_a_memory_journal_keeps_every_record(sqlite_url: str, tmp_path: Path) -> None:
