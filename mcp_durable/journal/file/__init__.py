@@ -35,7 +35,7 @@ times, tool, principal), found by a 128-bit keyed BLAKE2b of `(principal, tool, 
 stay on disk and `get()` preads the frame. Process entries: arrays chained per process.
 
 Recovery (recovery.py): the newest usable snapshot, then every frame after its end. Snapshots
-(snapshot.py) are written after 100,000 frames (or a quarter of the live records) and at close:
+(snapshot.py) are written every 100,000 frames and at close (by the writer that crossed the mark):
 temp file, fsync, rename, fsync directory. A stale or damaged snapshot is ignored.
 
 Corruption policy: a torn or corrupt tail (damage no valid frame follows) is cut off at open,

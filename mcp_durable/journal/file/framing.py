@@ -93,13 +93,25 @@ def scan(buf: bytes, start: int = 0, last_seq: int = 0) -> Iterator[Frame | Dama
     """
     end = len(buf)
     pos = start
+    crc32 = zlib.crc32
     while pos < end:
+        # The fast path (a valid frame), inline: recovery runs it once per frame.
+        try:
+            if buf[pos] == _AT and buf[pos + 35] == _SP:
+                length = int(buf[pos + 1 : pos + 9], 16)
+                seq = int(buf[pos + 10 : pos + 26], 16)
+                stop = pos + HEADER_SIZE + length
+                if (stop < end and buf[stop] == _NL and seq > last_seq and buf[pos + 9] == _SP
+                        and buf[pos + 26] == _SP and length >= 0
+                        and crc32(buf[pos + HEADER_SIZE : stop], crc32(buf[pos : pos + 27]))
+                        == int(buf[pos + 27 : pos + 35], 16)):  # fmt: skip
+                    last_seq = seq
+                    yield Frame(pos, seq, pos + HEADER_SIZE, length)
+                    pos = stop + 1
+                    continue
+        except (ValueError, IndexError):
+            pass
         found = parse_at(buf, pos, end)
-        if isinstance(found, Frame) and found.seq > last_seq:
-            last_seq = found.seq
-            yield found
-            pos = found.end
-            continue
         reason = found if isinstance(found, str) else "sequence number does not increase"
         resume = _resync(buf, pos, end, last_seq)
         if resume is None:

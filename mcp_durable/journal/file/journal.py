@@ -28,8 +28,8 @@ from .recovery import recover
 from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
 
 SEGMENT_BYTES = 64 * 1024 * 1024
-#: A snapshot is written once this many frames were appended since the last one (and at
-#: close), or a quarter of the live records if that is more: recovery replays at most that tail.
+#: A snapshot is written once this many frames were appended since the last one (and at close),
+#: so recovery after a crash replays at most this tail after loading the snapshot.
 SNAPSHOT_EVERY = 100_000
 SNAPSHOT_ON_CLOSE = 1_000
 
@@ -204,8 +204,7 @@ class FileJournal:
     async def _durable(self, batch: Batch) -> None:
         assert self._commit is not None
         await self._commit.wait(batch)
-        threshold = max(SNAPSHOT_EVERY, len(self._calls) // 4)
-        if self._since_snapshot >= threshold and not self._maintenance.locked():
+        if self._since_snapshot >= SNAPSHOT_EVERY and not self._maintenance.locked():
             await self.snapshot()
 
     def _hash(self, identity: CallIdentity) -> int:
