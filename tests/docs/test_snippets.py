@@ -46,7 +46,7 @@ ELSEWHERE: dict[str, str] = {
         f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
 }  # fmt: skip
 
-TIMEOUT = 120
+TIMEOUT = 60
 
 
 def exercised_by(command: str) -> str | None:
@@ -126,12 +126,21 @@ def run_python(group: list[Block], work: Path, first_index: int) -> None:
         pytest.fail(f"{failed.where}: the python block failed\n{proc.stdout}\n{proc.stderr}")
 
 
+HOW_TO_FIX = (
+    "A command in the docs must run here (quickly, in a fresh directory), or be listed in ELSEWHERE "
+    "in tests/docs/test_snippets.py with the test that runs it."
+)
+
+
 def run_command(command: Command, work: Path, env: dict[str, str]) -> None:
-    proc = subprocess.run(["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=TIMEOUT)  # fmt: skip
+    try:
+        proc = subprocess.run(["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=TIMEOUT)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{command.block.where}: `{command.text}` ran over {TIMEOUT}s. {HOW_TO_FIX}")
     assert proc.returncode == command.expect, (
-        f"{command.block.where}: `{command.text}` exited {proc.returncode}, the doc says {command.expect}\n"
-        f"{proc.stdout}\n{proc.stderr}"
+        f"{command.block.where}: `{command.text}` exited {proc.returncode}, the doc says {command.expect}. "
+        f"{HOW_TO_FIX}\n{proc.stdout}\n{proc.stderr}"
     )
 
 
