@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import orjson
 import pytest
 from mcp import Client, StdioServerParameters
@@ -154,11 +155,13 @@ async def test_make_run_serves_the_payments_tools_and_prints_how_to_connect(tmp_
                             start_new_session=True)  # fmt: skip
     try:
         assert proc.stderr is not None
-        printed = []
-        for line in proc.stderr:
-            printed.append(line)
-            if "connect:" in line:
-                break
+        printed: list[str] = []
+        with anyio.fail_after(60):  # a server that never prints its banner fails, never hangs the run
+            while not printed or "connect:" not in printed[-1]:
+                line = await anyio.to_thread.run_sync(proc.stderr.readline, abandon_on_cancel=True)
+                if not line:
+                    break  # make exited
+                printed.append(line)
         url = f"http://127.0.0.1:{port}/mcp"
         assert any(f"streamable HTTP at {url}" in line for line in printed), "".join(printed)
         await wait_listening(port)  # the message is printed just before uvicorn binds
