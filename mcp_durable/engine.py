@@ -22,10 +22,12 @@ again, so two processes never both move one record forward.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,8 @@ from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .steps import DurableCall, bind, load_steps, unbind
 
 LOCAL_PRINCIPAL = "local"
+FINALS_KEPT = 4096  # final records an engine keeps for repeats
+FINALS_MAX_RESULT = 16 * 1024  # larger results are read from the journal on every repeat
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,8 @@ class Engine:
         self.clock = clock
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
         self.listeners: list[ChangeListener] = []
+        #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
+        self._finals: dict[CallIdentity, CallRecord] = {}
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
@@ -136,6 +142,7 @@ class Engine:
             self._opened = True
 
     async def aclose(self) -> None:
+        self._finals.clear()
         if self._opened:
             self._opened = False
             try:
@@ -227,8 +234,24 @@ class Engine:
         return await self.journal.purge_expired(self.clock())
 
     async def _changed(self, record: CallRecord) -> None:
+        self._remember(record)
         for listener in self.listeners:
             await listener(record)
+
+    def _remember(self, record: CallRecord) -> None:
+        """Keep a final record for repeats; forget an identity whose record is not final.
+
+        A COMPLETED or FAILED record never changes until it expires (only PENDING, IN_DOUBT and
+        RELEASED records are ever resolved or taken over, and purges drop expired records only),
+        so a copy of it answers a repeat exactly as a read would. Bounded: at most
+        `FINALS_KEPT` records whose result is at most `FINALS_MAX_RESULT` bytes, oldest out first.
+        """
+        if not record.state.is_final or (record.result is not None and len(record.result) > FINALS_MAX_RESULT):
+            self._finals.pop(record.identity, None)
+            return
+        if record.identity not in self._finals and len(self._finals) >= FINALS_KEPT:
+            del self._finals[next(iter(self._finals))]
+        self._finals[record.identity] = record
 
     # -- the call ---------------------------------------------------------------------------------
 
@@ -250,17 +273,25 @@ class Engine:
         An unexpected exception from `run` releases the claim and propagates.
         """
         await self.start()
-        key = keys.resolve_key(policy, tool, arguments, meta)
+        args_json = keys.canonical_json(dict(arguments))  # serialised once: key, fingerprint, record
+        key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json)
         if key is None:
             # No key from any source on a tool not registered idempotent: nothing to deduplicate.
             outcome = await run(None)
             return CallOutcome(None, outcome.value, None, replayed=False, first_completed_at=None)
         identity = CallIdentity(principal, tool, key)
-        args_json = keys.canonical_json(dict(arguments))
-        fingerprint = keys.fingerprint(arguments)
+        fingerprint = keys.fingerprint(arguments, canonical=args_json)
+        known = self._finals.get(identity)
+        if known is not None and not known.is_expired(self.clock()):
+            if known.fingerprint != fingerprint:
+                raise KeyReuseError(tool, key)
+            return _replay(known)  # a final record seen before: it cannot have changed (`_remember`)
         deadline = anyio.current_time() + policy.wait
-
-        record: CallRecord | None = None
+        # Read before claiming: a repeat (the common case for a retried call) is then answered by
+        # one read, without building a claim or taking a backend's write lock (SQLite's BEGIN
+        # IMMEDIATE, a Postgres row lock); a first call pays one read more. The claim below stays
+        # the only arbiter: a record appearing between the read and the claim is returned by it.
+        record: CallRecord | None = await self.journal.get(identity)
         while True:
             now = self.clock()
             if record is None or record.is_expired(now):
@@ -295,6 +326,7 @@ class Engine:
         now = self.clock()
         identity = record.identity
         if record.state.is_final:
+            self._remember(record)
             return _replay(record)
         if record.state == CallState.PENDING:
             if self._owner_alive(record, now):
@@ -373,6 +405,9 @@ class Engine:
                 return None
             arguments = orjson.loads(record.arguments) if record.arguments else {}
             self._running.add(identity)
+            # The hook sees the in-doubt call as `current_call()`, so it can look up exactly the
+            # key the tool passed downstream (`scoped_key`, `step_key`).
+            token = bind(DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock, []))
             try:
                 async with anyio.create_task_group() as heartbeat:
                     heartbeat.start_soon(self._heartbeat, identity, policy)
@@ -388,6 +423,7 @@ class Engine:
                 raise InDoubtError(identity.tool, identity.key, record.attempts,
                                    f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
             finally:
+                unbind(token)
                 self._running.discard(identity)
             if isinstance(found, NotApplied):
                 running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
@@ -411,14 +447,11 @@ class Engine:
         failure: BaseException | None = None
         self._running.add(identity)
         try:
-            async with anyio.create_task_group() as heartbeat:
-                heartbeat.start_soon(self._heartbeat, identity, policy)
+            async with self._lease_kept(identity, policy):
                 try:
                     outcome = await run(call)
                 except BaseException as exc:  # re-raised below, unwrapped from the task group
                     failure = exc
-                finally:
-                    heartbeat.cancel_scope.cancel()
         finally:
             unbind(token)
             self._running.discard(identity)
@@ -438,6 +471,57 @@ class Engine:
             return _replay(done)  # an operator resolved it meanwhile: the journal's answer stands
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
+
+    @asynccontextmanager
+    async def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AsyncIterator[None]:
+        """Renew the lease of a call this instance runs every `heartbeat_interval` while inside.
+
+        On asyncio a timer on the loop, not a task per call: starting and cancelling a task group
+        for every call cost ~100 µs, more than a whole no-op call. A renewal runs as a task only
+        when one is due (a call shorter than the interval starts none); leaving cancels the timer
+        and a renewal in flight, as cancelling the task group did. Elsewhere (trio), a task group.
+        """
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            async with anyio.create_task_group() as heartbeat:
+                heartbeat.start_soon(self._heartbeat, identity, policy)
+                try:
+                    yield
+                finally:
+                    heartbeat.cancel_scope.cancel()
+            return
+        timer: asyncio.TimerHandle | None = None
+        renewal: asyncio.Task[None] | None = None
+        inside = True
+
+        async def renew() -> None:
+            try:
+                await self.journal.renew(identity, self.instance_id, self.clock() + policy.lease)
+            except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
+                pass
+
+        def schedule(_: object = None) -> None:
+            nonlocal timer
+            if inside:
+                timer = loop.call_later(policy.heartbeat_interval, due)
+
+        def due() -> None:
+            nonlocal renewal
+            renewal = loop.create_task(renew())
+            renewal.add_done_callback(schedule)  # the next one counts from the end of this one
+
+        schedule()
+        try:
+            yield
+        finally:
+            inside = False
+            if timer is not None:
+                timer.cancel()
+            if renewal is not None and not renewal.done():
+                renewal.cancel()
 
     async def _heartbeat(self, identity: CallIdentity, policy: ToolPolicy) -> None:
         # Renew well before expiry; a lost renewal (record taken over) is left for _persist to see.

@@ -27,7 +27,10 @@ class NotApplied:
 NOT_APPLIED = NotApplied()
 
 #: A reconcile hook: given the key and the validated arguments, inspect the downstream system and
-#: return the tool's result (the effect happened) or `NOT_APPLIED` (it did not; the call may run).
+#: return the tool's result (the effect happened) or `NOT_APPLIED` (it did not; the call runs).
+#: It runs with `current_call()` set to the in-doubt call (use `current_call().scoped_key` to
+#: find what the tool passed downstream). Raising means "cannot tell": the call stays in doubt
+#: and is refused (`in_doubt`) until a later attempt's hook can answer or an operator resolves it.
 ReconcileHook = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
 
 

@@ -10,6 +10,11 @@ context variable the engine sets; it follows sync tools onto their worker thread
 Steps are stored as process-journal entries of the process `steps/<run_id>`; a run keeps its
 `run_id` across in-doubt retries, so a re-execution replays the steps that completed and
 resumes at the first unfinished one.
+
+A step is journaled after `fn` returns, so a crash between a step's side effect and its journal
+entry runs that one step again on the retry (at least once per step, never from the start):
+pass `call.step_key(name)` downstream so the system there deduplicates it. Steps of one call
+run one after another (their position is their identity); do not run them concurrently.
 """
 
 from __future__ import annotations
@@ -84,6 +89,14 @@ class DurableCall:
             return self.identity.key
         scoped = f"{principal}:{self.identity.key}"
         if len(scoped) <= 255:
+            return scoped
+        return "sha256:" + hashlib.sha256(scoped.encode()).hexdigest()
+
+    def step_key(self, name: str) -> str:
+        """A downstream idempotency key for one step of this call: `scoped_key/name` (hashed
+        when over 255 characters). Stable across retries of the call."""
+        scoped = f"{self.scoped_key}/{name}"
+        if len(scoped) <= 255 and all(" " <= c <= "~" for c in scoped):
             return scoped
         return "sha256:" + hashlib.sha256(scoped.encode()).hexdigest()
 
