@@ -152,3 +152,32 @@ async def test_with_subscribers_in_both_eras_concurrent_duplicates_still_run_the
                     tg.start_soon(one, legacy if i % 2 else modern)
     assert runs == [KEY]
     assert all(not r.is_error and r.structured_content == {"shipped": KEY} for r in results)
+
+
+def _principal_from_meta(context: Any) -> str:
+    """Test identities without HTTP: the principal named in the request's `_meta["as"]`."""
+    meta = getattr(getattr(context, "request_context", None), "meta", None) or {}
+    return str(meta.get("as", "local"))
+
+
+async def test_a_principal_is_not_told_of_changes_to_another_principals_record_with_the_same_key() -> None:
+    server = DurableServer("notify", journal="memory://", principal=_principal_from_meta)
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",)))
+    async def ship(order_id: str) -> dict[str, Any]:
+        return {"shipped": order_id}
+
+    fence = record_uri("ship", "fence")
+    updates, _, on_message = collector()
+    async with Client(server, mode="legacy", message_handler=on_message) as alice, Client(server) as bob:
+        for uri in (URI, fence):
+            await alice.session.subscribe_resource(uri, meta={"as": "alice"})  # type: ignore[attr-defined]
+        await bob.call_tool("ship", {"order_id": KEY}, meta={"as": "bob"})  # bob's record, same URI
+        await alice.call_tool("ship", {"order_id": KEY}, meta={"as": "alice"})  # claimed and completed
+        await alice.call_tool("ship", {"order_id": "fence"}, meta={"as": "alice"})
+        with anyio.fail_after(WAIT):
+            # Announcements reach a connection in the order the changes happened: once the
+            # fence's are here, any announcement of bob's earlier changes would be too.
+            while updates.count(fence) < 2:
+                await anyio.sleep(0.01)
+    assert updates.count(URI) == 2  # alice's claim and completion; nothing of bob's
