@@ -260,6 +260,18 @@ async def test_connections_the_server_drops_give_journal_errors_then_recover(sch
         await journal.aclose()
 
 
+async def test_the_statement_timeout_joins_the_options_the_url_gives(schema_url: str) -> None:
+    journal = await opened(schema_url + "&statement_timeout=0.5&options=-c%20application_name%3Dmcpd_opts")
+    try:
+        async with journal._connection() as conn:
+            cur = await conn.execute("SELECT current_setting('statement_timeout'), current_setting('application_name')")
+            assert await cur.fetchone() == ("500ms", "mcpd_opts")
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                await conn.execute("SELECT pg_sleep(3)")
+    finally:
+        await journal.aclose()
+
+
 async def test_an_unreachable_database_fails_open_with_a_journal_error() -> None:
     with anyio.fail_after(30):
         with pytest.raises(JournalError):

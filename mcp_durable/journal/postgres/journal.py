@@ -32,6 +32,7 @@ import anyio
 import orjson
 import psycopg
 import psycopg_pool
+from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
 from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport
@@ -87,7 +88,7 @@ class PostgresJournal:
         self._signals = ChangeSignals()
         self._pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] | None = None
         self._listener: Listener | None = None
-        self._checking = False
+        self._check_task: asyncio.Task[None] | None = None
         # Closes the gap between a waiter's read and its wait (see `wait_for_change`).
         self._read_at: dict[CallIdentity, float] = {}
         self._notified_at: dict[CallIdentity, float] = {}
@@ -144,19 +145,14 @@ class PostgresJournal:
     def _check_pool(self) -> None:
         # After a lost connection the other idle ones are likely dead too (a database restart):
         # test them all in the background, so they fail here rather than in later calls.
-        if self._checking or self._pool is None:
+        if self._pool is None or (self._check_task is not None and not self._check_task.done()):
             return
-        self._checking = True
 
         async def check(pool: psycopg_pool.AsyncConnectionPool[Any]) -> None:
-            try:
+            with contextlib.suppress(Exception):  # best effort; the next call reports the failure
                 await pool.check()
-            except Exception:  # noqa: BLE001 - best effort; the next call reports the failure
-                pass
-            finally:
-                self._checking = False
 
-        asyncio.get_running_loop().create_task(check(self._pool))
+        self._check_task = asyncio.get_running_loop().create_task(check(self._pool))
 
     async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Row | None:
         async with self._connection() as conn:
@@ -181,13 +177,16 @@ class PostgresJournal:
             return
         started = time.perf_counter()
         s = self.settings
+        # Our statement_timeout joins any `options` the URL gives (kwargs would replace them).
+        given = conninfo_to_dict(s.conninfo).get("options") or ""
+        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)}".strip()
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
             s.conninfo, min_size=s.pool_min, max_size=s.pool_max, timeout=s.pool_timeout, open=False,
             # Give up a failing reconnection after a second instead of backing off for minutes:
             # the next call that needs a connection starts a fresh attempt at once, so the
             # pool is back within about a second of the database.
             reconnect_timeout=1.0,
-            kwargs={"autocommit": True, "options": f"-c statement_timeout={int(s.statement_timeout * 1000)}"},
+            kwargs={"autocommit": True, "options": options},
             name=f"mcp-durable/{s.schema}",
         )  # fmt: skip
         try:
@@ -211,6 +210,9 @@ class PostgresJournal:
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
         listener, self._listener = self._listener, None
+        if self._check_task is not None:
+            self._check_task.cancel()
+            self._check_task = None
         if listener is not None:
             await listener.aclose()
         if pool is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ...errors import ConfigError
 
@@ -64,7 +64,9 @@ class PostgresSettings:
                 theirs.append((name, value))
         if not any(name == "connect_timeout" for name, _ in theirs):
             theirs.append(("connect_timeout", "5"))
-        conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(theirs), parts.fragment))
+        # quote, not quote_plus: libpq decodes %20 but not + as a space.
+        query = urlencode(theirs, quote_via=quote)
+        conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
         schema = ours.get("schema", DEFAULT_SCHEMA)
         if not _SCHEMA_NAME.match(schema):
             raise ConfigError(
