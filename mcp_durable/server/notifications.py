@@ -110,6 +110,8 @@ class JournalNotifier:
         self._bus: PrincipalBus | None = None
         self._journaled: dict[str, tuple[str, ...]] | None = None
         self._queue: deque[Coroutine[Any, Any, None]] = deque()
+        self._names: dict[str, tuple[str, ...]] | None = None
+        self._names_for = -1
         self._worker: asyncio.Task[None] | None = None
 
     def install(self) -> None:
@@ -184,7 +186,10 @@ class JournalNotifier:
         worker per event loop.
         """
         principal = record.identity.principal
-        uris = (record_uri(record.identity.tool, record.identity.key), STATS_URI)
+        if (self._bus is None or not self._bus._listeners) and not self._legacy:
+            uris: tuple[str, ...] = ()  # nobody listens: skip expanding the record's URI template
+        else:
+            uris = (record_uri(record.identity.tool, record.identity.key), STATS_URI)
         if self._bus is not None:
             for uri in uris:
                 try:
@@ -221,7 +226,12 @@ class JournalNotifier:
             await self._send_legacy(uri, principal)
 
     def _sensitive_names(self) -> dict[str, tuple[str, ...]]:
-        return {tool: policy.sensitive for tool, policy in self.server.policies.items() if policy.sensitive}
+        # Recomputed when a tool is registered or removed, not on every change of every call.
+        policies = self.server.policies
+        if self._names_for != len(policies) or self._names is None:
+            self._names = {tool: policy.sensitive for tool, policy in policies.items() if policy.sensitive}
+            self._names_for = len(policies)
+        return self._names
 
     async def _journal_sensitive_names(self, names: dict[str, tuple[str, ...]]) -> None:
         # Journal the tools' sensitive names so the CLI masks what the resources mask; written

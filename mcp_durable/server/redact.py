@@ -95,6 +95,28 @@ def _mask_text_block(block: Any, names: Collection[str]) -> Any:
     return {**block, "text": orjson.dumps(masked).decode()}
 
 
+def sensitive_values(arguments: Any, names: Collection[str]) -> list[str]:
+    """The values of the sensitive arguments (4+ characters), longest first. A secret is masked
+    wherever it appears in a view (a result's free text, an error message), not only under its name."""
+    if not names or not isinstance(arguments, dict):
+        return []
+    found = {str(v) for k, v in arguments.items() if k in names and isinstance(v, str | int) and not isinstance(v, bool)}
+    return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
+
+
+def scrub(value: Any, secrets: Collection[str]) -> Any:
+    """`value` with every occurrence of each secret in its strings replaced by `MASK`."""
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, MASK)
+        return value
+    if isinstance(value, dict):
+        return {k: scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, secrets) for v in value]
+    return value
+
+
 def record_uri(tool: str, key: str) -> str:
     """The canonical `journal://calls/{tool}/{key}` URI of a record (RFC 6570 expansion: every
     character of the key outside the unreserved set is percent-encoded, so `/` becomes `%2F`)."""
@@ -120,6 +142,8 @@ def record_summary(record: CallRecord) -> dict[str, Any]:
 def record_view(record: CallRecord, sensitive: Collection[str] = ()) -> dict[str, Any]:
     """The full view of one record (what `journal://calls/{tool}/{key}` and `journal show` print)."""
     view = record_summary(record)
+    arguments = _json_or_text(record.arguments)
+    secrets = sensitive_values(arguments, sensitive)
     view.update(
         {
             "fingerprint": record.fingerprint,
@@ -128,9 +152,9 @@ def record_view(record: CallRecord, sensitive: Collection[str] = ()) -> dict[str
             "owner": record.owner,
             "lease_until": iso(record.lease_until),
             "expires_at": iso(record.expires_at),
-            "arguments": mask_arguments(_json_or_text(record.arguments), sensitive),
-            "result": mask_result(_json_or_text(record.result), sensitive),
-            "error": record.error,
+            "arguments": mask_arguments(arguments, sensitive),
+            "result": scrub(mask_result(_json_or_text(record.result), sensitive), secrets),
+            "error": scrub(record.error, secrets),
         }
     )
     return view

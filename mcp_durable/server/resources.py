@@ -182,7 +182,7 @@ class JournalResources:
             body = {
                 "scope": "principal",
                 "principal": principal,
-                "backend": (await journal.stats()).backend,
+                "backend": journal.recovery.backend if journal.recovery else None,
                 "calls": sum(by_state.values()),
                 "calls_by_state": dict(by_state),
                 "calls_by_tool": dict(by_tool),
