@@ -7,7 +7,7 @@ import os
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 import anyio
@@ -26,6 +26,9 @@ from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, 
 from .lock import WriterLock
 from .recovery import recover
 from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
+
+if TYPE_CHECKING:
+    from .compaction import CompactionReport
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 #: A snapshot is written once this many frames were appended since the last one (and at close),
@@ -426,7 +429,7 @@ class FileJournal:
             path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
             return path.name
 
-    async def compact(self, now: float) -> Any:
+    async def compact(self, now: float) -> CompactionReport:
         """Drop expired records and superseded versions by rewriting the sealed segments."""
         from .compaction import compact
 
