@@ -31,13 +31,14 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from mcp.shared.exceptions import MCPError
+from mcp.shared.uri_template import UriTemplate
 from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
 
 from ..journal.base import CallCursor
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
 from ..policy import DEFAULT_RETENTION
-from .redact import SensitiveNames, iso, record_summary, record_view
+from .redact import SensitiveNames, iso, record_summary, record_uri, record_view
 
 if TYPE_CHECKING:
     from .app import DurableServer
@@ -46,6 +47,7 @@ JSON = "application/json"
 STATS_URI = "journal://stats"
 RECOVERY_URI = "journal://recovery"
 IN_DOUBT_URI = "journal://in-doubt"
+PROCESS_TEMPLATE = UriTemplate.parse("journal://processes/{process_id}")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_IN_DOUBT = 1000
@@ -121,9 +123,10 @@ class JournalResources:
     def is_admin(self, principal: str) -> bool:
         return principal in self.server.admin_principals
 
-    def not_found(self) -> ResourceNotFoundError:
+    def not_found(self, uri: str) -> ResourceNotFoundError:
         # Word for word what the SDK answers for a URI nothing serves: a refusal reveals nothing.
-        return ResourceNotFoundError(f"Unknown resource: {_READING.get()[1]}")
+        # The URI as the client sent it when read over MCP; else (a direct `read_resource`) ours.
+        return ResourceNotFoundError(f"Unknown resource: {_READING.get()[1] or uri}")
 
     async def sensitive(self, tool: str) -> tuple[str, ...]:
         policy = self.server.policies.get(tool)
@@ -243,11 +246,11 @@ class JournalResources:
         owner = caller
         if principal and principal != caller:
             if not self.is_admin(caller):
-                raise self.not_found()
+                raise self.not_found(record_uri(tool, key))
             owner = principal
         record = await self.server.journal.get(CallIdentity(owner, tool, key))
         if record is None:
-            raise self.not_found()
+            raise self.not_found(record_uri(tool, key))
         return _dumps(record_view(record, await self.sensitive(tool)))
 
     async def call_of_principal(self, tool: str, key: str, principal: str | None = None) -> str:
@@ -282,7 +285,7 @@ class JournalResources:
         """The raw process-log tail after sequence number `after` (admins only)."""
         await self._ready()
         if not self.is_admin(self.principal()):
-            raise self.not_found()
+            raise self.not_found("journal://entries")
         start = _int_param("after", after, 0, 0, 2**63 - 1)
         size = _int_param("limit", limit, 100, 1, 1000)
         rows = await self.server.journal.entries(after=start, limit=size)
@@ -301,10 +304,10 @@ class JournalResources:
         """A process's state rebuilt from its last checkpoint and the entries after it (admins only)."""
         await self._ready()
         if not self.is_admin(self.principal()):
-            raise self.not_found()
+            raise self.not_found(PROCESS_TEMPLATE.expand({"process_id": process_id}))
         recovered = await ReplayEngine(self.server.journal).recover(process_id)
         if recovered.last_seq == 0:
-            raise self.not_found()
+            raise self.not_found(PROCESS_TEMPLATE.expand({"process_id": process_id}))
         return _dumps(recovered.as_dict())
 
 
