@@ -129,6 +129,15 @@ class SQLiteJournal:
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
+        # same arguments and results) the database file's mode, not 0600.
+        for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
+                            (Path(f"{self.path}-shm"), os.O_RDWR)):  # fmt: skip
+            try:
+                os.close(os.open(path, flags, 0o600))
+                os.chmod(path, 0o600)
+            except OSError:
+                pass  # absent, or read-only: SQLite itself says what is wrong, if anything
         conn = sqlite3.connect(
             self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
         )
