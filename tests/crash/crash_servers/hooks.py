@@ -9,6 +9,7 @@ Points, in the order a call passes them:
 - `before_effect`: the claim is journaled, the downstream effect not yet made;
 - `danger_window`: the effect is made downstream, its result not yet journaled;
 - `after_journal`: the result is journaled, not yet sent to the client.
+Servers may define their own points too (e.g. `step 6` inside a durable step).
 
 `Counter` appends one line per event to a file, so the test process counts what really ran.
 """
@@ -33,7 +34,7 @@ class CrashPlan:
         self.path = Path(path) if path else None
 
     def arm(self, key: str, point: str) -> None:
-        assert self.path is not None and point in POINTS, point
+        assert self.path is not None, "no plan file"
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps({"key": key, "point": point}))
         os.replace(tmp, self.path)  # atomic: the server never reads half a plan
