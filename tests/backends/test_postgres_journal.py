@@ -64,9 +64,11 @@ def test_our_query_parameters_are_stripped_before_libpq_sees_the_url() -> None:
         "postgresql://u:p@db:5433/app?schema=tenant_1&pool_max=32&sslmode=disable&pool_timeout=2.5&poll=3"
     )
     assert (s.schema, s.pool_max, s.pool_timeout, s.poll) == ("tenant_1", 32, 2.5, 3.0)
-    assert s.conninfo == "postgresql://u:p@db:5433/app?sslmode=disable&connect_timeout=5"
+    keepalives = "keepalives=1&keepalives_idle=10&keepalives_interval=5&keepalives_count=3"
+    assert s.conninfo == f"postgresql://u:p@db:5433/app?sslmode=disable&connect_timeout=5&{keepalives}"
     assert s.channel == "mcp_durable.tenant_1"
-    assert PostgresSettings.from_url("postgres://h/db?connect_timeout=1").conninfo == "postgres://h/db?connect_timeout=1"
+    given = "postgres://h/db?connect_timeout=1&keepalives=0&options=-c%20search_path%3Dx"
+    assert PostgresSettings.from_url(given).conninfo == given + "&keepalives_idle=10&keepalives_interval=5&keepalives_count=3"
 
 
 @pytest.mark.parametrize(

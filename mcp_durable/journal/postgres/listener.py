@@ -120,5 +120,8 @@ class Listener:
                     except Exception:  # noqa: BLE001 - one bad payload must not stop the listener
                         logger.exception("NOTIFY handler raised")
                 # A quiet channel: make sure the session is still alive (a dead server whose
-                # socket did not close would otherwise go unnoticed).
-                await conn.execute("SELECT 1")
+                # socket did not close would otherwise go unnoticed); a hung probe counts as lost.
+                try:
+                    await asyncio.wait_for(conn.execute("SELECT 1"), self._health_interval)
+                except TimeoutError as exc:
+                    raise psycopg.OperationalError("LISTEN connection did not answer a probe") from exc

@@ -14,7 +14,8 @@ Our parameters (stripped before the URL reaches psycopg):
 
 Everything else (`sslmode`, `application_name`, `connect_timeout`, …) goes to libpq unchanged;
 `connect_timeout` defaults to 5 seconds, so a database that does not answer gives a
-`JournalError` in seconds rather than hanging for the TCP timeout.
+`JournalError` in seconds rather than hanging for the TCP timeout, and TCP keepalives are on
+(`keepalives_idle=10&keepalives_interval=5&keepalives_count=3`) unless the URL says otherwise.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ DEFAULT_SCHEMA = "mcp_durable"
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
 _DEFAULTS: dict[str, float] = {"pool_min": 1, "pool_max": 10, "pool_timeout": 5.0, "statement_timeout": 15.0, "poll": 1.0}
 _OURS = ("schema", *_DEFAULTS)
+#: libpq settings added unless the URL gives them: fail to connect in seconds, and notice a
+#: peer that vanished without closing the connection (a partition, a dead host) in ~25 s.
+_LIBPQ_DEFAULTS = (
+    ("connect_timeout", "5"),
+    ("keepalives", "1"),
+    ("keepalives_idle", "10"),
+    ("keepalives_interval", "5"),
+    ("keepalives_count", "3"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +72,8 @@ class PostgresSettings:
                 ours[name] = value
             else:
                 theirs.append((name, value))
-        if not any(name == "connect_timeout" for name, _ in theirs):
-            theirs.append(("connect_timeout", "5"))
+        given = {name for name, _ in theirs}
+        theirs.extend((name, value) for name, value in _LIBPQ_DEFAULTS if name not in given)
         # quote, not quote_plus: libpq decodes %20 but not + as a space.
         query = urlencode(theirs, quote_via=quote)
         conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
