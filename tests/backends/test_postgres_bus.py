@@ -14,6 +14,8 @@ from tests.conftest import postgres_or_skip
 from tests.crash.test_replicas_concurrency import KEY_META, replica_journal_url
 from tests.helpers import serve_http
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture
 def bus_url() -> str:

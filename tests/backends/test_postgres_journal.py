@@ -24,6 +24,8 @@ from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
 from mcp_durable.journal.postgres.schema import LATEST, MIGRATIONS
 from tests.conftest import postgres_or_skip
 
+pytestmark = pytest.mark.postgres
+
 T0 = 1_700_000_000.0
 
 

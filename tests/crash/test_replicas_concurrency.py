@@ -15,11 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
 from tests.conftest import postgres_or_skip
 from tests.helpers import serve_http
+
+pytestmark = pytest.mark.postgres
 
 TARGET = "tests/crash/servers/replica.py"
 KEY_META = "mcp-durable/idempotency-key"

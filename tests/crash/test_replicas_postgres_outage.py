@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
 from tests.backends.pg_cluster import PgCluster
 from tests.crash.test_replicas_concurrency import KEY_META, TARGET
 from tests.helpers import serve_http
+
+pytestmark = pytest.mark.postgres
 
 DOWN_SECONDS = 4.0
 

@@ -22,6 +22,8 @@ from mcp_durable.demo.ledger import PaymentProvider
 from tests.crash.test_replicas_concurrency import KEY_META, TARGET, replica_journal_url
 from tests.helpers import serve_http
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.mark.parametrize("policy", ["retry", "refuse"])
 async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_doubt_policy(
