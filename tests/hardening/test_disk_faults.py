@@ -22,7 +22,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.journal.sqlite import SQLiteJournal
-from mcp_durable.journal import CallState
+from mcp_durable.journal import CallIdentity, CallState, create_journal
 from tests.hardening.conftest import KEY_META, Runs, build_server, snapshot, text_of
 
 BIG = "B" * 50_000  # each call journals ~100 KB (arguments and result): a full disk cannot take it
@@ -51,6 +51,12 @@ class TinyDisk:
 
     def free(self) -> None:
         self.filler.unlink(missing_ok=True)
+
+    def leave(self, free_bytes: int) -> None:
+        """Fill the disk, then give back about `free_bytes`."""
+        self.fill()
+        size = self.filler.stat().st_size
+        os.truncate(self.filler, max(0, size - free_bytes))
 
 
 @pytest.fixture
@@ -138,6 +144,35 @@ async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_l
             result = await client.call_tool("echo", {"text": text}, meta={KEY_META: key})
             assert result.meta["mcp-durable/replayed"] is True, key
     assert runs.count("echo") == 9
+
+
+async def test_a_result_the_full_disk_cannot_take_is_never_acknowledged_and_is_resolved_as_in_doubt(
+    tiny_disk: TinyDisk, url_in: Any
+) -> None:
+    """The disk fills between the claim and the result: the danger window, made real."""
+    runs = Runs()
+    url = url_in(tiny_disk.root)
+    server = build_server(url, runs)
+    async with Client(server, mode="legacy") as client:
+        await client.call_tool("echo", {"text": "warm-up"}, meta={KEY_META: "A"})
+        tiny_disk.leave(64 * 1024)  # room for a claim, not for a 1 MB result
+        lost = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
+        assert lost.is_error and lost.structured_content["error"] == "journal_unavailable", text_of(lost)
+        assert runs.count("blob") == 1  # it ran: the effect happened, the result could not be kept
+        tiny_disk.free()
+    reader = create_journal(url)  # what is on disk now (the file journal refuses reads once poisoned)
+    await reader.open()
+    try:
+        record = await reader.get(CallIdentity("local", "blob", "big"))
+    finally:
+        await reader.aclose()
+    assert record is not None and record.state in (CallState.PENDING, CallState.IN_DOUBT) and record.result is None
+    async with Client(server, mode="legacy") as client:
+        # Never acknowledged, so never replayed: the idempotent tool's in-doubt policy is retry.
+        again = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
+        replay = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
+    assert not again.is_error and again.meta.get("mcp-durable/replayed") is None
+    assert replay.meta["mcp-durable/replayed"] is True and runs.count("blob") == 2
 
 
 async def test_a_server_started_on_a_full_disk_refuses_calls_until_space_is_back(
