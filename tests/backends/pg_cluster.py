@@ -12,6 +12,9 @@ temporary directory. Postgres refuses to run as root, so as root the commands ru
 throwaway: `fsync=off`, trust auth, unix socket in the data directory.
 
 `PgCluster.create()` skips the test when no binaries are found, and fails instead under `CI`.
+
+`scratch_schema()` is for tests on the shared server: its URL with a fresh `?schema=`, dropped
+afterwards (the journal creates it on open).
 """
 
 from __future__ import annotations
@@ -22,13 +25,29 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from tests.conftest import postgres_or_skip
 from tests.helpers import free_port
+
+
+@contextmanager
+def scratch_schema() -> Iterator[str]:
+    """The test Postgres URL with `schema=t_<random>`; the schema is dropped on exit."""
+    base = postgres_or_skip()
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    sep = "&" if "?" in base else "?"
+    try:
+        yield f"{base}{sep}schema={schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def _bindir() -> Path | None:

@@ -228,3 +228,25 @@ async def test_url_forms_relative_absolute_and_query(tmp_path: Path, monkeypatch
         assert all(p.stat().st_mode & 0o777 == 0o600 for p in (tmp_path / ".mcp-durable/journal").iterdir())
     finally:
         await relative.aclose()
+
+
+async def test_recovery_reading_small_windows_finds_the_same_records_and_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mcp_durable.journal.file import recovery
+
+    monkeypatch.setattr(recovery, "WINDOW", 64)  # smaller than any frame: every frame straddles windows
+    path = tmp_path / "j"
+    starts = await write_entries(path, 12)
+    segment = path / "seg-00000001.log"
+    data = bytearray(segment.read_bytes())
+    data[starts[4] + 3 : starts[4] + 9] = b"XXXXXX"
+    segment.write_bytes(bytes(data[: starts[-1] + 20]))
+    journal = await opened(path)
+    try:
+        assert journal.recovery is not None
+        assert journal.recovery.bytes_truncated == 20
+        assert any(f"offset {starts[4]} " in p and "resynchronised" in p for p in journal.recovery.problems)
+        assert [e.data["i"] for e in await journal.entries()] == [0, 1, 2, 3, 5, 6, 7, 8, 9, 10]
+    finally:
+        await journal.aclose()

@@ -11,7 +11,7 @@ from mcp.server.subscriptions import ResourceUpdated, ServerEvent, ToolsListChan
 
 from mcp_durable.server.pgbus import PgSubscriptionBus, decode_event, encode_event
 from tests.conftest import postgres_or_skip
-from tests.crash.test_replicas_concurrency import KEY_META, replica_journal_url
+from tests.crash.test_replicas_concurrency import KEY_META, replicas_journal  # noqa: F401 - a fixture
 from tests.helpers import serve_http
 
 pytestmark = pytest.mark.postgres
@@ -63,8 +63,10 @@ async def test_buses_on_other_schemas_do_not_hear_each_other(bus_url: str) -> No
     assert heard == [ResourceUpdated(uri="journal://stats")]  # c heard it, b did not
 
 
-async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_another() -> None:
-    journal = replica_journal_url()
+async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_another(
+    replicas_journal: str,
+) -> None:
+    journal = replicas_journal
     target = "tests/crash/servers/bus_replica.py"
     uri = "journal://calls/refund/order-9"
     async with serve_http(target, journal=journal) as a, serve_http(target, journal=journal) as b:

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import orjson
@@ -22,6 +22,7 @@ from mcp_durable.errors import ConfigError, JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
 from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
 from mcp_durable.journal.postgres.schema import LATEST, MIGRATIONS
+from tests.backends.pg_cluster import scratch_schema
 from tests.conftest import postgres_or_skip
 
 pytestmark = pytest.mark.postgres
@@ -37,10 +38,9 @@ def pending(key: str = "k", owner: str = "A") -> CallRecord:
 
 
 @pytest.fixture
-def schema_url() -> str:
-    base = postgres_or_skip()
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}schema=t_{uuid.uuid4().hex[:12]}"
+def schema_url() -> Iterator[str]:
+    with scratch_schema() as url:
+        yield url
 
 
 async def opened(url: str) -> PostgresJournal:

@@ -8,9 +8,9 @@ request it receives: exactly 50 requests means exactly 50 executions.
 from __future__ import annotations
 
 import random
-import uuid
 from collections import defaultdict
 from contextlib import AsyncExitStack
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.conftest import postgres_or_skip
+from tests.backends.pg_cluster import scratch_schema
 from tests.helpers import serve_http
 
 pytestmark = pytest.mark.postgres
@@ -29,15 +29,17 @@ KEY_META = "mcp-durable/idempotency-key"
 REPLAYED = "mcp-durable/replayed"
 
 
-def replica_journal_url() -> str:
+@pytest.fixture
+def replicas_journal() -> Iterator[str]:
     """The test database with a fresh schema: the replicas of one test share it, no one else."""
-    base = postgres_or_skip()
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}schema=t_{uuid.uuid4().hex[:12]}"
+    with scratch_schema() as url:
+        yield url
 
 
-async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once(tmp_path: Path) -> None:
-    journal = replica_journal_url()
+async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once(
+    tmp_path: Path, replicas_journal: str
+) -> None:
+    journal = replicas_journal
     ledger = PaymentProvider(tmp_path / "ledger.db")
     env = {"PAYMENTS_LEDGER": str(ledger.path)}
     # Call i uses key i % 50 on replica i % 3: each key's ten calls reach all three replicas.

@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.crash.test_replicas_concurrency import KEY_META, TARGET, replica_journal_url
+from tests.crash.test_replicas_concurrency import KEY_META, TARGET, replicas_journal  # noqa: F401 - a fixture
 from tests.helpers import serve_http
 
 pytestmark = pytest.mark.postgres
@@ -27,10 +27,10 @@ pytestmark = pytest.mark.postgres
 
 @pytest.mark.parametrize("policy", ["retry", "refuse"])
 async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_doubt_policy(
-    tmp_path: Path, policy: str
+    tmp_path: Path, policy: str, replicas_journal: str
 ) -> None:
+    journal = replicas_journal
     tool = "slow_refund" if policy == "retry" else "slow_refund_refused"
-    journal = replica_journal_url()
     ledger = PaymentProvider(tmp_path / "ledger.db")
     env = {"PAYMENTS_LEDGER": str(ledger.path), "SLOW_TOOL_SECONDS": "3"}
     key = "order-7-refund"
