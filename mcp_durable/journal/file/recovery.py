@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -30,6 +30,7 @@ from .index import STATE_CODES, CallIndex, EntryIndex, pack
 from .segments import FILE_MODE, Manifest, fsync_dir, segment_name, segment_number
 from .snapshot import LoadedSnapshot, SnapshotError, list_snapshots, load
 
+WINDOW = 8 * 1024 * 1024  # bytes of a segment read at a time
 _STATE_BY_NAME = {state.value: code for state, code in STATE_CODES.items()}
 
 
@@ -95,37 +96,62 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
     out = Recovered(calls, entries, last_seq, manifest.segments[-1], 0,
                     snapshot_used=snap.path.name if snap else None, problems=problems)  # fmt: skip
     for i in range(start_index, len(manifest.segments)):
-        number = manifest.segments[i]
-        path = directory / segment_name(number)
-        base = start_offset if i == start_index else 0
+        path = directory / segment_name(manifest.segments[i])
+        sealed = i < len(manifest.segments) - 1
         try:
             with open(path, "rb") as f:
-                f.seek(base)
-                data = f.read()
+                out.active_end = _replay_segment(f, manifest.segments[i], start_offset if i == start_index else 0,
+                                                 out, writable=writable, sealed=sealed)  # fmt: skip
         except FileNotFoundError:
             raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
-        end = base + len(data)
-        for item in scan(data, 0, out.last_seq):
-            if isinstance(item, Damage):
-                end = _repair(path, base, data, item, out, writable=writable, sealed=i < len(manifest.segments) - 1)
-                continue
-            payload = data[item.start : item.start + item.length]
-            try:
-                apply(calls, entries, orjson.loads(payload), item.seq, pack(number, base + item.offset), item.size)
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                problems.append(f"{path.name}: frame at offset {base + item.offset} has a valid checksum "
-                                f"but an unreadable payload ({exc}); skipped")  # fmt: skip
-            out.last_seq = item.seq
-            out.frames_replayed += 1
-        out.active_end = end
     out.last_seq = max(out.last_seq, manifest.seq_floor - 1)
     if writable:
         _delete_orphans(directory, manifest, snap)
     return out
 
 
-def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, *, writable: bool, sealed: bool) -> int:
-    """Report (and, writable, set aside) one damaged range; returns where the segment now ends."""
+def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, writable: bool, sealed: bool) -> int:
+    """Replay one segment from byte `start`, a window at a time; returns where it ends now.
+
+    Windows keep memory flat whatever the segment size: a frame cut by the end of a window is
+    read again at the start of the next one (a bigger one if a single frame is larger).
+    """
+    path = Path(f.name)
+    size = os.fstat(f.fileno()).st_size
+    pos, window = start, WINDOW
+    while pos < size:
+        f.seek(pos)
+        data = f.read(window)
+        at_eof = pos + len(data) >= size
+        resume: int | None = None
+        for item in scan(data, 0, out.last_seq):
+            if isinstance(item, Damage):
+                if item.tail and not at_eof:
+                    resume = item.start  # maybe only cut by the window: read again from there
+                    break
+                _repair(path, pos, data, item, out, writable=writable, sealed=sealed)
+                if item.tail:
+                    size = pos + item.start  # cut off here (or, read-only, to be ignored from here)
+                continue
+            try:
+                d = orjson.loads(data[item.start : item.start + item.length])
+                apply(out.calls, out.entries, d, item.seq, pack(number, pos + item.offset), item.size)
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                out.problems.append(f"{path.name}: frame at offset {pos + item.offset} has a valid checksum "
+                                    f"but an unreadable payload ({exc}); skipped")  # fmt: skip
+            out.last_seq = item.seq
+            out.frames_replayed += 1
+        if resume is None:
+            pos += len(data)
+        elif resume == 0:
+            window *= 2
+        else:
+            pos, window = pos + resume, WINDOW
+    return size
+
+
+def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, *, writable: bool, sealed: bool) -> None:
+    """Report (and, writable, set aside; a tail also cut off) one damaged range."""
     start, stop = base + damage.start, base + damage.end
     cut = data[damage.start : damage.end]
     if not damage.tail:
@@ -136,7 +162,7 @@ def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, 
             f"{path.name}: damaged bytes at offset {start} to {stop} ({damage.reason}); resynchronised on the "
             f"next frame, every valid record after it kept; the damaged bytes are in {aside.name}"
         )
-        return base + len(data)
+        return
     aside = path.with_name(f"{path.name}.torn-{start}")
     where = "sealed segment" if sealed else "tail"
     out.problems.append(f"{path.name}: torn or corrupt {where} at offset {start} ({damage.reason}): "
@@ -151,13 +177,14 @@ def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, 
             os.fsync(fd)
         finally:
             os.close(fd)
-    return start
 
 
 def _keep_aside(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
