@@ -31,12 +31,17 @@ in one `pwrite` + `fdatasync` per batch, and nothing returns before the flush of
 64 MiB (the new one is created and fsynced, then the manifest is replaced atomically).
 
 Index (index.py): per call record ~65 bytes of flat arrays (hash, position, version, state,
-times, tool, principal), found by a 128-bit keyed BLAKE2b of `(principal, tool, key)`; results
-stay on disk and `get()` preads the frame. Process entries: arrays chained per process.
+times, tool, principal) plus an open-addressing hash table (an int array) keyed by a 128-bit
+BLAKE2b of `(principal, tool, key)` keyed with the journal's random `hash_key`; every read also
+compares the full identity. Results stay on disk and `get()` preads the frame. Process entries:
+arrays chained per process (a 64-bit process hash; entries are checked on read).
 
-Recovery (recovery.py): the newest usable snapshot, then every frame after its end. Snapshots
-(snapshot.py) are written every 100,000 frames and at close (by the writer that crossed the mark):
-temp file, fsync, rename, fsync directory. A stale or damaged snapshot is ignored.
+Recovery (recovery.py): the newest usable snapshot, then every frame after its end, reading
+segments in 8 MiB windows. Snapshots (snapshot.py, format 2: one JSON header line with the
+covered segments, end offset, seq, CRC-32 and section list, then the index arrays raw, hash
+table included, so loading builds nothing) are written every 100,000 frames (by the writer
+that crossed the mark) and at close: temp file, fsync, rename, fsync directory; older ones are
+then deleted. A stale (pre-compaction) or damaged snapshot is ignored, the segments are read.
 
 Corruption policy: a torn or corrupt tail (damage no valid frame follows) is cut off at open,
 its bytes kept in `<segment>.torn-<offset>` and reported (`recovery.bytes_truncated`,
