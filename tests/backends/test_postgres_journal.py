@@ -70,7 +70,8 @@ def test_our_query_parameters_are_stripped_before_libpq_sees_the_url() -> None:
     assert s.conninfo == f"postgresql://u:p@db:5433/app?sslmode=disable&connect_timeout=5&{keepalives}"
     assert s.channel == "mcp_durable.tenant_1"
     given = "postgres://h/db?connect_timeout=1&keepalives=0&options=-c%20search_path%3Dx"
-    assert PostgresSettings.from_url(given).conninfo == given + "&keepalives_idle=10&keepalives_interval=5&keepalives_count=3"
+    added = "&keepalives_idle=10&keepalives_interval=5&keepalives_count=3"
+    assert PostgresSettings.from_url(given).conninfo == given + added
 
 
 @pytest.mark.parametrize(
@@ -221,7 +222,8 @@ async def test_a_schema_at_an_older_version_is_migrated_and_keeps_its_records(sc
             conn.execute(statement.format(s=s, channel=f"'{settings.channel}'"))
         conn.execute(f"INSERT INTO {s}.schema_version (version, description) VALUES (1, 'v1')")
         conn.execute(f"INSERT INTO {s}.calls (principal, tool, key, fingerprint, state, version, run_id, attempts, "
-                     "created_at, updated_at) VALUES ('local', 'refund', 'old', 'f', 'completed', 2, 'r', 1, 1, 1)")  # fmt: skip
+                     "created_at, updated_at) "
+                     "VALUES ('local', 'refund', 'old', 'f', 'completed', 2, 'r', 1, 1, 1)")  # fmt: skip
     journal = await opened(schema_url)
     try:
         assert journal.migrations_applied == list(range(2, LATEST + 1))

@@ -350,8 +350,10 @@ class PostgresJournal:
 
     async def stats(self) -> JournalStats:
         async with self._connection() as conn:
-            by_state = await (await conn.execute(f"SELECT state, count(*) FROM {self._calls} GROUP BY state")).fetchall()
-            by_tool = await (await conn.execute(f"SELECT tool, count(*) FROM {self._calls} GROUP BY tool")).fetchall()
+            cur = await conn.execute(f"SELECT state, count(*) FROM {self._calls} GROUP BY state")
+            by_state = await cur.fetchall()
+            cur = await conn.execute(f"SELECT tool, count(*) FROM {self._calls} GROUP BY tool")
+            by_tool = await cur.fetchall()
             cur = await conn.execute(
                 f"SELECT (SELECT count(*) FROM {self._entries}), (SELECT min(created_at) FROM {self._calls}), "
                 "pg_total_relation_size(%s) + pg_total_relation_size(%s)",
