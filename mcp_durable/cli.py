@@ -95,6 +95,28 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_crash(args: argparse.Namespace) -> int:
+    # The demo lives in the repository's examples/ (it serves tools/payments.py by path).
+    script = Path(__file__).resolve().parents[1] / "examples" / "crash_demo.py"
+    if not script.exists():
+        raise ConfigError(f"the crash demo needs a source checkout: {script} not found")
+    argv = ["--trials", str(args.trials), "--seed", str(args.seed), "--journal", args.journal]
+    if args.workdir:
+        argv += ["--workdir", args.workdir]
+    return int(load_module(script).main(argv))
+
+
+def load_module(path: Path) -> ModuleType:
+    """Import a Python file as a module (for the demo)."""
+    spec = importlib.util.spec_from_file_location(f"_mcp_durable_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mcp-durable", description="An MCP server whose tools run once per key.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -109,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(handler=_serve)
+
+    demo = commands.add_parser("demo", help="run a demonstration").add_subparsers(dest="demo", required=True)
+    crash = demo.add_parser("crash", help="kill -9 a refund server mid-batch: plain MCPServer vs mcp-durable")
+    crash.add_argument("--trials", type=int, default=50)
+    crash.add_argument("--seed", type=int, default=7)
+    crash.add_argument("--journal", choices=("sqlite", "file"), default="sqlite")
+    crash.add_argument("--workdir", help="keep ledgers and journals here (default: a temporary folder)")
+    crash.set_defaults(handler=_demo_crash)
 
     try:
         from .journal_cli import add_journal_commands
