@@ -184,7 +184,12 @@ async def test_only_changes_of_a_watched_record_notify_and_a_lease_renewal_does_
     listener = second._listener
     assert listener is not None
     original = listener._on_message
-    listener._on_message = lambda payload: (payloads.append(payload), original(payload))[-1]
+
+    def spy(payload: str) -> None:
+        payloads.append(payload)
+        original(payload)
+
+    listener._on_message = spy
     await first.renew(watched.identity, "A", T0 + 60)
     await first.swap(1, watched.evolve(state=CallState.IN_DOUBT))
     await first.swap(1, quiet.evolve(state=CallState.IN_DOUBT))  # nobody waits on it: no NOTIFY

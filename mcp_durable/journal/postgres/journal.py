@@ -287,9 +287,9 @@ class PostgresJournal:
                 self._note_read(existing, bool(rows[0][18]))
                 return False, existing
             # Lost to a claim committed after this statement's snapshot: read it now.
-            existing = await self.get(i)
-            if existing is not None:
-                return False, existing
+            current = await self.get(i)
+            if current is not None:
+                return False, current
             # … and it was purged meanwhile: claim again.
 
     async def get(self, identity: CallIdentity) -> CallRecord | None:

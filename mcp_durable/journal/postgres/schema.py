@@ -123,7 +123,7 @@ async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]], schema: str
             if migration.version <= current:
                 continue
             for statement in migration.statements:
-                await conn.execute(statement.format(s=s, channel=quote_literal(channel)))  # type: ignore[arg-type]
+                await conn.execute(statement.format(s=s, channel=quote_literal(channel)))
             await conn.execute(
                 f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
                 (migration.version, migration.description),
