@@ -189,3 +189,26 @@ async def test_pagination_walks_a_thousand_records_newest_first_without_gaps_or_
         ships = await read(client, "journal://calls?tool=ship&limit=500")
         assert len(ships["calls"]) == 334 and {c["tool"] for c in ships["calls"]} == {"ship"}
     await journal.aclose()
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_recovery_reports_what_opening_a_file_journal_found_after_a_torn_write(mode: str, tmp_path: Any) -> None:
+    try:
+        import mcp_durable.journal.file  # noqa: F401
+    except ImportError:
+        pytest.skip("the file journal is not built yet")
+    url = f"file://{tmp_path}/fj?durability=relaxed"
+    async with Client(build_server(url), mode=mode) as client:  # type: ignore[arg-type]
+        await client.call_tool("refund", {"order_id": "before", "amount_cents": 1, "card": "4111-1111"})
+    (segment,) = sorted((tmp_path / "fj").glob("seg-*.log"))
+    torn = b"@0000ffff 00000000000000ff 00000000 {\"t\":\"call\""  # a frame cut off mid-write
+    with segment.open("ab") as out:
+        out.write(torn)
+    async with Client(build_server(url), mode=mode) as client:  # type: ignore[arg-type]
+        recovery = await read(client, "journal://recovery")
+        record = await read(client, "journal://calls/refund/before")
+    assert recovery["backend"] == "file" and recovery["bytes_truncated"] == len(torn)
+    assert recovery["problems"] and recovery["truncated_to"]
+    assert recovery["previous_lifecycle_state"] == "stopped" and recovery["clean_previous_stop"] is True
+    assert recovery["records_loaded"] >= 1 and recovery["calls_found_in_doubt"] == 0
+    assert record["state"] == "completed"  # nothing before the torn frame is lost
