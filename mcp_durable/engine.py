@@ -18,6 +18,19 @@ One call, start to end:
 
 Races are settled by `swap(expected_version, …)`: whoever loses a swap re-reads and decides
 again, so two processes never both move one record forward.
+
+Owners and leases: a PENDING record names the instance running it and a lease that instance
+renews every `lease / 3` while the tool (or a reconcile hook) runs. Its owner is gone when the
+lease has expired — or, on a single-writer journal, whenever the owner is not this instance
+(only a previous boot can have written it). `start()` sweeps such records to IN_DOUBT, so they
+show in the in-doubt list at once. A record this instance owns is alive exactly while this
+instance runs it, whatever the lease says.
+
+Policies for IN_DOUBT: `retry` takes it over (same key, same `run_id`, so completed durable
+steps replay); `reconcile` takes it over, asks the hook, then completes it with the found
+result or runs it — a hook that raises leaves it IN_DOUBT and the call is refused (`in_doubt`);
+`refuse` answers `in_doubt`. After `max_attempts` the record is parked (refused whatever the
+policy) until an operator's `resolve()`.
 """
 
 from __future__ import annotations
