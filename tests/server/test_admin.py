@@ -120,3 +120,20 @@ async def test_purging_drops_exactly_the_records_whose_retention_ended(mode: str
         assert purged.structured_content == {"purged": 1}
         left = await client.read_resource("journal://calls")
     assert '"new"' in left.contents[0].text and '"old"' not in left.contents[0].text  # type: ignore[union-attr]
+
+
+async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(tmp_path: Any) -> None:
+    from mcp.shared.exceptions import MCPError
+
+    from tests.helpers import stdio_params
+
+    target, journal = "tests/server/servers/counting.py:make_server", f"sqlite:///{tmp_path}/j.db"
+    env = {"COUNTER_FILE": str(tmp_path / "counter")}
+    async with Client(stdio_params(target, journal=journal, env=env)) as client:
+        assert "journal_resolve" not in {t.name for t in (await client.list_tools()).tools}
+        with pytest.raises(MCPError, match="Unknown resource"):
+            await client.read_resource("journal://entries")
+    async with Client(stdio_params(target, journal=journal, env={**env, "MCP_DURABLE_ADMINS": "local"})) as client:
+        assert "journal_resolve" in {t.name for t in (await client.list_tools()).tools}
+        entries = await client.read_resource("journal://entries")
+        assert '"server/counting"' in entries.contents[0].text  # type: ignore[union-attr]
