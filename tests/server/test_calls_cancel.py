@@ -100,7 +100,7 @@ async def test_a_caller_whose_task_is_cancelled_mid_call_gets_the_journaled_resu
     assert body_bytes(again) == body_bytes(retry)
 
 
-@pytest.mark.parametrize("transport", ["http-legacy", "http-auto", "stdio-legacy"])
+@pytest.mark.parametrize("transport", ["http-legacy", "stdio-auto"])
 async def test_a_caller_that_times_out_over_a_real_transport_gets_the_journaled_result_on_retry(
     transport: str, tmp_path: Path
 ) -> None:

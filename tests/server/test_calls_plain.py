@@ -14,7 +14,7 @@ from tests.server.servers.counting import Counter, make_server
 MEMORY = ["memory-legacy", "memory-auto"]
 
 
-@pytest.mark.parametrize("transport", [*MEMORY, "stdio-auto"])
+@pytest.mark.parametrize("transport", MEMORY)
 async def test_a_tool_that_is_not_durable_runs_every_time_and_its_result_is_untouched(
     transport: str, tmp_path: Path
 ) -> None:

@@ -50,7 +50,7 @@ async def test_a_tool_called_five_times_with_one_key_runs_once_and_repeats_repla
     assert all(result.meta is not None and result.meta[KEY] == "order-7" for result in results)
 
 
-@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "stdio-auto", "http-auto"])
+@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "http-auto"])
 async def test_a_derived_key_is_returned_to_the_client_and_replays_identical_arguments(
     transport: str, tmp_path: Path
 ) -> None:
