@@ -59,7 +59,7 @@ def token_auth_kwargs(tokens: Mapping[str, str], base_url: str = DEFAULT_BASE_UR
 
 
 def _auth_settings(base_url: str) -> AuthSettings:
-    return AuthSettings(issuer_url=base_url, resource_server_url=base_url, validate_token_resource=False)  # type: ignore[arg-type]
+    return AuthSettings(issuer_url=base_url, resource_server_url=base_url, validate_token_resource=False)
 
 
 def point_auth_at(settings: AuthSettings | None, base_url: str) -> AuthSettings | None:
