@@ -185,9 +185,8 @@ async def _run_server(kind: str, plan_of: list[tuple[int, str]], workdir: Path, 
                     plan.arm(order, point)
                     fired[0] = True
                 try:
-                    result = await client.call_tool(
-                        "refund", {"order_id": order, "amount_cents": 100 + i}, meta={"mcp-durable/idempotency-key": order}
-                    )
+                    key: Any = {"mcp-durable/idempotency-key": order}  # _meta: the plain server ignores it
+                    result = await client.call_tool("refund", {"order_id": order, "amount_cents": 100 + i}, meta=key)
                 except MCPError:
                     tally.kills[point] += 1
                     progress[0] = i  # retry this refund, with the same key, on a new server

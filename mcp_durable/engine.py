@@ -320,11 +320,12 @@ class Engine:
                     if won:
                         await self._changed(record)
                         return await self._run(record, policy, run)
+            assert record is not None  # claimed above, or read and not expired
             if record.fingerprint != fingerprint:
                 raise KeyReuseError(tool, key)
-            outcome = await self._decide(record, policy, run, encode, deadline)
-            if outcome is not None:
-                return outcome
+            decided = await self._decide(record, policy, run, encode, deadline)
+            if decided is not None:
+                return decided
             record = await self.journal.get(identity)
 
     async def _decide(
@@ -402,6 +403,7 @@ class Engine:
                 return None
             await self._changed(claimed)
             return await self._run(claimed, policy, run)
+        return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
     async def _reconcile(
         self, record: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder | None
@@ -450,6 +452,7 @@ class Engine:
             return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                                first_completed_at=done.completed_at, reconciled=True,
                                attempt=done.attempts)  # fmt: skip
+        return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
     async def _run(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome:
         """Run the tool for a record this instance owns; persist before returning. Shielded by callers."""
