@@ -107,6 +107,7 @@ class PgSubscriptionBus:
 
     async def aclose(self) -> None:
         await self._listener.aclose()
+        self._conn_lock = None  # made again on the loop of the next use
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.close()

@@ -78,3 +78,20 @@ async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_an
                 with anyio.fail_after(10):
                     event = await subscription.__anext__()
     assert event == ResourceUpdated(uri=uri)
+
+
+def test_a_bus_can_be_started_again_on_another_event_loop(bus_url: str) -> None:
+    bus = PgSubscriptionBus(bus_url)
+    heard: list[ServerEvent] = []
+    bus.subscribe(heard.append)
+
+    async def round_trip(uri: str) -> None:
+        async with bus, PgSubscriptionBus(bus_url) as other:
+            await other.publish(ResourceUpdated(uri=uri))
+            with anyio.fail_after(10):
+                while ResourceUpdated(uri=uri) not in heard:
+                    await anyio.sleep(0.01)
+
+    anyio.run(round_trip, "journal://stats")  # a server run, stopped …
+    anyio.run(round_trip, "journal://in-doubt")  # … and run again in a new loop
+

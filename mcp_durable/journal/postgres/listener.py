@@ -60,7 +60,9 @@ class Listener:
     def start(self) -> None:
         """Start the background task (idempotent). Needs a running asyncio loop."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"listen {self._channel}")
+            loop = asyncio.get_running_loop()
+            self._ready = asyncio.Event()  # fresh: a listener restarted may run on another loop
+            self._task = loop.create_task(self._run(), name=f"listen {self._channel}")
 
     async def wait_connected(self, timeout: float) -> bool:
         """Wait until the LISTEN is established (or `timeout`); returns whether it is."""
