@@ -44,6 +44,9 @@ ELSEWHERE: dict[str, str] = {
         f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect",
     r"re:mcp-durable serve tools/payments\.py --transport http --host 127\.0\.0\.1 --port 8000 --journal sqlite:///":
         f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
+    # SIGKILLs servers over many trials: the crash test runs the same experiment (3 trials).
+    "mcp-durable demo crash --trials 3": "tests/crash/test_danger_window_demo.py::"
+        "test_the_crash_demo_shows_the_plain_server_duplicating_in_the_danger_window_and_mcp_durable_never",
 }  # fmt: skip
 
 TIMEOUT = 60
