@@ -221,8 +221,9 @@ class DurableServer(MCPServer[Any]):
             if isinstance(result, InputRequiredResult):
                 # Interim (multi-round) answers are never journaled as the call's result.
                 return ToolOutcome(result, b"", is_error=False, final=False)
+            final = result  # narrowed to CallToolResult, for the closure
             try:
-                payload = limits.result_payload(name, lambda: dump_result(result), self.max_result_bytes)
+                payload = limits.result_payload(name, lambda: dump_result(final), self.max_result_bytes)
             except limits.LimitExceeded as exc:
                 if policy.exceptions != "persist":
                     raise  # the engine releases the claim; answered below
