@@ -39,6 +39,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -56,6 +57,12 @@ from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .steps import DurableCall, bind, load_steps, unbind
 
 LOCAL_PRINCIPAL = "local"
+
+#: The instances of this process started on each journal object. On a single-writer journal the
+#: only live owners are these (the writer lock keeps other processes out), so a PENDING record
+#: of any other owner is a previous boot's orphan — and two engines sharing one journal object
+#: in a process never mistake each other's running calls for orphans.
+_LIVE_OWNERS: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 FINALS_KEPT = 4096  # final records an engine keeps for repeats
 FINALS_MAX_RESULT = 16 * 1024  # larger results are read from the journal on every repeat
 
@@ -143,6 +150,7 @@ class Engine:
             began = time.perf_counter()
             self.started_at = self.clock()
             await self.journal.open()
+            _live_owners(self.journal).add(self.instance_id)
             self.orphans_found = await self.sweep()
             if self.process_id is not None:
                 recovered = await ReplayEngine(self.journal).recover(self.process_id)
@@ -158,6 +166,7 @@ class Engine:
         self._finals.clear()
         if self._opened:
             self._opened = False
+            _live_owners(self.journal).discard(self.instance_id)
             try:
                 if self.lifecycle is not None:
                     await self.lifecycle.transition("stopping")
@@ -378,10 +387,12 @@ class Engine:
         if record.owner == self.instance_id:
             # Ours: alive exactly while we run it (a stalled heartbeat does not make it dead).
             return record.identity in self._running
+        lease_valid = record.lease_until is not None and record.lease_until > now
         if self.journal.single_writer:
-            # One writer: a PENDING record of another owner is a previous boot's orphan.
-            return False
-        return record.lease_until is not None and record.lease_until > now
+            # One writer: a PENDING record of an owner not started in this process is a previous
+            # boot's orphan, whatever its lease says.
+            return lease_valid and record.owner in _live_owners(self.journal)
+        return lease_valid
 
     async def _swap(self, record: CallRecord, new: CallRecord) -> bool:
         if await self.journal.swap(record.version, new):
@@ -590,6 +601,13 @@ class Engine:
         )  # fmt: skip
         if await self.journal.swap(record.version, released):
             await self._changed(released)
+
+
+def _live_owners(journal: Journal) -> set[str]:
+    try:
+        return _LIVE_OWNERS.setdefault(journal, set())
+    except TypeError:  # a journal object that cannot be weakly referenced: no sharing known
+        return set()
 
 
 def _rebase(record: CallRecord, current: CallRecord) -> CallRecord:

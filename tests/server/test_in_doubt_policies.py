@@ -18,7 +18,7 @@ import orjson
 import pytest
 from mcp import Client
 
-from mcp_durable import KEY_META, CallIdentity, CallRecord, CallState, Journal, create_journal, keys
+from mcp_durable import KEY_META, CallIdentity, CallRecord, CallState, Journal, ToolPolicy, create_journal, keys
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.demo.outbox import Outbox
 from mcp_durable.errors import OperatorError
@@ -235,3 +235,34 @@ async def test_a_shared_journal_marks_only_expired_leases_in_doubt_at_start(tmp_
     finally:
         await server.aclose()
         await other.aclose()
+
+
+async def test_two_servers_sharing_one_single_writer_journal_in_a_process_never_take_each_others_calls() -> None:
+    shared = create_journal("memory://")  # single writer: only this process writes it
+    release = anyio.Event()
+    runs: list[str] = []
+    servers = [DurableServer(name, journal=shared) for name in ("a", "b")]
+    for server in servers:
+
+        @server.tool(durable=ToolPolicy(key_fields=("job",), wait=0.0, lease=0.05))
+        async def slow(job: str) -> dict[str, Any]:
+            runs.append(job)
+            await release.wait()
+            return {"job": job}
+
+    result: dict[str, Any] = {}
+    async with Client(servers[0]) as a, Client(servers[1]) as b:
+        async with anyio.create_task_group() as tg:
+
+            async def first() -> None:
+                result["a"] = await a.call_tool("slow", {"job": "J"})
+
+            tg.start_soon(first)
+            while not runs:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.2)  # several lease periods: the lease is renewed, and b knows a is alive
+            duplicate = await b.call_tool("slow", {"job": "J"})
+            release.set()
+        replay = await b.call_tool("slow", {"job": "J"})
+    assert duplicate.is_error and duplicate.structured_content["error"] == "in_progress"  # type: ignore[index]
+    assert runs == ["J"] and replay.structured_content == result["a"].structured_content
