@@ -16,8 +16,18 @@ call completed on replica B. Pass one bus per server, on the same database as th
   other replicas' events are lost (local listeners still get local events), and `publish` never
   raises or waits more than `publish_timeout` seconds. Clients re-listen and refetch.
 
-Events travel as JSON (`{"o": origin, "t": kind, "uri": …}`); a URI too long for NOTIFY's 8000
-bytes is delivered locally only. The channel is `mcpd_events.<schema>` (at most 63 bytes).
+Events travel as JSON (`{"o": origin, "t": kind, "uri": …, "p": principal}`); a URI too long for
+NOTIFY's 8000 bytes is delivered locally only. The channel is `mcpd_events.<schema>` (at most
+63 bytes).
+
+Events scoped to a principal (a journal record's changes may only reach its principal and
+admins) must not reach every listener of another replica. For them:
+
+- `forward(event, principal=p)` sends to the other replicas only (the caller delivers locally
+  its own way). It is synchronous and never yields — it can run inside the engine's change
+  listener — and a background task sends the NOTIFYs in order.
+- `subscribe_scoped(listener)` receives, with their principal, the scoped events of other
+  replicas; plain `subscribe` listeners never see scoped events.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -55,24 +66,31 @@ _KINDS: dict[str, ServerEvent] = {
     "resources_list_changed": ResourcesListChanged(),
 }
 _MAX_PAYLOAD = 7900
+_MAX_OUTBOX = 10_000
+
+ScopedListener = Callable[[ServerEvent, str], None]
 
 
-def encode_event(origin: str, event: ServerEvent) -> str:
+def encode_event(origin: str, event: ServerEvent, principal: str | None = None) -> str:
+    data: dict[str, str] = {"o": origin}
     if isinstance(event, ResourceUpdated):
-        return orjson.dumps({"o": origin, "t": "resource_updated", "uri": event.uri}).decode()
-    kind = next(name for name, value in _KINDS.items() if type(value) is type(event))
-    return orjson.dumps({"o": origin, "t": kind}).decode()
+        data.update(t="resource_updated", uri=event.uri)
+    else:
+        data["t"] = next(name for name, value in _KINDS.items() if type(value) is type(event))
+    if principal is not None:
+        data["p"] = principal
+    return orjson.dumps(data).decode()
 
 
-def decode_event(payload: str) -> tuple[str, ServerEvent] | None:
-    """(origin, event) from a NOTIFY payload; None for anything that is not ours."""
+def decode_event(payload: str) -> tuple[str, ServerEvent, str | None] | None:
+    """(origin, event, principal or None) from a NOTIFY payload; None for anything not ours."""
     try:
         data = orjson.loads(payload)
         kind = data["t"]
-        if kind == "resource_updated":
-            return str(data["o"]), ResourceUpdated(uri=str(data["uri"]))
-        return str(data["o"]), _KINDS[kind]
-    except (orjson.JSONDecodeError, KeyError, TypeError):
+        event = ResourceUpdated(uri=str(data["uri"])) if kind == "resource_updated" else _KINDS[kind]
+        principal = data.get("p")
+        return str(data["o"]), event, None if principal is None else str(principal)
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -87,6 +105,10 @@ class PgSubscriptionBus:
         #: Names this bus in its NOTIFY payloads, so it can drop the echo of its own events.
         self.origin = uuid.uuid4().hex
         self._listeners: dict[object, Callable[[ServerEvent], None]] = {}
+        self._scoped: dict[object, ScopedListener] = {}
+        self._outbox: deque[str] = deque()
+        self._outbox_ready: asyncio.Event | None = None
+        self._sender: asyncio.Task[None] | None = None
         self._listener = Listener(self._conninfo, self.channel, self._on_notify)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._conn_lock: asyncio.Lock | None = None
@@ -107,6 +129,13 @@ class PgSubscriptionBus:
 
     async def aclose(self) -> None:
         await self._listener.aclose()
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+        self._outbox.clear()
+        self._outbox_ready = None
         self._conn_lock = None  # made again on the loop of the next use
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -157,6 +186,44 @@ class PgSubscriptionBus:
 
         return unsubscribe
 
+    # -- scoped events ----------------------------------------------------------------------------
+
+    def forward(self, event: ServerEvent, *, principal: str | None = None) -> None:
+        """Send `event` to the other replicas only, scoped to `principal` if given. Never yields;
+        needs a running event loop. Dropped (logged) if too large or the queue is full."""
+        payload = encode_event(self.origin, event, principal)
+        if len(payload.encode()) > _MAX_PAYLOAD or len(self._outbox) >= _MAX_OUTBOX:
+            logger.warning("event not forwarded to other replicas (too large or queue full): %.200s", payload)
+            return
+        self._outbox.append(payload)
+        if self._sender is None or self._sender.done():
+            self._outbox_ready = asyncio.Event()
+            self._sender = asyncio.get_running_loop().create_task(self._send_forever(), name="pgbus sender")
+        assert self._outbox_ready is not None
+        self._outbox_ready.set()
+
+    def subscribe_scoped(self, listener: ScopedListener) -> Callable[[], None]:
+        """Register `listener(event, principal)` for other replicas' scoped events."""
+        token = object()
+        self._scoped[token] = listener
+        with contextlib.suppress(RuntimeError):
+            self._listener.start()
+
+        def unsubscribe() -> None:
+            self._scoped.pop(token, None)
+
+        return unsubscribe
+
+    async def _send_forever(self) -> None:
+        ready = self._outbox_ready
+        assert ready is not None
+        while True:
+            while self._outbox:
+                with anyio.move_on_after(self._publish_timeout):
+                    await self._notify(self._outbox.popleft())
+            ready.clear()
+            await ready.wait()
+
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _deliver(self, event: ServerEvent) -> None:
@@ -170,9 +237,17 @@ class PgSubscriptionBus:
         decoded = decode_event(payload)
         if decoded is None:
             return
-        origin, event = decoded
-        if origin != self.origin:  # our own events were delivered locally when published
+        origin, event, principal = decoded
+        if origin == self.origin:
+            return  # our own events were delivered locally when published
+        if principal is None:
             self._deliver(event)
+            return
+        for listener in list(self._scoped.values()):
+            try:
+                listener(event, principal)
+            except Exception:  # noqa: BLE001 - fan-out boundary
+                logger.exception("scoped subscription listener raised; continuing")
 
     async def _notify(self, payload: str) -> None:
         self._listener.start()

@@ -26,8 +26,27 @@ def bus_url() -> str:
 
 def test_events_survive_their_notify_payload() -> None:
     for event in (ResourceUpdated(uri="journal://calls/refund/k%201"), ToolsListChanged()):
-        assert decode_event(encode_event("me", event)) == ("me", event)
+        assert decode_event(encode_event("me", event)) == ("me", event, None)
+        assert decode_event(encode_event("me", event, "alice")) == ("me", event, "alice")
     assert decode_event("not json") is None and decode_event('{"t": "unknown", "o": "x"}') is None
+
+
+async def test_scoped_events_reach_only_scoped_listeners_of_other_replicas(bus_url: str) -> None:
+    plain: list[ServerEvent] = []
+    scoped: list[tuple[ServerEvent, str]] = []
+    async with PgSubscriptionBus(bus_url) as a, PgSubscriptionBus(bus_url) as b:
+        a.subscribe(plain.append)
+        a.subscribe_scoped(lambda event, principal: scoped.append((event, principal)))
+        b.subscribe(plain.append)
+        b.subscribe_scoped(lambda event, principal: scoped.append((event, principal)))
+        b.forward(ResourceUpdated(uri="journal://calls/refund/alice-1"), principal="alice")
+        b.forward(ResourceUpdated(uri="journal://stats"))  # unscoped: every listener of a
+        with anyio.fail_after(10):
+            while not (scoped and plain):
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.2)  # anything else (an echo to b, a leak to plain) would be here by now
+    assert scoped == [(ResourceUpdated(uri="journal://calls/refund/alice-1"), "alice")]
+    assert plain == [ResourceUpdated(uri="journal://stats")]
 
 
 async def test_two_buses_on_two_connections_deliver_each_others_events_once(bus_url: str) -> None:
