@@ -257,3 +257,14 @@ async def test_a_key_under_a_wrong_type_in_raw_meta_is_refused_as_invalid_key(
         )  # fmt: skip
     assert not isinstance(answer, MCPError), answer
     assert answer["isError"] is True and answer["structuredContent"]["error"] == "invalid_key"
+
+
+@pytest.mark.parametrize("limit", [0, -1, True, 1.5, "1MiB"])
+def test_a_size_limit_that_is_not_a_positive_number_of_bytes_is_a_configuration_error(limit: Any) -> None:
+    from mcp_durable.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_argument_bytes"):
+        build_server("memory://", Runs(), max_argument_bytes=limit)
+    with pytest.raises(ConfigError, match="max_result_bytes"):
+        build_server("memory://", Runs(), max_result_bytes=limit)
+    assert build_server("memory://", Runs(), max_argument_bytes=None, max_result_bytes=None).max_result_bytes is None
