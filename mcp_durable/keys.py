@@ -28,9 +28,10 @@ def canonical_json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
 
 
-def fingerprint(arguments: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of the validated arguments."""
-    return hashlib.sha256(canonical_json(dict(arguments))).hexdigest()
+def fingerprint(arguments: Mapping[str, Any], *, canonical: bytes | None = None) -> str:
+    """SHA-256 (hex) of the canonical JSON of the validated arguments (`canonical`, when the
+    caller has it already: it must be `canonical_json(arguments)`)."""
+    return hashlib.sha256(canonical if canonical is not None else canonical_json(dict(arguments))).hexdigest()
 
 
 def validate_key(tool: str, key: object) -> str:
@@ -76,8 +77,13 @@ def resolve_key(
     tool: str,
     arguments: Mapping[str, Any],
     meta: Mapping[str, Any] | None,
+    *,
+    canonical: bytes | None = None,
 ) -> str | None:
     """The call's key by the resolution order above, validated; `None` when the call has none.
+
+    `canonical` is `canonical_json(arguments)` when the caller has computed it already (a
+    derived key is its SHA-256, like the fingerprint, so it is not serialised twice).
 
     Raises `MissingKeyError` when the policy requires a caller key and none was sent, and
     `InvalidKeyError` for a key that is not 1–255 printable ASCII characters.
@@ -95,5 +101,5 @@ def resolve_key(
     if policy.key_fields:
         return _key_from_fields(policy, tool, arguments)
     if policy.idempotent:
-        return _hashed("sha256", dict(arguments))
+        return "sha256:" + fingerprint(arguments, canonical=canonical)  # == _hashed("sha256", arguments)
     return None

@@ -257,7 +257,11 @@ def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None
     if context is None:
         return None
     try:
-        meta = context.request_context.meta
+        # `Context.request_context` is a pydantic private attribute behind `__getattr__`, several
+        # µs on every durable call; its storage (`__pydantic_private__`) is read directly first.
+        private = context.__pydantic_private__
+        request = private.get("_request_context") if private else None
+        meta = (request if request is not None else context.request_context).meta
     except (ValueError, AttributeError, LookupError):
         return None
     if meta is None:

@@ -6,6 +6,7 @@ The one function that maps `DurableError`s to `structuredContent.error` codes is
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ META_RECONCILED = "mcp-durable/reconciled"
 META_ATTEMPT = "mcp-durable/attempt"
 
 
+@lru_cache(maxsize=4096)  # a replayed key shows the same completion time on every repeat
 def iso_time(ts: float | None) -> str | None:
     """Epoch seconds as an ISO 8601 UTC timestamp (what `_meta` and resources show)."""
     return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
@@ -35,22 +37,45 @@ def load_result(payload: bytes) -> CallToolResult:
     return CallToolResult.model_validate(orjson.loads(payload), by_name=False)
 
 
+# A repeat of a key is answered with the same bytes and the same `_meta` every time: build that
+# answer once per record and hand the same object out again. Safe because nothing mutates a
+# result once returned (the SDK dumps it into fresh dicts, and stamps its own `_meta` on the
+# copy). Bounded: _REPLAYS answers of stored results of at most _REPLAY_MAX_BYTES each.
+_REPLAYS = 1024
+_REPLAY_MAX_BYTES = 16 * 1024
+_replays: dict[tuple[str | None, bytes, float | None, bool], CallToolResult] = {}
+
+
 def _with_meta(result: CallToolResult, extra: dict[str, Any]) -> CallToolResult:
     merged = {**(result.meta or {}), **extra}
     return result.model_copy(update={"meta": merged})
 
 
 def answer(outcome: CallOutcome) -> CallToolResult:
-    """The result to send for an engine outcome: the tool's own on a run, the stored one on replay."""
+    """The result to send for an engine outcome: the tool's own on a run, the stored one on replay.
+
+    A replay's result may be the very object an earlier replay of the same record got: callers
+    must not mutate it.
+    """
     if outcome.payload is None:
         assert isinstance(outcome.value, CallToolResult)
         return outcome.value  # unkeyed call: not journaled, not marked
     if outcome.replayed:
-        result = load_result(outcome.payload)
-    elif isinstance(outcome.value, CallToolResult):
-        result = outcome.value
-    else:
-        result = load_result(outcome.payload)
+        cache_key = (outcome.key, outcome.payload, outcome.first_completed_at, outcome.reconciled)
+        replayed = _replays.get(cache_key)
+        if replayed is None:
+            replayed = _answer(load_result(outcome.payload), outcome)
+            if len(outcome.payload) <= _REPLAY_MAX_BYTES:
+                if len(_replays) >= _REPLAYS:
+                    del _replays[next(iter(_replays))]  # oldest first
+                _replays[cache_key] = replayed
+        return replayed
+    if isinstance(outcome.value, CallToolResult):
+        return _answer(outcome.value, outcome)
+    return _answer(load_result(outcome.payload), outcome)
+
+
+def _answer(result: CallToolResult, outcome: CallOutcome) -> CallToolResult:
     meta: dict[str, Any] = {META_KEY: outcome.key}
     if outcome.replayed:
         meta[META_REPLAYED] = True
