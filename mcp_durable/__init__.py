@@ -26,10 +26,19 @@ from .errors import (
 from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry, create_journal
 from .keys import KEY_META
 from .policy import NOT_APPLIED, ToolPolicy
-from .server import DurableServer
 from .steps import DurableCall, current_call, current_key
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # The MCP face imports the whole SDK (about a second); loading it only when asked keeps the
+    # operator CLI and journal-only users (workers on the process journal) fast to start.
+    if name == "DurableServer":
+        from .server import DurableServer
+
+        return DurableServer
+    raise AttributeError(f"module 'mcp_durable' has no attribute {name!r}")
 
 __all__ = [
     "KEY_META",
