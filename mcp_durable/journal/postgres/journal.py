@@ -228,6 +228,8 @@ class PostgresJournal:
         principal, tool, key = orjson.loads(payload)
         identity = CallIdentity(principal, tool, key)
         if identity in self._read_at:
+            if len(self._notified_at) > 10_000:
+                self._notified_at.clear()
             self._notified_at[identity] = anyio.current_time()
         self._signals.notify(identity)
 
