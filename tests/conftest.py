@@ -62,7 +62,12 @@ def make_journal_factory(kind: str, tmp_path: Path) -> JournalFactory:
         base = postgres_or_skip()
         schema = f"t_{uuid.uuid4().hex[:12]}"
         sep = "&" if "?" in base else "?"
-        return lambda: create_journal(f"{base}{sep}schema={schema}")
+
+        def postgres_factory() -> Journal:
+            return create_journal(f"{base}{sep}schema={schema}")
+
+        postgres_factory.pg_schema = schema  # type: ignore[attr-defined]
+        return postgres_factory
     raise ValueError(kind)
 
 
@@ -79,9 +84,25 @@ def backend(request: pytest.FixtureRequest) -> str:
     return kind
 
 
+def drop_postgres_schemas(prefix: str = "t_") -> None:
+    """Drop the per-test schemas (`t_<hex>`) the Postgres factory created, so none pile up."""
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=3) as conn:
+        rows = conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (prefix.replace("_", "\\_") + "%",)
+        ).fetchall()
+        for (name,) in rows:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
 @pytest.fixture
-def journal_factory(backend: str, tmp_path: Path) -> JournalFactory:
-    return make_journal_factory(backend, tmp_path)
+def journal_factory(backend: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    factory = make_journal_factory(backend, tmp_path)
+    yield factory
+    schema = getattr(factory, "pg_schema", None)
+    if schema is not None:
+        drop_postgres_schemas(schema)
 
 
 @pytest.fixture
