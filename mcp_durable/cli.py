@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from .errors import ConfigError, DurableError
-from .journal import ENV_JOURNAL, create_journal
+from .journal import ENV_JOURNAL, create_journal, display_url
 
 
 def load_target(target: str) -> Any:
@@ -68,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
         server.engine.journal = create_journal(args.journal)
-    journal = server.journal.url if isinstance(server, DurableServer) else "none (plain MCPServer)"
+    journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
     if args.transport == "stdio":
         print(f"mcp-durable: serving {args.target} over stdio; journal {journal}", file=sys.stderr)
         server.run("stdio")
@@ -80,7 +80,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     base_url = f"http://{args.host}:{args.port}"
     server.settings.auth = point_auth_at(server.settings.auth, base_url)  # 401s name this port
-    app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless)
+    # host= lets the SDK choose DNS-rebinding protection for it: on for loopback, as it should be.
+    app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless, host=args.host)
     url = f"{base_url}/mcp"
     print(
         f"mcp-durable: serving {args.target} over streamable HTTP at {url}\n"

@@ -21,6 +21,19 @@ def default_journal_url() -> str:
     return os.environ.get(ENV_JOURNAL) or DEFAULT_JOURNAL_URL
 
 
+def display_url(url: str) -> str:
+    """`url` safe to print or log: a password in it (`postgresql://user:secret@host/db`) is masked."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"
+
+
 def create_journal(url: str | None = None) -> Journal:
     """Build (but do not open) the journal a URL names. Raises `ConfigError` for an unknown URL."""
     url = url or default_journal_url()
@@ -64,4 +77,5 @@ __all__ = [
     "JournalStats",
     "create_journal",
     "default_journal_url",
+    "display_url",
 ]

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from .. import limits
 from ..engine import LOCAL_PRINCIPAL, Engine, ToolOutcome
 from ..errors import DurableError, JournalError
-from ..journal import Journal, create_journal
+from ..journal import Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
@@ -113,7 +113,7 @@ class DurableServer(MCPServer[Any]):
             # Serve anyway (full disk, read-only directory, locked database): every durable call
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
-            logger.warning("journal %s unavailable at start: %s", self.journal.url, exc)
+            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), exc)
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -127,7 +127,7 @@ class DurableServer(MCPServer[Any]):
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning("journal %s: the stop could not be journaled: %s", self.journal.url, exc)
+                    logger.warning("journal %s: the stop could not be journaled: %s", display_url(self.journal.url), exc)
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
