@@ -13,9 +13,12 @@ listeners; `JournalNotifier.on_change` then announces `journal://calls/{tool}/{k
   are registered on the low-level server; subscribed sessions get
   `notifications/resources/updated`, with the same principal rule.
 
-Notifications are local to this server process: another replica sharing a Postgres journal
-announces the changes it makes itself. Delivery is best effort and bounded in time: a slow or
-vanished client never delays or fails the call that changed the record.
+Across replicas: when the server's bus can forward scoped events to other processes (the
+`PgSubscriptionBus` of `server/pgbus.py`: `forward(event, principal=…)` and
+`subscribe_scoped(listener)`), each change is also forwarded with its principal, and events
+arriving from other replicas are delivered here under the same principal rule. Delivery is best
+effort and bounded in time: a slow or vanished client never delays or fails the call that
+changed the record.
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ class JournalNotifier:
         self._names: dict[str, tuple[str, ...]] | None = None
         self._names_for = -1
         self._worker: asyncio.Task[None] | None = None
+        #: The bus's cross-replica `forward(event, principal=…)`, when it has one.
+        self._forward: Callable[..., None] | None = None
 
     def install(self) -> None:
         server = self.server
@@ -132,6 +137,20 @@ class JournalNotifier:
                     _LISTENER.reset(token)
 
             lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
+        bus = server._subscriptions
+        if callable(getattr(bus, "forward", None)) and callable(getattr(bus, "subscribe_scoped", None)):
+            self._forward = bus.forward
+            bus.subscribe_scoped(self._from_other_replica)
+
+    def _from_other_replica(self, event: ServerEvent, principal: str | None) -> None:
+        """A change made on another replica: announce it here under the same principal rule."""
+        if principal is None or not isinstance(event, ResourceUpdated):
+            return
+        if self._bus is not None:
+            self._bus.publish_for(principal, event)
+        uri = str(event.uri)
+        if uri in self._legacy:
+            self._defer(self._after_change(self._journaled or {}, [uri], principal))
 
     def _is_admin(self, principal: str) -> bool:
         return principal in self.server.admin_principals
@@ -186,10 +205,16 @@ class JournalNotifier:
         worker per event loop.
         """
         principal = record.identity.principal
-        if (self._bus is None or not self._bus._listeners) and not self._legacy:
+        if (self._bus is None or not self._bus._listeners) and not self._legacy and self._forward is None:
             uris: tuple[str, ...] = ()  # nobody listens: skip expanding the record's URI template
         else:
             uris = (record_uri(record.identity.tool, record.identity.key), STATS_URI)
+        if self._forward is not None:
+            for uri in uris:
+                try:
+                    self._forward(ResourceUpdated(uri=uri), principal=principal)
+                except Exception:  # noqa: BLE001 - notification is best effort
+                    logger.exception("could not forward a change of %s to other replicas", uri)
         if self._bus is not None:
             for uri in uris:
                 try:

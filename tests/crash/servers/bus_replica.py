@@ -1,9 +1,9 @@
 """A test target for cross-replica notifications: a `DurableServer` on a `PgSubscriptionBus`.
 
 Serve it with `mcp-durable serve tests/crash/servers/bus_replica.py --transport http --journal
-postgresql://…?schema=…`; the bus uses the journal's database and schema. When a call completes
-on this replica, `journal://calls/{tool}/{key}` is published on the bus, so clients listening on
-any replica hear of it.
+postgresql://…?schema=…`; the bus uses the journal's database and schema. The server's journal
+notifier forwards every change of a call record on the bus, scoped to the record's principal,
+so clients listening on any replica hear of it.
 """
 
 from __future__ import annotations
@@ -11,22 +11,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mcp.server.subscriptions import ResourceUpdated
-
 from mcp_durable import DurableServer, ToolPolicy
-from mcp_durable.journal import CallRecord
 from mcp_durable.server.pgbus import PgSubscriptionBus
 
 bus = PgSubscriptionBus(os.environ["MCP_DURABLE_JOURNAL"])
 server = DurableServer("bus-replica", subscriptions=bus, lifespan=bus.lifespan)
-
-
-async def announce(record: CallRecord) -> None:
-    if record.state.is_final:
-        await bus.publish(ResourceUpdated(uri=f"journal://calls/{record.identity.tool}/{record.identity.key}"))
-
-
-server.engine.listeners.append(announce)
 
 
 @server.tool(durable=ToolPolicy(key="required"))
