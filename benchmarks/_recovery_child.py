@@ -3,7 +3,7 @@
 Prints one JSON object: `open_s` (the journal's `open()`), `ready_s` (open plus the first answer:
 the last call record fetched for KIND=calls, `ReplayEngine.recover()` for KIND=entries),
 `baseline_rss` (peak RSS after imports, before opening) and `peak_rss` (peak RSS at the end),
-both in bytes from `resource.getrusage(RUSAGE_SELF).ru_maxrss`.
+both in bytes (see `_rss`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,19 @@ from .build import PROCESS, call_identity
 
 
 def _rss() -> int:
+    """Peak RSS of this process image, in bytes.
+
+    Linux's `ru_maxrss` keeps the high-water mark of the process before `exec` (here the parent
+    benchmark, forked), so it would report the parent's size; `VmHWM` in /proc/self/status is
+    the peak of this image alone. Elsewhere, `ru_maxrss`.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kilobytes on Linux
 
 

@@ -87,7 +87,7 @@ async def run(settings: Settings) -> CaseResult:
     done = 0
     try:
         for writers in WRITERS:
-            total = settings.pick(100, 1000)
+            total = settings.pick(100, 400)
             for _ in range(reps):
                 path = str(settings.workdir / f"baseline-{uuid.uuid4().hex[:6]}.log")
                 rates.setdefault((writers, "baseline"), []).append(baseline(path, total))
@@ -107,7 +107,7 @@ async def run(settings: Settings) -> CaseResult:
         ["writers", "baseline: write + fsync each", *names, *[f"{n} / baseline" for n in names]],
     )
     table.notes.append(
-        f"median of {reps} interleaved repetitions of {settings.pick(100, 1000)} appends (SQLite: a quarter of that); "
+        f"median of {reps} interleaved repetitions of {settings.pick(100, 400)} appends (SQLite: a quarter of that); "
         f"fsync measured at start: {settings.fsync_s * 1e6:,.0f} µs; records of about "
         f"{len(baseline_record(0))} bytes."
     )

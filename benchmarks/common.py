@@ -11,11 +11,10 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -251,11 +250,3 @@ def dir_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def python() -> str:
-    return sys.executable
-
-
-def fmt_row(cells: Sequence[object]) -> list[str]:
-    return [str(c) for c in cells]

@@ -38,7 +38,7 @@ async def _size(name: str, url: str) -> int:
 
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("disk")
-    calls = settings.pick(100, 5000)
+    calls = settings.pick(100, 1000)
     urls = journal_urls(settings, memory=False)
     table = Table("6. Bytes on disk per call record", ["journal", "records", "journal size", "bytes per record"])
     for name, url in urls.items():

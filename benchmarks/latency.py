@@ -16,7 +16,7 @@ from typing import Any
 from mcp import Client
 
 from .common import CaseResult, Settings, Table, Target, journal_urls, median, ratio, skipped_journals, us, verdict
-from .servers import TOOL, durable_server, plain_server
+from .servers import TOOL, durable_server, plain_server, plain_server_with_meta
 from .timing import check_result, timed_calls
 
 ERAS = {"legacy": "2025-11-25 (legacy)", "auto": "2026-07-28"}
@@ -25,19 +25,24 @@ REPLAY_N = -1  # the argument of the one call every replay repeats
 
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("latency")
-    rounds = settings.pick(3, 10)
-    per_round = settings.pick(20, 200)
+    rounds = settings.pick(3, 8)
+    per_round = settings.pick(20, 100)
+    # Misses wait for two fsyncs each: half as many keep the case short on a loaded machine.
+    per_round_miss = max(10, per_round // 2)
     urls = journal_urls(settings)
     samples: dict[tuple[str, str, str], list[float]] = {}
 
     async with AsyncExitStack() as stack:
         plain = plain_server()
+        plain_meta = plain_server_with_meta()
         durables = {name: durable_server(url) for name, url in urls.items()}
         fresh: dict[str, Iterator[int]] = {name: itertools.count(1) for name in urls}
         variants: list[tuple[tuple[str, str, str], Callable[..., Awaitable[Any]], Callable[[], dict[str, int]]]] = []
         for era in ERAS:
             client = await stack.enter_async_context(Client(plain, mode=era))
             variants.append(((era, "plain", ""), client.call_tool, lambda: {"n": 1}))
+            client = await stack.enter_async_context(Client(plain_meta, mode=era))
+            variants.append(((era, "plain+meta", ""), client.call_tool, lambda: {"n": 1}))
             for name, server in durables.items():
                 client = await stack.enter_async_context(Client(server, mode=era))
                 counter = fresh[name]
@@ -46,11 +51,12 @@ async def run(settings: Settings) -> CaseResult:
         # Warm up every path (and complete the one call replays repeat); check each answers right.
         for (_, kind, _), call, args in variants:
             for i in range(20):
-                expect = None if kind == "plain" or (kind == "replay" and i == 0) else kind == "replay"
+                expect = None if kind.startswith("plain") or (kind == "replay" and i == 0) else kind == "replay"
                 check_result(await call(TOOL, args()), replayed=expect)
         for _ in range(rounds):
             for key, call, args in variants:
-                samples.setdefault(key, []).extend(await timed_calls(call, args, per_round))
+                count = per_round_miss if key[1] == "miss" else per_round
+                samples.setdefault(key, []).extend(await timed_calls(call, args, count))
 
     fsync = settings.fsync_s
     table = Table(
@@ -59,8 +65,19 @@ async def run(settings: Settings) -> CaseResult:
          "replay ≤ 1.0x", "miss ≤ plain + 2·fsync"],
     )  # fmt: skip
     table.notes.append(
-        f"{rounds} interleaved rounds × {per_round} calls per cell; fsync measured at start: {us(fsync)}; "
+        f"{rounds} interleaved rounds × {per_round} calls per cell ({per_round_miss} for misses); fsync measured at start: {us(fsync)}; "
         "miss = a new key per call (claim and result durable before the answer), replay = the same key again."
+    )
+    control = Table(
+        "1b. Control: what the replay `_meta` alone costs (plain server, same result plus a replay's `_meta`)",
+        ["era", "plain", "plain + replay _meta", "ratio"],
+    )
+    for era, era_label in ERAS.items():
+        plain_s, meta_s = median(samples[(era, "plain", "")]), median(samples[(era, "plain+meta", "")])
+        control.add(era_label, us(plain_s), us(meta_s), ratio(meta_s / plain_s))
+    control.notes.append(
+        "every durable result carries `_meta` (mcp-durable/key, and on a replay mcp-durable/replayed and "
+        "first-completed-at: DESIGN.md §3); this row measures that cost through the SDK with no journal at all."
     )
     table.notes.extend(skipped_journals())
     verdicts: dict[str, list[tuple[str, float, bool, float, bool]]] = {}
@@ -75,6 +92,7 @@ async def run(settings: Settings) -> CaseResult:
                       ratio(replay_s / plain_s), verdict(replay_ok), verdict(miss_ok))  # fmt: skip
             verdicts.setdefault(name, []).append((era, replay_s / plain_s, replay_ok, miss_s - plain_s, miss_ok))
     result.tables.append(table)
+    result.tables.append(control)
     for name, rows in verdicts.items():
         result.targets.append(Target(
             f"Replay latency ≤ 1.0× plain [{name}]", "≤ 1.00x in both eras",

@@ -71,7 +71,7 @@ async def run(settings: Settings) -> CaseResult:
     table.notes.append(
         f"median of {reps} fresh processes; ready = open + the last call record fetched (calls) or "
         f"ReplayEngine.recover() (entries, a checkpoint every {build.CHECKPOINT_EVERY:,}); peak RSS = "
-        "ru_maxrss of the whole process (interpreter and imports included)."
+        "the child's VmHWM (its ru_maxrss would include the forked parent's), interpreter and imports included."
     )
     if settings.quick:
         table.notes.append("quick mode: the 100,000 and 1,000,000 sizes are skipped.")

@@ -8,7 +8,10 @@ key, the tool runs), the same `n` again is a replay.
 
 from __future__ import annotations
 
-from mcp.server.mcpserver import MCPServer
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import CallToolResult, InputRequiredResult
 
 from mcp_durable import DurableServer, ToolPolicy
 
@@ -22,6 +25,33 @@ async def noop(n: int) -> str:
 
 def plain_server() -> MCPServer:
     server = MCPServer("bench-plain")
+    server.add_tool(noop, name=TOOL)
+    return server
+
+
+#: What a replay carries in `_meta` (DESIGN.md §3), with values of the usual size.
+REPLAY_META = {
+    "mcp-durable/key": "sha256:" + "0" * 64,
+    "mcp-durable/replayed": True,
+    "mcp-durable/first-completed-at": "2026-11-29T09:00:00.123456Z",
+}
+
+
+class MetaServer(MCPServer):
+    """A control: the plain server whose results carry a replay's `_meta`, to show what the
+    contract's result metadata alone costs on the wire (both eras), apart from any journal."""
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        result = await super().call_tool(name, arguments, context)
+        if isinstance(result, CallToolResult):
+            result = result.model_copy(update={"meta": REPLAY_META})
+        return result
+
+
+def plain_server_with_meta() -> MCPServer:
+    server = MetaServer("bench-plain-meta")
     server.add_tool(noop, name=TOOL)
     return server
 
