@@ -87,7 +87,7 @@ async def _measure(url: str, variants: dict[str, Callable[[], dict[str, int]]], 
 
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("http")
-    total = settings.pick(64, 480)
+    total = settings.pick(48, 480)
     reps = settings.pick(1, 3)
     urls = {k: v for k, v in journal_urls(settings, memory=False).items() if k in ("file", "sqlite")}
     if settings.quick:  # one durable server is enough for a smoke run: the first available

@@ -25,7 +25,7 @@ REPLAY_N = -1  # the argument of the one call every replay repeats
 
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("latency")
-    rounds = settings.pick(3, 8)
+    rounds = settings.pick(2, 8)
     per_round = settings.pick(20, 100)
     # Misses wait for two fsyncs each: half as many keep the case short on a loaded machine.
     per_round_miss = max(10, per_round // 2)

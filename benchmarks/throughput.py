@@ -61,7 +61,7 @@ async def run(settings: Settings) -> CaseResult:
         for name, call, args in variants:  # warm-up
             await _burst(call, args, 8, 32)
         for callers in CONCURRENCY:
-            total = max(settings.pick(64, 400), 2 * callers)
+            total = max(settings.pick(32, 400), settings.pick(1, 2) * callers)
             for _ in range(reps):
                 for name, call, args in variants:
                     rates.setdefault((callers, name), []).append(await _burst(call, args, callers, total))
@@ -72,8 +72,8 @@ async def run(settings: Settings) -> CaseResult:
         ["callers", "plain", *[f"{n}" for n in names], *[f"{n} / plain" for n in names]],
     )
     table.notes.append(
-        f"median of {reps} interleaved repetitions; each repetition makes max({settings.pick(64, 400)}, "
-        "2 × callers) calls; default durability (fsync on)."
+        f"median of {reps} interleaved repetitions; each repetition makes max({settings.pick(32, 400)}, "
+        f"{settings.pick(1, 2)} × callers) calls; default durability (fsync on)."
     )
     table.notes.extend(skipped_journals())
     for callers in CONCURRENCY:
