@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import os
 import sys
 import time
 import traceback
@@ -76,6 +77,9 @@ async def main_async(args: argparse.Namespace) -> int:
     finally:
         cleanup_postgres()
         remove_workdir(settings)
+    if hasattr(os, "getloadavg"):
+        facts["load average at end"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    facts["run time"] = f"{(dt.datetime.now(dt.UTC) - started).total_seconds():.0f} s"
     targets = [t for r in results for t in r.targets]
     if targets:
         print_table(targets_table(targets))
