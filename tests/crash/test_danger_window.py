@@ -28,7 +28,7 @@ from tests.crash.crash_servers.hooks import POINTS, Counter, CrashPlan
 
 TRIALS = int(os.environ.get("MCP_DURABLE_TRIALS", "9"))
 TARGET = "tests.crash.crash_servers.danger:make_server"
-JOURNALS = ["sqlite", "sqlite-single-writer", "file"]
+JOURNALS = ["sqlite", "sqlite-single-writer", "file", "postgres"]
 RECONCILED = "mcp-durable/reconciled"
 REPLAYED = "mcp-durable/replayed"
 

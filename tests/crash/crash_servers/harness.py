@@ -9,6 +9,7 @@ starts a fresh process on the same journal (the previous one is gone: a new boot
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -33,13 +34,19 @@ def file_journal_available() -> bool:
 
 
 def journal_url(kind: str, tmp: os.PathLike[str] | str) -> str:
-    """The journal URL of a crash configuration: `sqlite` (shared, leases), `sqlite-single-writer`, `file`."""
+    """The journal URL of a crash configuration: `sqlite` (shared, leases), `sqlite-single-writer`,
+    `file`, `postgres` (a fresh schema on the test server)."""
     if kind == "sqlite":
         return f"sqlite:///{tmp}/journal.db"
     if kind == "sqlite-single-writer":
         return f"sqlite:///{tmp}/journal.db?single_writer=1"
     if kind == "file":
         return f"file://{tmp}/journal"
+    if kind == "postgres":
+        from tests.conftest import postgres_or_skip
+
+        base = postgres_or_skip()  # skips without a server, fails under CI
+        return f"{base}{'&' if '?' in base else '?'}schema=t_{uuid.uuid4().hex[:12]}"
     raise ValueError(kind)
 
 
