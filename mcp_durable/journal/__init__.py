@@ -51,7 +51,7 @@ def create_journal(url: str | None = None) -> Journal:
             from .file import FileJournal
         except ImportError as exc:  # pragma: no cover - until the file journal lands
             raise ConfigError("the file journal is not available in this build") from exc
-        return FileJournal.from_url(url)  # type: ignore[no-any-return]
+        return FileJournal.from_url(url)
     if scheme in ("postgres", "postgresql"):
         try:
             from .postgres import PostgresJournal
@@ -59,7 +59,7 @@ def create_journal(url: str | None = None) -> Journal:
             raise ConfigError(
                 "the Postgres journal needs its driver: pip install 'mcp-durable[postgres]'"
             ) from exc
-        return PostgresJournal.from_url(url)  # type: ignore[no-any-return]
+        return PostgresJournal.from_url(url)
     raise ConfigError(
         f"unknown journal URL {url!r}: use file://DIR, sqlite:///PATH, postgresql://… or memory://"
     )

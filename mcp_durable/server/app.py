@@ -135,7 +135,7 @@ class DurableServer(MCPServer[Any]):
 
     # -- registration -----------------------------------------------------------------------------
 
-    def add_tool(  # type: ignore[override]
+    def add_tool(
         self,
         fn: Callable[..., Any],
         name: str | None = None,
@@ -164,7 +164,7 @@ class DurableServer(MCPServer[Any]):
         else:
             self.policies.pop(tool_name, None)
 
-    def tool(  # type: ignore[override]
+    def tool(
         self,
         name: str | None = None,
         title: str | None = None,

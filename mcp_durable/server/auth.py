@@ -14,6 +14,7 @@ from typing import Any
 
 from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
+from pydantic import AnyHttpUrl
 
 from ..errors import ConfigError
 
@@ -59,7 +60,8 @@ def token_auth_kwargs(tokens: Mapping[str, str], base_url: str = DEFAULT_BASE_UR
 
 
 def _auth_settings(base_url: str) -> AuthSettings:
-    return AuthSettings(issuer_url=base_url, resource_server_url=base_url, validate_token_resource=False)
+    url = AnyHttpUrl(base_url)
+    return AuthSettings(issuer_url=url, resource_server_url=url, validate_token_resource=False)
 
 
 def point_auth_at(settings: AuthSettings | None, base_url: str) -> AuthSettings | None:

@@ -137,10 +137,12 @@ class JournalNotifier:
                     _LISTENER.reset(token)
 
             lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
-        bus = server._subscriptions
-        if callable(getattr(bus, "forward", None)) and callable(getattr(bus, "subscribe_scoped", None)):
-            self._forward = bus.forward
-            bus.subscribe_scoped(self._from_other_replica)
+        # Duck-typed: only a cross-process bus (PgSubscriptionBus) has these two.
+        forward = getattr(server._subscriptions, "forward", None)
+        subscribe_scoped = getattr(server._subscriptions, "subscribe_scoped", None)
+        if callable(forward) and callable(subscribe_scoped):
+            self._forward = forward
+            subscribe_scoped(self._from_other_replica)
 
     def _from_other_replica(self, event: ServerEvent, principal: str | None) -> None:
         """A change made on another replica: announce it here under the same principal rule."""
