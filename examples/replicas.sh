@@ -30,8 +30,8 @@ trap 'exit 130' INT TERM
 
 ports=("$base_port" "$((base_port + 1))" "$((base_port + 2))")
 for port in "${ports[@]}"; do
-    "$bin/mcp-durable" serve tools/payments.py --transport http --host 127.0.0.1 --port "$port" \
-        --journal "$journal" 2>"${TMPDIR:-/tmp}/mcp-durable-replica-$port.log" &
+    MCP_DURABLE_INSTANCE="replica-$port" "$bin/mcp-durable" serve tools/payments.py --transport http \
+        --host 127.0.0.1 --port "$port" --journal "$journal" 2>"${TMPDIR:-/tmp}/mcp-durable-replica-$port.log" &
     pids+=("$!")
 done
 

@@ -35,26 +35,29 @@ policy) until an operator's `resolve()`.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import logging
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import orjson
 
-from . import keys
-from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError, OperatorError
+from . import keys, operators
+from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
+from .leases import lease_kept
 from .steps import DurableCall, bind, load_steps, unbind
+
+logger = logging.getLogger(__name__)
 
 LOCAL_PRINCIPAL = "local"
 
@@ -192,12 +195,12 @@ class Engine:
             cursor = CallCursor.after(page[-1])
             for record in page:
                 now = self.clock()
-                if self._owner_alive(record, now):
+                if self.owner_alive(record, now):
                     continue
                 doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
                 if await self.journal.swap(record.version, doubted):
                     found += 1
-                    await self._changed(doubted)
+                    await self.notify_changed(doubted)
 
     # -- operators ----------------------------------------------------------------------------------
 
@@ -210,55 +213,24 @@ class Engine:
         note: str = "",
         retention: float | None = DEFAULT_RETENTION,
     ) -> CallRecord:
-        """An operator's verdict on an in-doubt (or released) call.
-
-        `resolution` is `"completed"` (the effect happened; `payload` is the result to replay),
-        `"failed"` (replay `payload`, an error result, from now on) or `"not_applied"` (the effect
-        did not happen: the next call with this key runs). Raises `OperatorError` when there is
-        no such record or it is not in doubt.
-        """
+        """An operator's verdict on an in-doubt (or released) call: see `operators.resolve`."""
         await self.start()
-        if resolution not in ("completed", "failed", "not_applied"):
-            raise OperatorError(f"resolution must be completed, failed or not_applied, not {resolution!r}")
-        if resolution != "not_applied":
-            if payload is None:
-                raise OperatorError(f"resolving as {resolution} needs the result to replay")
-            try:
-                orjson.loads(payload)
-            except orjson.JSONDecodeError as exc:
-                raise OperatorError(f"the result to replay must be JSON: {exc}") from exc
-        while True:
-            record = await self.journal.get(identity)
-            if record is None:
-                raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
-            now = self.clock()
-            if record.state not in (CallState.IN_DOUBT, CallState.RELEASED) and not (
-                record.state == CallState.PENDING and not self._owner_alive(record, now)
-            ):
-                raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}, not in doubt")
-            expires = None if retention is None else now + retention
-            if resolution == "not_applied":
-                resolved = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                         error=f"resolved not applied by an operator{': ' + note if note else ''}",
-                                         expires_at=expires)  # fmt: skip
-            else:
-                state = CallState.COMPLETED if resolution == "completed" else CallState.FAILED
-                resolved = record.evolve(state=state, owner=None, lease_until=None, updated_at=now,
-                                         completed_at=now, result=payload, expires_at=expires,
-                                         error=f"resolved {resolution} by an operator{': ' + note if note else ''}")  # fmt: skip
-            if await self.journal.swap(record.version, resolved):
-                await self._changed(resolved)
-                return resolved
+        return await operators.resolve(self, identity, resolution, payload=payload, note=note, retention=retention)
 
     async def purge_expired(self) -> int:
         """Drop records whose retention has ended; returns how many."""
         await self.start()
         return await self.journal.purge_expired(self.clock())
 
-    async def _changed(self, record: CallRecord) -> None:
+    async def notify_changed(self, record: CallRecord) -> None:
+        """Tell the listeners (resources, notifications) of a change. Never raises: a listener's
+        failure must not fail, or leave half-done, the call whose record changed."""
         self._remember(record)
         for listener in self.listeners:
-            await listener(record)
+            try:
+                await listener(record)
+            except Exception:  # noqa: BLE001 - best effort, logged
+                logger.exception("a journal change listener failed")
 
     def _remember(self, record: CallRecord) -> None:
         """Keep a final record for repeats; forget an identity whose record is not final.
@@ -327,7 +299,10 @@ class Engine:
                     # whose tool never ran, later mistaken for a crash in the danger window.
                     won, record = await self.journal.claim(fresh, now)
                     if won:
-                        await self._changed(record)
+                        # Running from the claim on: a listener that yields must not let a
+                        # duplicate see our PENDING record as a dead owner's.
+                        self._running.add(identity)
+                        await self.notify_changed(record)
                         return await self._run(record, policy, run)
             assert record is not None  # claimed above, or read and not expired
             if record.fingerprint != fingerprint:
@@ -352,7 +327,7 @@ class Engine:
             self._remember(record)
             return _replay(record)
         if record.state == CallState.PENDING:
-            if self._owner_alive(record, now):
+            if self.owner_alive(record, now):
                 remaining = deadline - anyio.current_time()
                 if remaining <= 0:
                     retry_after = max(0.1, min(policy.lease, (record.lease_until or now) - now))
@@ -363,7 +338,7 @@ class Engine:
                 return None  # re-read and decide again
             doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
             if await self.journal.swap(record.version, doubted):
-                await self._changed(doubted)
+                await self.notify_changed(doubted)
             return None
         if record.state == CallState.RELEASED:
             return await self._take_over(record, policy, run)
@@ -382,7 +357,7 @@ class Engine:
             return await self._reconcile(record, policy, run, encode)
         return await self._take_over(record, policy, run)
 
-    def _owner_alive(self, record: CallRecord, now: float) -> bool:
+    def owner_alive(self, record: CallRecord, now: float) -> bool:
         """Whether the owner of a PENDING record may still be running its tool."""
         if record.owner == self.instance_id:
             # Ours: alive exactly while we run it (a stalled heartbeat does not make it dead).
@@ -396,7 +371,7 @@ class Engine:
 
     async def _swap(self, record: CallRecord, new: CallRecord) -> bool:
         if await self.journal.swap(record.version, new):
-            await self._changed(new)
+            await self.notify_changed(new)
             return True
         return False
 
@@ -412,7 +387,8 @@ class Engine:
         with anyio.CancelScope(shield=True):
             if not await self.journal.swap(record.version, claimed):
                 return None
-            await self._changed(claimed)
+            self._running.add(record.identity)  # before listeners may yield (see execute)
+            await self.notify_changed(claimed)
             return await self._run(claimed, policy, run)
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
@@ -427,20 +403,17 @@ class Engine:
         claimed = record.evolve(state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
                                 updated_at=now, expires_at=None)  # fmt: skip
         with anyio.CancelScope(shield=True):
+            self._running.add(identity)  # before listeners may yield (see execute)
             if not await self._swap(record, claimed):
+                self._running.discard(identity)
                 return None
             arguments = orjson.loads(record.arguments) if record.arguments else {}
-            self._running.add(identity)
             # The hook sees the in-doubt call as `current_call()`, so it can look up exactly the
             # key the tool passed downstream (`scoped_key`, `step_key`).
             token = bind(DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock, []))
             try:
-                async with anyio.create_task_group() as heartbeat:
-                    heartbeat.start_soon(self._heartbeat, identity, policy)
-                    try:
-                        found = await policy.reconcile(identity.key, arguments)
-                    finally:
-                        heartbeat.cancel_scope.cancel()
+                async with self._lease_kept(identity, policy):
+                    found = await policy.reconcile(identity.key, arguments)
             except Exception as exc:
                 # The downstream system cannot answer: fall back to refuse (never guess).
                 back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
@@ -453,7 +426,9 @@ class Engine:
                 self._running.discard(identity)
             if isinstance(found, NotApplied):
                 running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
+                self._running.add(identity)  # before listeners may yield (see execute)
                 if not await self._swap(claimed, running):
+                    self._running.discard(identity)
                     return None
                 return await self._run(running, policy, run)
             outcome = encode(found)
@@ -499,65 +474,8 @@ class Engine:
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
 
-    @asynccontextmanager
-    async def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AsyncIterator[None]:
-        """Renew the lease of a call this instance runs every `heartbeat_interval` while inside.
-
-        On asyncio a timer on the loop, not a task per call: starting and cancelling a task group
-        for every call cost ~100 µs, more than a whole no-op call. A renewal runs as a task only
-        when one is due (a call shorter than the interval starts none); leaving cancels the timer
-        and a renewal in flight, as cancelling the task group did. Elsewhere (trio), a task group.
-        """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is None:
-            async with anyio.create_task_group() as heartbeat:
-                heartbeat.start_soon(self._heartbeat, identity, policy)
-                try:
-                    yield
-                finally:
-                    heartbeat.cancel_scope.cancel()
-            return
-        timer: asyncio.TimerHandle | None = None
-        renewal: asyncio.Task[None] | None = None
-        inside = True
-
-        async def renew() -> None:
-            try:
-                await self.journal.renew(identity, self.instance_id, self.clock() + policy.lease)
-            except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
-                pass
-
-        def schedule(_: object = None) -> None:
-            nonlocal timer
-            if inside:
-                timer = loop.call_later(policy.heartbeat_interval, due)
-
-        def due() -> None:
-            nonlocal renewal
-            renewal = loop.create_task(renew())
-            renewal.add_done_callback(schedule)  # the next one counts from the end of this one
-
-        schedule()
-        try:
-            yield
-        finally:
-            inside = False
-            if timer is not None:
-                timer.cancel()
-            if renewal is not None and not renewal.done():
-                renewal.cancel()
-
-    async def _heartbeat(self, identity: CallIdentity, policy: ToolPolicy) -> None:
-        # Renew well before expiry; a lost renewal (record taken over) is left for _persist to see.
-        while True:
-            await anyio.sleep(policy.heartbeat_interval)
-            try:
-                await self.journal.renew(identity, self.instance_id, self.clock() + policy.lease)
-            except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
-                continue
+    def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AbstractAsyncContextManager[None]:
+        return lease_kept(self.journal, self.instance_id, self.clock, identity, policy)
 
     async def _persist(
         self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome
@@ -580,7 +498,7 @@ class Engine:
                 raise InDoubtError(record.identity.tool, record.identity.key, record.attempts,
                                    "the call's claim was lost while it ran")  # fmt: skip
             done = _rebase(done, current)
-        await self._changed(done)
+        await self.notify_changed(done)
         return done, True
 
     async def _release_after(self, record: CallRecord, policy: ToolPolicy, exc: BaseException) -> None:
@@ -600,7 +518,7 @@ class Engine:
             expires_at=None if policy.retention is None else now + policy.retention,
         )  # fmt: skip
         if await self.journal.swap(record.version, released):
-            await self._changed(released)
+            await self.notify_changed(released)
 
 
 def _live_owners(journal: Journal) -> set[str]:

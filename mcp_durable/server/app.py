@@ -14,6 +14,7 @@ already become identical `isError` results.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -33,6 +34,9 @@ from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
 from .results import answer, dump_result, refusal
+
+#: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
+ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
@@ -85,7 +89,11 @@ class DurableServer(MCPServer[Any]):
         self._lifespan_users = 0
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
-        engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": f"server/{self.name}"}
+        # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
+        # on a shared journal one replica's `running` must not read as another's unclean stop.
+        replica = os.environ.get(ENV_INSTANCE)
+        process_id = f"server/{self.name}" + (f"/{replica}" if replica else "")
+        engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": process_id}
         if clock is not None:
             engine_kwargs["clock"] = clock
         self.engine = Engine(store, **engine_kwargs)
