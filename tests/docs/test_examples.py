@@ -286,3 +286,30 @@ async def test_every_inspector_command_in_the_docs_runs_against_a_real_server(tm
     effects = ast.literal_eval(proc.stdout.strip())
     assert [e["subject"] for e in effects] == [INSPECTOR_ORDER] and effects[0]["amount_cents"] == 500
     assert len(refunds(ledger, INSPECTOR_ORDER)) == 1
+
+
+def test_the_replicas_script_demo_refunds_once_through_three_replicas(tmp_path: Path) -> None:
+    from tests.conftest import PG_URL, drop_postgres_schemas, postgres_or_skip
+
+    postgres_or_skip()
+    schema = f"t_replicas_{os.getpid()}"
+    ledger = tmp_path / "ledger.db"
+    output = ""
+    for _ in range(3):  # three consecutive free ports are needed; retry on a port race
+        base = free_port()
+        env = {**os.environ, "SCHEMA": schema, "BASE_PORT": str(base), "PAYMENTS_LEDGER": str(ledger),
+               "TMPDIR": str(tmp_path)}  # fmt: skip
+        done = subprocess.run(["bash", str(REPO / "examples/replicas.sh"), "--demo", PG_URL], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        output = done.stdout
+        if done.returncode == 0:
+            break
+    try:
+        lines = [line for line in output.splitlines() if line.startswith("port ")]
+        assert len(lines) == 3, output
+        refunds = {line.split()[3] for line in lines}
+        assert len(refunds) == 1, output  # one refund, the same id from every replica
+        assert [line.rsplit("replayed=", 1)[1] for line in lines] == ["False", "True", "True"], output
+        assert len(PaymentProvider(ledger).effects()) == 1
+    finally:
+        drop_postgres_schemas(schema)

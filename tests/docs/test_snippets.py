@@ -44,6 +44,15 @@ ELSEWHERE: dict[str, str] = {
         f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect",
     r"re:mcp-durable serve tools/payments\.py --transport http --host 127\.0\.0\.1 --port 8000 --journal sqlite:///":
         f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
+    # Replicas on Postgres: the replica tests serve this same form (--journal postgresql://…?schema=…).
+    r"re:mcp-durable serve tools/payments\.py --transport http --host 0\.0\.0\.0 --port 8000":
+        "tests/crash/test_replicas_concurrency.py::"
+        "test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once",
+    "examples/replicas.sh --demo": f"{EXAMPLES}::test_the_replicas_script_demo_refunds_once_through_three_replicas",
+    # The full crash runs take an hour; CI runs the same tests with the default trial count.
+    r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
+        "tests/crash/test_danger_window.py::"
+        "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry",
     # SIGKILLs servers over many trials: the crash test runs the same experiment (3 trials).
     "mcp-durable demo crash --trials 3": "tests/crash/test_danger_window_demo.py::"
         "test_the_crash_demo_shows_the_plain_server_duplicating_in_the_danger_window_and_mcp_durable_never",
