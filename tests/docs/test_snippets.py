@@ -53,6 +53,10 @@ ELSEWHERE: dict[str, str] = {
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
         "tests/crash/test_danger_window.py::"
         "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry",
+    # The nightly property run: CI runs the same test with 200 examples per backend.
+    r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_model\.py":
+        "tests/hardening/test_engine_model.py::"
+        "test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_identical",
     # SIGKILLs servers over many trials: the crash test runs the same experiment (3 trials).
     "mcp-durable demo crash --trials 3": "tests/crash/test_danger_window_demo.py::"
         "test_the_crash_demo_shows_the_plain_server_duplicating_in_the_danger_window_and_mcp_durable_never",
