@@ -150,6 +150,36 @@ class ChangeSignals:
             await event.wait()
 
 
+#: The ORDER BY of a newest-first listing in SQL backends (matches `sort_key`, reversed).
+SQL_LISTING_ORDER = "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC"
+
+
+def sql_listing_filter(
+    *,
+    principal: str | None,
+    tool: str | None,
+    state: CallState | None,
+    cursor: CallCursor | None,
+    placeholder: str,
+) -> tuple[str, list[Any]]:
+    """The WHERE clause (or "") and its arguments of a listing, for SQL backends.
+
+    `placeholder` is the driver's parameter marker (`?` for sqlite3, `%s` for psycopg).
+    """
+    clauses: list[str] = []
+    args: list[Any] = []
+    for column, value in (("principal", principal), ("tool", tool), ("state", state.value if state else None)):
+        if value is not None:
+            clauses.append(f"{column} = {placeholder}")
+            args.append(value)
+    if cursor is not None:
+        c = cursor.identity
+        marks = ", ".join([placeholder] * 4)
+        clauses.append(f"(created_at, principal, tool, key) < ({marks})")
+        args.extend((cursor.created_at, c.principal, c.tool, c.key))
+    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), args
+
+
 def page(
     records: Sequence[CallRecord],
     *,

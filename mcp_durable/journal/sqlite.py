@@ -31,7 +31,7 @@ import anyio.to_thread
 import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
-from .base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport
+from .base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 T = TypeVar("T")
@@ -282,21 +282,8 @@ class SQLiteJournal:
         limit: int = 100,
         cursor: CallCursor | None = None,
     ) -> list[CallRecord]:
-        clauses: list[str] = []
-        args: list[Any] = []
-        for column, value in (("principal", principal), ("tool", tool), ("state", state.value if state else None)):
-            if value is not None:
-                clauses.append(f"{column}=?")
-                args.append(value)
-        if cursor is not None:
-            c = cursor.identity
-            clauses.append("(created_at, principal, tool, key) < (?, ?, ?, ?)")
-            args.extend((cursor.created_at, c.principal, c.tool, c.key))
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = (
-            f"SELECT {_COLUMNS} FROM calls {where} "
-            "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC LIMIT ?"
-        )
+        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="?")
+        sql = f"SELECT {_COLUMNS} FROM calls {where} {SQL_LISTING_ORDER} LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*args, max(0, limit))).fetchall())
         return [_record(row) for row in rows]
 

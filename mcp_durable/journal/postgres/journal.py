@@ -35,7 +35,7 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
-from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport
+from ..base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .listener import Listener
 from .schema import migrate, quote_ident
@@ -327,21 +327,9 @@ class PostgresJournal:
         limit: int = 100,
         cursor: CallCursor | None = None,
     ) -> list[CallRecord]:
-        clauses: list[str] = []
-        args: list[Any] = []
-        for column, value in (("principal", principal), ("tool", tool), ("state", state.value if state else None)):
-            if value is not None:
-                clauses.append(f"{column} = %s")
-                args.append(value)
-        if cursor is not None:
-            c = cursor.identity
-            clauses.append("(created_at, principal, tool, key) < (%s, %s, %s, %s)")
-            args.extend((cursor.created_at, c.principal, c.tool, c.key))
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="%s")
         rows = await self._fetchall(
-            f"SELECT {_COLUMNS} FROM {self._calls} {where} "
-            "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC LIMIT %s",
-            (*args, max(0, limit)),
+            f"SELECT {_COLUMNS} FROM {self._calls} {where} {SQL_LISTING_ORDER} LIMIT %s", (*args, max(0, limit))
         )
         return [_record(row) for row in rows]
 
