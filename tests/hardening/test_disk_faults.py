@@ -118,14 +118,11 @@ async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_l
         assert replay.meta["mcp-durable/replayed"] is True and replay.content == before.content
 
         tiny_disk.free()
+        # Once space is back the same server works again, without a restart or a new connection
+        # (an HTTP server has no reconnect to reopen its journal): SQLite by itself, the file
+        # journal by recovering from disk in place after its failed flush.
         probe = await client.call_tool("echo", {"text": f"{BIG}0"}, meta={KEY_META: "B0"})
-        heals_in_place = not probe.is_error
-        if not heals_in_place:
-            # The file journal is fail-stop: after a failed flush it refuses everything until it is
-            # reopened (recovery then reads what is really on disk), rather than guess.
-            assert url.startswith("file://"), f"SQLite must recover in place: {text_of(probe)}"
-            assert probe.structured_content["error"] == "journal_unavailable"
-            assert "must be reopened" in probe.structured_content["message"]
+        assert not probe.is_error, text_of(probe)
     async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
         # (a new connection reopens the journal when the previous one closed it)
         for i in range(8):

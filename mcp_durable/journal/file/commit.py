@@ -13,7 +13,8 @@ arrived during the previous one, and nobody returns before the flush of its own 
 
 `fdatasync` is enough for appends (it flushes the file size, the only metadata a reader needs).
 A failed flush poisons the journal: the index already shows the lost frames, so every later
-call raises `JournalError` until the journal is reopened (recovery then reads what is on disk).
+call raises `JournalError` until the journal recovers from disk (`FileJournal._heal`, tried on
+the next call, in place: what is on disk is then the truth).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class GroupCommit:
 
     def check(self) -> None:
         if self.failure is not None:
-            raise JournalError(f"the journal failed to write and must be reopened: {self.failure}") from self.failure
+            raise JournalError(f"the journal failed to write: {self.failure}") from self.failure
 
     async def wait(self, batch: Batch) -> None:
         """Return once `batch` is on stable storage (leading its flush if nobody does)."""

@@ -171,8 +171,37 @@ class FileJournal:
             raise JournalError(f"journal {self.url} is not open")
         if self.read_only:
             raise JournalError(f"journal {self.url} is open read-only")
+        self._heal()
         self._commit.check()
         return self._commit
+
+    def _heal(self) -> None:
+        """After a failed flush (a full disk, an I/O error), reload the journal from disk in place.
+
+        The in-memory index may name frames that never reached the disk, so it is not trusted:
+        the files are closed and recovered exactly as at open (a torn tail cut and kept aside),
+        keeping the writer lock. While the cause persists (still no space to keep the torn bytes
+        aside, say) this fails and the journal stays refused; once it is gone, the journal works
+        again without a restart. Frames of the failed batch that did reach the disk come back
+        as what they are: a claim whose caller was refused shows as a dead owner's PENDING
+        record and is settled by the in-doubt policy, never silently run twice.
+        """
+        commit = self._commit
+        if commit is None or commit.failure is None or commit.flushing is not None:
+            return
+        assert self._keeper is not None
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers = {}
+        if self._writer is not None:
+            os.close(self._writer[1])
+            self._writer = None
+        try:
+            self._load(self._keeper.current)
+        except (OSError, JournalError) as exc:
+            # Still failing: keep the old (failed) commit so every call is refused with its cause.
+            self._commit = commit
+            raise JournalError(f"journal {self.url} cannot recover from its failed write yet: {exc}") from exc
 
     def _writer_fd(self, segment: int) -> int:
         """The flush thread's descriptor for `segment`, creating the segment on first use."""
@@ -242,6 +271,8 @@ class FileJournal:
 
     async def _load_call(self, identity: CallIdentity, h: int) -> tuple[int, CallRecord] | None:
         """The durable latest record of `identity` with its seq, or None."""
+        if not self.read_only:
+            self._heal()
         commit = self._commit
         if commit is None:
             raise JournalError(f"journal {self.url} is not open")
