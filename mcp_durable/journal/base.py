@@ -7,7 +7,7 @@ record means. A backend is done when it passes `tests/contract/`, unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
@@ -50,6 +50,27 @@ class RecoveryReport:
     bytes_truncated: int = 0
     truncated_to: str | None = None
     problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One damage `verify` found: the file (or table and row), the byte offset (-1 when unknown), why."""
+
+    path: str
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What `verify` read: `records` valid records or frames, and every `problem` with its place."""
+
+    records: int
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
 
 
 @runtime_checkable

@@ -12,11 +12,9 @@ Read-only: safe while a server holds the journal.
 
 from __future__ import annotations
 
-import inspect
 import re
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ import anyio.to_thread
 import orjson
 
 from ..errors import ConfigError, DurableError
+from .base import Problem, VerifyReport
 from .model import CallState
 
 Progress = Callable[[int, int | None], None]  # (done, total or None when unknown)
@@ -31,36 +30,16 @@ _STATES = frozenset(state.value for state in CallState)
 _PAGE_MESSAGE = re.compile(r"\bpage (\d+)", re.IGNORECASE)
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One corruption: the file (or table and row), the byte offset (-1 when unknown), why."""
-
-    path: str
-    offset: int
-    reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    records: int
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-async def verify_url(url: str, progress: Progress | None = None) -> Any:
-    """Verify the journal at `url`; returns a report with `records`, `problems` and `ok`."""
+async def verify_url(url: str, progress: Progress | None = None) -> VerifyReport:
+    """Verify the journal at `url`: every record (and, for files, every frame and checksum)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "file":
-        try:
-            from .file import verify
-        except ImportError as exc:  # pragma: no cover - until the file journal lands
-            raise ConfigError("the file journal is not available in this build") from exc
+        from .file import verify
+
         directory = url[len("file://") :].partition("?")[0]
-        report = verify(Path(directory), progress)
-        return await report if inspect.isawaitable(report) else report
+        return await anyio.to_thread.run_sync(verify, Path(directory), progress)
     if scheme == "sqlite":
         from .sqlite import SQLiteJournal
 

@@ -61,6 +61,7 @@ naming the holder. `verify(directory)` (verify.py) checks every frame without th
 
 from .compaction import CompactionReport
 from .journal import FileJournal
-from .verify import Problem, VerifyReport, verify
+from ..base import Problem, VerifyReport
+from .verify import verify
 
 __all__ = ["CompactionReport", "FileJournal", "Problem", "VerifyReport", "verify"]

@@ -7,36 +7,17 @@ can then show up as a torn tail (run it again to tell a live append from damage)
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
 from ...errors import JournalCorruptError
+from ..base import Problem, VerifyReport
 from .framing import Damage, scan
 from .segments import MANIFEST, Manifest, segment_name
 from .snapshot import list_snapshots, verify_file
 
 
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """Something wrong at a place: `path` and byte `offset`, and why."""
-
-    path: str
-    offset: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """`records`: valid frames read; `problems`: every damage found, with its place."""
-
-    records: int
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def verify(directory: str | Path, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
