@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .store import connect
+
 ENV_LEDGER = "PAYMENTS_LEDGER"
 DEFAULT_LEDGER = ".mcp-durable/payments-ledger.db"
 
@@ -64,11 +66,7 @@ class PaymentProvider:
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
-        return conn
+        return connect(self.path, _SCHEMA)
 
     def _move(self, op: str, subject: str, amount_cents: int, idempotency_key: str | None) -> Effect:
         prefix = {"refund": "re", "charge": "ch"}[op]

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .store import connect
+
 ENV_OUTBOX = "MAILER_OUTBOX"
 DEFAULT_OUTBOX = ".mcp-durable/outbox.db"
 
@@ -57,12 +59,7 @@ class Outbox:
         self.path = Path(path or os.environ.get(ENV_OUTBOX) or DEFAULT_OUTBOX)
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
-        return conn
+        return connect(self.path, _SCHEMA)
 
     def send(self, to: str, subject: str, body: str, *, key: str | None = None) -> Mail:
         """Deliver a mail. Always a new mail: `key` is recorded, never used to deduplicate."""

@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .store import connect
+
 ENV_WAREHOUSE = "WAREHOUSE_DB"
 DEFAULT_WAREHOUSE = ".mcp-durable/warehouse.db"
 DEFAULT_STOCK = 1_000
@@ -41,12 +43,7 @@ class Warehouse:
         self.path = Path(path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
-        return conn
+        return connect(self.path, _SCHEMA)
 
     def _once(self, op: str, order_id: str, key: str, make: Any) -> str:
         """Run `make(conn)` once per key in one transaction; a repeat returns the first value."""
