@@ -113,33 +113,3 @@ async def journal(journal_factory: JournalFactory):  # type: ignore[no-untyped-d
         yield store
     finally:
         await store.aclose()
-
-
-_TEST_SCHEMA = r"^(t|cli)_[0-9a-f]{10,12}$"
-
-
-def _test_schemas() -> set[str] | None:
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_URL, connect_timeout=2) as conn:
-            rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname ~ %s", (_TEST_SCHEMA,)).fetchall()
-    except Exception:  # noqa: BLE001 - no server: nothing to clean
-        return None
-    return {name for (name,) in rows}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _drop_test_schemas_this_session_created():  # type: ignore[no-untyped-def]
-    """Tests that serve subprocesses on Postgres give each a fresh schema (`t_…`, `cli_…`); drop
-    the ones that appeared during this session, so the shared `test` database does not fill up."""
-    before = _test_schemas()
-    yield
-    after = _test_schemas()
-    if before is None or after is None:
-        return
-    import psycopg
-
-    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=2) as conn:
-        for name in sorted(after - before):
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
