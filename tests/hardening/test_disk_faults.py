@@ -4,7 +4,7 @@ The promise under every fault: the tool does not run, the caller gets `journal_u
 result acknowledged before the fault is still replayed, and once the fault is gone everything
 works with nothing lost, also across a restart.
 
-The full disk is a real one: a 4 MiB tmpfs mounted for the test and filled to the last byte
+The full disk is a real one: a 16 MiB tmpfs mounted for the test and filled to the last byte
 (this needs root, which the test machines give; the tests skip with the reason otherwise). A
 read-only directory is a read-only bind mount (chmod does not stop root).
 """
@@ -25,7 +25,10 @@ from mcp_durable.journal.sqlite import SQLiteJournal
 from mcp_durable.journal import CallIdentity, CallState, create_journal
 from tests.hardening.conftest import KEY_META, Runs, build_server, snapshot, text_of
 
-BIG = "B" * 50_000  # each call journals ~100 KB (arguments and result): a full disk cannot take it
+# Each call journals a ~100 KB claim and a ~200 KB result record: more than the space the file
+# journal allocates ahead of its data (64 KiB, journal/file/writer.py), so a full disk cannot take
+# even the claim.
+BIG = "B" * 100_000
 
 
 def _mount(*args: str) -> subprocess.CompletedProcess[str]:
@@ -65,7 +68,7 @@ def tiny_disk(tmp_path: Path) -> Iterator[TinyDisk]:
     root.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")
-    mounted = _mount("-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(root))
+    mounted = _mount("-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(root))
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:

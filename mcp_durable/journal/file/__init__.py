@@ -27,8 +27,13 @@ record expired at `now` is gone from there on). Results are stored as text when 
 
 Writes: every mutation is one frame. Group commit (commit.py): concurrent writers' frames go out
 in one `pwrite` + `fdatasync` per batch, and nothing returns before the flush of its frame
-(claims included); reads wait for the frames they return to be on disk. Segments rotate at
-64 MiB (the new one is created and fsynced, then the manifest is replaced atomically).
+(claims included); reads wait for the frames they return to be on disk. The flush runs inline
+in the event loop while fsync is fast, in a worker thread when it is slow. Segments rotate at
+64 MiB (the new one is created and fsynced, then the manifest is replaced atomically). The
+active segment is allocated 64 KiB ahead of its data (writer.py), so most syncs change no file
+size: a segment may end in zero bytes, which are free space, not damage (its data ends at its
+last non-zero byte; a frame ends with a newline). Sealed segments and a cleanly closed journal
+are trimmed to their data.
 
 Index (index.py): per call record ~65 bytes of flat arrays (hash, position, version, state,
 times, tool, principal) plus an open-addressing hash table (an int array) keyed by a 128-bit

@@ -2,14 +2,22 @@
 
 A writer encodes its frame and appends it to the open batch in the event loop (no I/O, no
 await, so the position it gets is exact and the index can be updated at once), then waits for
-the batch. Whoever finds no flush running leads: it takes the open batch, writes it and syncs
-it in a worker thread, and wakes everyone. Frames arriving meanwhile gather in the next batch,
-whose first waiter leads the next flush. So under load each flush carries everything that
-arrived during the previous one, and nobody returns before the flush of its own frame:
+the batch. Whoever finds no flush running leads: it lets every task that is ready run once (so
+their frames join the batch), takes the batch, writes and syncs it, and wakes everyone. Frames
+arriving meanwhile gather in the next batch, whose first waiter leads the next flush. Nobody
+returns before the flush of its own frame:
 
     writer A  ──add──wait─────────────[flush 1: A]──────────▶ returns
     writer B  ─────────add──wait──────────────────[flush 2: B C]──▶ returns
     writer C  ────────────add──wait───────────────[flush 2: B C]──▶ returns
+
+Where the flush runs is measured, not guessed. Handing it to a worker thread costs ~70 µs of
+the event loop's time per batch (more when the loop is busy: the thread waits for the GIL to
+report back), while a fast `fdatasync` costs ~100 µs. So while flushes are fast (under
+`INLINE_FLUSH_S`, a moving average) the leader writes and syncs inline, blocking the loop for
+that long, which is cheaper than the hop; when the disk is slow the flush runs in a thread and
+the loop goes on serving. Measured here: inline made 64 concurrent appenders 1.7x faster and a
+sequential durable call ~300 µs faster.
 
 `fdatasync` is enough for appends (it flushes the file size, the only metadata a reader needs).
 A failed flush poisons the journal: the index already shows the lost frames, so every later
@@ -20,12 +28,18 @@ the next call, in place: what is on disk is then the truth).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import time
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from ...errors import JournalError
+from .writer import SegmentWriter
+
+#: Flushes are inline (in the event loop) while their moving average is under this; a thread
+#: hop (~70 µs) is then a large share of the flush. Slower disks flush in a worker thread.
+INLINE_FLUSH_S = 0.001
 
 
 class Batch:
@@ -42,15 +56,16 @@ class Batch:
 
 
 class GroupCommit:
-    """The batching writer. `open_fd(segment)` returns a writable descriptor for a segment.
+    """The batching writer; `writer` puts the bytes in the segment files.
 
     The first waiter of each batch is its leader: it waits for the flush before to finish, then
     flushes its batch; the others sleep on the batch's signal (one wake-up each).
     """
 
-    def __init__(self, open_fd: Callable[[int], int], *, sync: bool, durable_seq: int) -> None:
-        self._open_fd = open_fd
+    def __init__(self, writer: SegmentWriter, *, sync: bool, durable_seq: int) -> None:
+        self.writer = writer
         self._sync = sync
+        self.flush_s = 0.0  # moving average of a flush's duration (write + sync)
         self.current = Batch()
         self.flushing: Batch | None = None
         self.durable_seq = durable_seq
@@ -81,6 +96,8 @@ class GroupCommit:
             try:
                 while self.flushing is not None:
                     await self.flushing.signal.wait()
+                # Let every task that is ready now run once first: their frames join this batch.
+                await anyio.lowlevel.checkpoint()
             except BaseException:
                 batch.led = False  # cancelled before leading: wake the others to elect another
                 signal, batch.signal = batch.signal, anyio.Event()
@@ -102,9 +119,12 @@ class GroupCommit:
         self.flushing = batch
         try:
             if batch.chunks:
-                # Shielded: once the bytes are handed to the thread, their fate must be known.
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(self._write, batch)
+                if self.flush_s < INLINE_FLUSH_S:
+                    self._write(batch)
+                else:
+                    # Shielded: once the bytes are handed to the thread, their fate must be known.
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(self._write, batch)
             self.durable_seq = max(self.durable_seq, batch.last_seq)
         except Exception as exc:
             self.failure = exc
@@ -114,11 +134,9 @@ class GroupCommit:
             batch.signal.set()
 
     def _write(self, batch: Batch) -> None:
+        began = time.perf_counter()
         for segment, offset, frames in batch.chunks:
-            fd = self._open_fd(segment)
-            view = memoryview(b"".join(frames))
-            while view:
-                written = os.pwrite(fd, view, offset)
-                view, offset = view[written:], offset + written
+            fd = self.writer.write(segment, offset, b"".join(frames))
             if self._sync:
-                os.fdatasync(fd)
+                os.fdatasync(fd)  # before the writer may move on to (and close) another segment
+        self.flush_s = 0.8 * self.flush_s + 0.2 * (time.perf_counter() - began)

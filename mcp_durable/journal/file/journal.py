@@ -25,6 +25,7 @@ from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
 from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
 from .lock import WriterLock
 from .recovery import recover
+from .writer import SegmentWriter
 from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class FileJournal:
         self._commit: GroupCommit | None = None
         self._lock: WriterLock | None = None
         self._readers: dict[int, int] = {}
-        self._writer: tuple[int, int] | None = None  # (segment, fd), used by the flush thread only
+        self._writer: SegmentWriter | None = None  # used by one flush at a time
         self._next_seq = 1
         self._active = 1
         self._active_end = 0
@@ -136,7 +137,8 @@ class FileJournal:
         self._next_seq = found.last_seq + 1
         self._active, self._active_end = found.active, found.active_end
         self._since_snapshot = found.frames_replayed
-        self._commit = GroupCommit(self._writer_fd, sync=self.durability == "strict", durable_seq=found.last_seq)
+        self._writer = SegmentWriter(self._open_segment)  # opens nothing until the first write
+        self._commit = GroupCommit(self._writer, sync=self.durability == "strict", durable_seq=found.last_seq)
         self.recovery = RecoveryReport(
             "file", 0.0, snapshot_used=found.snapshot_used, records_loaded=len(found.calls),
             entries_replayed=found.frames_replayed, bytes_truncated=found.bytes_truncated,
@@ -146,21 +148,26 @@ class FileJournal:
     async def aclose(self) -> None:
         if self._manifest is None:
             return
+        clean = False
         try:
             if self._commit is not None and self._commit.failure is None and not self.read_only:
                 await self._commit.wait_seq(self._next_seq - 1)
                 if self._since_snapshot >= SNAPSHOT_ON_CLOSE:
                     await self.snapshot()
+                clean = True
         finally:
-            self._close_files()
+            self._close_files(clean=clean)
             self._reset()
             self._signals.notify_all()
 
-    def _close_files(self) -> None:
+    def _close_files(self, *, clean: bool = False) -> None:
         for fd in self._readers.values():
             os.close(fd)
         if self._writer is not None:
-            os.close(self._writer[1])
+            try:
+                self._writer.close(trim=clean)  # a clean close leaves no space allocated ahead
+            except OSError:
+                pass  # the space is given back at the next seal instead; the data is synced
         if self._lock is not None:
             self._lock.release()
 
@@ -194,7 +201,10 @@ class FileJournal:
             os.close(fd)
         self._readers = {}
         if self._writer is not None:
-            os.close(self._writer[1])
+            try:
+                self._writer.close(trim=False)
+            except OSError:
+                pass
             self._writer = None
         try:
             self._load(self._keeper.current)
@@ -203,18 +213,12 @@ class FileJournal:
             self._commit = commit
             raise JournalError(f"journal {self.url} cannot recover from its failed write yet: {exc}") from exc
 
-    def _writer_fd(self, segment: int) -> int:
-        """The flush thread's descriptor for `segment`, creating the segment on first use."""
-        if self._writer is not None and self._writer[0] == segment:
-            return self._writer[1]
+    def _open_segment(self, segment: int) -> int:
+        """A writable descriptor for `segment` (for the flush), creating the segment on first use."""
         assert self._keeper is not None
         if segment not in self._keeper.current.segments:
             self._keeper.add_segment(segment)
-        fd = os.open(self.directory / segment_name(segment), os.O_WRONLY)
-        if self._writer is not None:
-            os.close(self._writer[1])
-        self._writer = (segment, fd)
-        return fd
+        return os.open(self.directory / segment_name(segment), os.O_RDWR)  # read: where its data ends
 
     def _submit(self, payload: bytes) -> tuple[int, int, int, Batch]:
         """Queue one frame: returns its `(seq, position, size, batch)`. No await: atomic."""

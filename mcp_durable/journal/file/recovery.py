@@ -28,6 +28,7 @@ from .codec import process_hash
 from .framing import Damage, scan
 from .index import STATE_CODES, CallIndex, EntryIndex, pack
 from .segments import FILE_MODE, Manifest, fsync_dir, segment_name, segment_number
+from .writer import data_end
 from .snapshot import LoadedSnapshot, SnapshotError, list_snapshots, load
 
 WINDOW = 8 * 1024 * 1024  # bytes of a segment read at a time
@@ -114,14 +115,15 @@ def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, wri
     """Replay one segment from byte `start`, a window at a time; returns where it ends now.
 
     Windows keep memory flat whatever the segment size: a frame cut by the end of a window is
-    read again at the start of the next one (a bigger one if a single frame is larger).
+    read again at the start of the next one (a bigger one if a single frame is larger). Zero
+    bytes after the data are space allocated ahead of the writer (`writer.py`), not damage.
     """
     path = Path(f.name)
-    size = os.fstat(f.fileno()).st_size
+    size = data_end(f.fileno(), os.fstat(f.fileno()).st_size)
     pos, window = start, WINDOW
     while pos < size:
         f.seek(pos)
-        data = f.read(window)
+        data = f.read(min(window, size - pos))
         at_eof = pos + len(data) >= size
         resume: int | None = None
         for item in scan(data, 0, out.last_seq):
