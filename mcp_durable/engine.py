@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 import uuid
 import weakref
@@ -54,7 +55,7 @@ from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
-from .leases import lease_kept
+from .leases import LeaseKeeper
 from .steps import DurableCall, bind, load_steps, unbind
 
 logger = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Engine:
         self.journal = journal
         self.clock = clock
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
+        self.leases = LeaseKeeper(journal, self.instance_id, clock)
         self.listeners: list[ChangeListener] = []
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
         self._finals: dict[CallIdentity, CallRecord] = {}
@@ -225,7 +227,11 @@ class Engine:
     async def notify_changed(self, record: CallRecord) -> None:
         """Tell the listeners (resources, notifications) of a change. Never raises: a listener's
         failure must not fail, or leave half-done, the call whose record changed."""
-        self._remember(record)
+        if not record.state.is_final:
+            self._finals.pop(record.identity, None)
+        # A final record is not kept here but when a repeat reads it (`_decide`): most calls are
+        # never repeated, and keeping each one made the long-lived heap grow by a record per
+        # call, which is what triggers the interpreter's full (whole-heap) collections.
         for listener in self.listeners:
             try:
                 await listener(record)
@@ -291,7 +297,7 @@ class Engine:
             if record is None or record.is_expired(now):
                 fresh = CallRecord(
                     identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
-                    run_id=uuid.uuid4().hex, attempts=1, created_at=now, updated_at=now,
+                    run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
                     owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json,
                 )  # fmt: skip
                 with anyio.CancelScope(shield=True):
@@ -475,7 +481,8 @@ class Engine:
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
 
     def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AbstractAsyncContextManager[None]:
-        return lease_kept(self.journal, self.instance_id, self.clock, identity, policy)
+        kept: AbstractAsyncContextManager[None] = self.leases.kept(identity, policy)
+        return kept
 
     async def _persist(
         self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome

@@ -42,6 +42,8 @@ def validate_key(tool: str, key: object) -> str:
         raise InvalidKeyError(tool, "the key is empty")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidKeyError(tool, f"the key has {len(key)} characters; at most {MAX_KEY_LENGTH} are allowed")
+    if key.isascii() and key.isprintable():  # the common case, in C: ASCII printable is " " to "~"
+        return key
     for position, char in enumerate(key):
         if not " " <= char <= "~":
             raise InvalidKeyError(

@@ -4,13 +4,24 @@ A lease is how other processes sharing a journal tell a live owner from a dead o
 record whose lease has run out belongs to an owner that stopped renewing (it died), and the
 in-doubt policy takes over. Renewal is `Journal.renew`, which changes no version, so the
 owner's final swap still applies.
+
+One `LeaseKeeper` per engine renews every lease it holds from a single event-loop timer, set
+for the earliest renewal due. Holding a lease is a dict insertion and letting it go a removal:
+most calls end long before their first renewal, and a timer (or a task group) per call cost
+more than a whole no-op call. A renewal runs as a task when it is due, and the next one counts
+from its end. A failed renewal (a transient journal error) is skipped, not raised: the tool
+goes on, and a lost claim is seen when the result is persisted. Outside asyncio (trio) each
+held lease gets a task group of its own instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from types import TracebackType
+from typing import Any
 
 import anyio
 
@@ -19,68 +30,117 @@ from .journal.model import CallIdentity
 from .policy import ToolPolicy
 
 
-@asynccontextmanager
-async def lease_kept(
-    journal: Journal,
-    owner: str,
-    clock: Callable[[], float],
-    identity: CallIdentity,
-    policy: ToolPolicy,
-) -> AsyncIterator[None]:
-    """Renew `owner`'s lease on `identity` every `policy.heartbeat_interval` while inside.
+class _Held:
+    __slots__ = ("identity", "policy", "due", "renewal")
 
-    On asyncio a timer on the loop, not a task per call: starting and cancelling a task group
-    for every call cost ~100 µs, more than a whole no-op call. A renewal runs as a task only
-    when one is due (a call shorter than the interval starts none); leaving cancels the timer
-    and a renewal in flight. Elsewhere (trio), a task group. A failed renewal (a transient
-    journal error) is skipped, not raised: the tool goes on, and a lost claim is seen when the
-    result is persisted.
-    """
+    def __init__(self, identity: CallIdentity, policy: ToolPolicy, due: float) -> None:
+        self.identity = identity
+        self.policy = policy
+        self.due = due  # loop time of the next renewal; inf while one is in flight
+        self.renewal: asyncio.Task[None] | None = None
 
-    async def renew() -> None:
+
+class LeaseKeeper:
+    """Renews `owner`'s leases on `journal`; `clock` gives the wall-clock times leases are in."""
+
+    def __init__(self, journal: Journal, owner: str, clock: Callable[[], float]) -> None:
+        self.journal = journal
+        self.owner = owner
+        self.clock = clock
+        self._held: dict[CallIdentity, _Held] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def kept(self, identity: CallIdentity, policy: ToolPolicy) -> Any:
+        """`async with keeper.kept(identity, policy):` renews the lease on `identity` while inside."""
         try:
-            await journal.renew(identity, owner, clock() + policy.lease)
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return _kept_by_task(self, identity, policy)
+        if loop is not self._loop:  # first use, or a new event loop (tests run several)
+            self._loop, self._held, self._timer, self._timer_at = loop, {}, None, math.inf
+        return _Holding(self, identity, policy)
+
+    # -- asyncio: one timer ------------------------------------------------------------------------
+
+    def _hold(self, identity: CallIdentity, policy: ToolPolicy) -> _Held:
+        assert self._loop is not None
+        held = _Held(identity, policy, self._loop.time() + policy.heartbeat_interval)
+        self._held[identity] = held
+        if held.due < self._timer_at:
+            self._schedule(held.due)
+        return held
+
+    def _release(self, held: _Held) -> None:
+        if self._held.get(held.identity) is held:
+            del self._held[held.identity]
+        if held.renewal is not None and not held.renewal.done():
+            held.renewal.cancel()
+        # The timer stays: when it fires with nothing due it simply is not set again.
+
+    def _schedule(self, at: float) -> None:
+        assert self._loop is not None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = self._loop.call_at(at, self._fire) if at < math.inf else None
+
+    def _fire(self) -> None:
+        assert self._loop is not None
+        self._timer, self._timer_at = None, math.inf
+        now = self._loop.time()
+        for held in self._held.values():
+            if held.due <= now:
+                held.due = math.inf
+                held.renewal = self._loop.create_task(self._renew(held))
+        self._schedule(min((h.due for h in self._held.values()), default=math.inf))
+
+    async def _renew(self, held: _Held) -> None:
+        try:
+            await self.journal.renew(held.identity, self.owner, self.clock() + held.policy.lease)
         except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
             pass
+        finally:
+            held.renewal = None
+            if self._held.get(held.identity) is held and self._loop is not None:
+                held.due = self._loop.time() + held.policy.heartbeat_interval
+                if held.due < self._timer_at:
+                    self._schedule(held.due)
 
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    if loop is None:
-        async def heartbeat() -> None:
-            while True:
-                await anyio.sleep(policy.heartbeat_interval)
-                await renew()
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(heartbeat)
+class _Holding:
+    """The asyncio form of `LeaseKeeper.kept`: a plain class, cheaper than a generator."""
+
+    __slots__ = ("keeper", "identity", "policy", "held")
+
+    def __init__(self, keeper: LeaseKeeper, identity: CallIdentity, policy: ToolPolicy) -> None:
+        self.keeper, self.identity, self.policy = keeper, identity, policy
+        self.held: _Held | None = None
+
+    async def __aenter__(self) -> None:
+        self.held = self.keeper._hold(self.identity, self.policy)
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.held is not None:
+            self.keeper._release(self.held)
+
+
+@asynccontextmanager
+async def _kept_by_task(keeper: LeaseKeeper, identity: CallIdentity, policy: ToolPolicy) -> AsyncIterator[None]:
+    async def heartbeat() -> None:
+        while True:
+            await anyio.sleep(policy.heartbeat_interval)
             try:
-                yield
-            finally:
-                group.cancel_scope.cancel()
-        return
+                await keeper.journal.renew(identity, keeper.owner, keeper.clock() + policy.lease)
+            except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
+                pass
 
-    timer: asyncio.TimerHandle | None = None
-    renewal: asyncio.Task[None] | None = None
-    inside = True
-
-    def schedule(_: object = None) -> None:
-        nonlocal timer
-        if inside:
-            timer = loop.call_later(policy.heartbeat_interval, due)
-
-    def due() -> None:
-        nonlocal renewal
-        renewal = loop.create_task(renew())
-        renewal.add_done_callback(schedule)  # the next one counts from the end of this one
-
-    schedule()
-    try:
-        yield
-    finally:
-        inside = False
-        if timer is not None:
-            timer.cancel()
-        if renewal is not None and not renewal.done():
-            renewal.cancel()
+    async with anyio.create_task_group() as group:
+        group.start_soon(heartbeat)
+        try:
+            yield
+        finally:
+            group.cancel_scope.cancel()

@@ -63,11 +63,27 @@ class CallRecord:
     arguments: bytes | None = None  # canonical JSON of the validated arguments (for reconcile, operators)
 
     def evolve(self, **changes: Any) -> CallRecord:
-        """A copy with `changes` applied and the version bumped by one."""
-        return dataclasses.replace(self, version=self.version + 1, **changes)
+        """A copy with `changes` applied and the version bumped by one.
+
+        Spelled out rather than `dataclasses.replace` (twice as slow): it runs on every change
+        of every call.
+        """
+        if not changes.keys() <= _EVOLVABLE:
+            raise TypeError(f"CallRecord.evolve() cannot change {sorted(changes.keys() - _EVOLVABLE)}")
+        c, get = self, changes.get
+        return CallRecord(
+            get("identity", c.identity), get("fingerprint", c.fingerprint), get("state", c.state), c.version + 1,
+            get("run_id", c.run_id), get("attempts", c.attempts), get("created_at", c.created_at),
+            get("updated_at", c.updated_at), get("owner", c.owner), get("lease_until", c.lease_until),
+            get("completed_at", c.completed_at), get("expires_at", c.expires_at), get("result", c.result),
+            get("error", c.error), get("arguments", c.arguments),
+        )  # fmt: skip
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at is not None and self.expires_at <= now
+
+
+_EVOLVABLE = frozenset(f.name for f in dataclasses.fields(CallRecord)) - {"version"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,7 @@ class JournalNotifier:
         self._legacy: dict[str, dict[int, tuple[Any, str]]] = {}
         self._bus: PrincipalBus | None = None
         self._journaled: dict[str, tuple[str, ...]] | None = None
+        self._publishing: dict[str, tuple[str, ...]] | None = None  # queued to be journaled
         self._queue: deque[Coroutine[Any, Any, None]] = deque()
         self._names: dict[str, tuple[str, ...]] | None = None
         self._names_for = -1
@@ -224,8 +225,13 @@ class JournalNotifier:
                 except Exception:  # noqa: BLE001 - notification is best effort
                     logger.exception("could not announce a change of %s", uri)
         names = self._sensitive_names()
+        if not names and self._journaled is None:
+            self._journaled = names  # nothing to journal: no tool has sensitive fields
         legacy = [uri for uri in uris if uri in self._legacy]
-        if names != self._journaled or legacy:
+        publish = names != self._journaled and names is not self._publishing
+        if publish or legacy:
+            if publish:
+                self._publishing = names  # once: later changes do not queue it again meanwhile
             self._defer(self._after_change(names, legacy, principal))
 
     def _defer(self, work: Coroutine[Any, Any, None]) -> None:
