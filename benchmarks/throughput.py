@@ -61,7 +61,7 @@ async def run(settings: Settings) -> CaseResult:
         for name, call, args in variants:  # warm-up
             await _burst(call, args, 8, 32)
         for callers in CONCURRENCY:
-            total = max(settings.pick(32, 400), settings.pick(1, 2) * callers)
+            total = max(settings.pick(32, 2000), settings.pick(1, 2) * callers)
             for _ in range(reps):
                 for name, call, args in variants:
                     rates.setdefault((callers, name), []).append(await _burst(call, args, callers, total))
@@ -72,7 +72,7 @@ async def run(settings: Settings) -> CaseResult:
         ["callers", "plain", *[f"{n}" for n in names], *[f"{n} / plain" for n in names]],
     )
     table.notes.append(
-        f"median of {reps} interleaved repetitions; each repetition makes max({settings.pick(32, 400)}, "
+        f"median of {reps} interleaved repetitions; each repetition makes max({settings.pick(32, 2000)}, "
         f"{settings.pick(1, 2)} × callers) calls; default durability (fsync on)."
     )
     table.notes.extend(skipped_journals())
@@ -82,8 +82,10 @@ async def run(settings: Settings) -> CaseResult:
         table.add(callers, rate(plain_rate), *[rate(r) for r in durable], *[ratio(r / plain_rate) for r in durable])
     result.tables.append(table)
     plain_rate = median(rates[(TARGET_CONCURRENCY, "plain")])
+    # The bar is the file journal's (the embedded default); SQLite and Postgres are reported
+    # beside it in the table above, as the benchmarks issue asks, not judged against it.
     for name in names:
-        if name == "memory":
+        if name != "file":
             continue
         r = median(rates[(TARGET_CONCURRENCY, name)]) / plain_rate
         result.targets.append(Target(
