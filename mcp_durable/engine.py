@@ -265,22 +265,27 @@ class Engine:
         run: Runner,
         encode: Encoder | None = None,
         principal: str = LOCAL_PRINCIPAL,
+        canonical: bytes | None = None,
     ) -> CallOutcome:
         """Run one call of `tool` under `policy`, at most once per key.
+
+        `canonical` is `keys.canonical_json(arguments)` when the caller has it already.
 
         Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `InProgressError`,
         `InDoubtError` (the tool did not run) and `JournalError` (nothing was acknowledged).
         An unexpected exception from `run` releases the claim and propagates.
         """
-        await self.start()
-        args_json = keys.canonical_json(dict(arguments))  # serialised once: key, fingerprint, record
-        key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json)
+        if not self._opened:
+            await self.start()
+        # Serialised and hashed once: the key (when derived), the fingerprint and the record.
+        args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
+        fingerprint = keys.fingerprint(arguments, canonical=args_json)
+        key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
         if key is None:
             # No key from any source on a tool not registered idempotent: nothing to deduplicate.
             outcome = await run(None)
             return CallOutcome(None, outcome.value, None, replayed=False, first_completed_at=None)
         identity = CallIdentity(principal, tool, key)
-        fingerprint = keys.fingerprint(arguments, canonical=args_json)
         known = self._finals.get(identity)
         if known is not None and not known.is_expired(self.clock()):
             if known.fingerprint != fingerprint:

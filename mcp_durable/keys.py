@@ -81,11 +81,13 @@ def resolve_key(
     meta: Mapping[str, Any] | None,
     *,
     canonical: bytes | None = None,
+    fingerprint_hex: str | None = None,
 ) -> str | None:
     """The call's key by the resolution order above, validated; `None` when the call has none.
 
     `canonical` is `canonical_json(arguments)` when the caller has computed it already (a
-    derived key is its SHA-256, like the fingerprint, so it is not serialised twice).
+    derived key is its SHA-256, like the fingerprint, so it is not serialised twice), and
+    `fingerprint_hex` is `fingerprint(arguments)` when the caller has that (not hashed twice).
 
     Raises `MissingKeyError` when the policy requires a caller key and none was sent, and
     `InvalidKeyError` for a key that is not 1–255 printable ASCII characters.
@@ -103,5 +105,6 @@ def resolve_key(
     if policy.key_fields:
         return _key_from_fields(policy, tool, arguments)
     if policy.idempotent:
-        return "sha256:" + fingerprint(arguments, canonical=canonical)  # == _hashed("sha256", arguments)
+        # == _hashed("sha256", arguments)
+        return "sha256:" + (fingerprint_hex or fingerprint(arguments, canonical=canonical))
     return None

@@ -62,7 +62,7 @@ def check_limit(name: str, limit: int | None) -> int | None:
 def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None) -> bytes:
     """The canonical JSON of `arguments`, or `LimitExceeded` if it is over `limit` or not JSON."""
     try:
-        payload = canonical_json(dict(arguments))
+        payload = canonical_json(arguments if type(arguments) is dict else dict(arguments))
     except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
         raise LimitExceeded(
             f"the arguments of tool {tool!r} cannot be journaled: they are not JSON-serialisable ({exc})",

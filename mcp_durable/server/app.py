@@ -211,7 +211,7 @@ class DurableServer(MCPServer[Any]):
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         validated = model.model_dump(mode="json", by_alias=True)
         try:
-            limits.checked_arguments(name, validated, self.max_argument_bytes)
+            canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
             raise ToolError(exc.message) from exc  # a bad request: the SDK's own error, before any claim
         meta = _request_meta(context)
@@ -248,7 +248,7 @@ class DurableServer(MCPServer[Any]):
         try:
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=validated, meta=meta, run=run, encode=encode,
-                principal=self.principal_of(context),
+                principal=self.principal_of(context), canonical=canonical,
             )  # fmt: skip
         except DurableError as exc:
             key_hint = getattr(exc, "key", None)
