@@ -276,7 +276,14 @@ class FileJournal:
     async def _load_call(self, identity: CallIdentity, h: int) -> tuple[int, CallRecord] | None:
         """The durable latest record of `identity` with its seq, or None."""
         if not self.read_only:
-            self._heal()
+            try:
+                self._heal()
+            except JournalError:
+                # Not recovered from a failed write yet: what is on disk can still be read, so an
+                # acknowledged result is still replayed during a disk fault. A frame at or below
+                # the durable seq is on disk whatever failed after it; a record whose latest frame
+                # was in the failed flush is refused below (wait_seq raises the failure).
+                pass
         commit = self._commit
         if commit is None:
             raise JournalError(f"journal {self.url} is not open")
