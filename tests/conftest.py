@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +48,37 @@ def postgres_or_skip() -> str:
             pytest.fail(f"Postgres at {PG_URL} is required in CI: {exc}")
         pytest.skip(f"no Postgres at {PG_URL}: {exc}")
     return PG_URL
+
+
+#: Schemas `scratch_postgres_url` made for the running test; dropped when it ends (only these:
+#: another test session may be using the same database at the same time).
+_SCRATCH_SCHEMAS: list[str] = []
+
+
+def scratch_postgres_url(prefix: str = "t") -> str:
+    """The test Postgres URL with a fresh `?schema=PREFIX_<random>`, dropped after the test."""
+    base = postgres_or_skip()
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    _SCRATCH_SCHEMAS.append(schema)
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
+@pytest.fixture(autouse=True)
+def _drop_scratch_schemas() -> Iterator[None]:
+    yield
+    if not _SCRATCH_SCHEMAS:
+        return
+    schemas = list(_SCRATCH_SCHEMAS)
+    _SCRATCH_SCHEMAS.clear()
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_URL, autocommit=True, connect_timeout=3) as conn:
+            conn.execute("SET lock_timeout = '5s'")  # a server still connected must not hang the run
+            for schema in schemas:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    except Exception:  # noqa: BLE001 - cleanup only: a schema left behind fails nothing
+        pass
 
 
 def make_journal_factory(kind: str, tmp_path: Path) -> JournalFactory:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 
 import anyio
 import pytest
@@ -10,7 +9,7 @@ from mcp import Client
 from mcp.server.subscriptions import ResourceUpdated, ServerEvent, ToolsListChanged
 
 from mcp_durable.server.pgbus import PgSubscriptionBus, decode_event, encode_event
-from tests.conftest import postgres_or_skip
+from tests.conftest import scratch_postgres_url
 from tests.crash.test_replicas_concurrency import KEY_META, replicas_journal  # noqa: F401 - a fixture
 from tests.helpers import serve_http
 
@@ -19,9 +18,7 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 def bus_url() -> str:
-    base = postgres_or_skip()
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}schema=t_{uuid.uuid4().hex[:12]}"
+    return scratch_postgres_url()
 
 
 def test_events_survive_their_notify_payload() -> None:
@@ -70,7 +67,7 @@ async def test_two_buses_on_two_connections_deliver_each_others_events_once(bus_
 
 async def test_buses_on_other_schemas_do_not_hear_each_other(bus_url: str) -> None:
     heard: list[ServerEvent] = []
-    other = bus_url.rsplit("schema=", 1)[0] + f"schema=t_{uuid.uuid4().hex[:12]}"
+    other = scratch_postgres_url()
     async with PgSubscriptionBus(bus_url) as a, PgSubscriptionBus(other) as b, PgSubscriptionBus(bus_url) as c:
         b.subscribe(heard.append)
         c.subscribe(heard.append)

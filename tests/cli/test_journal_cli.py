@@ -205,14 +205,13 @@ def _target_url(kind: str, tmp_path: Path) -> str:
         if not file_journal_available():
             pytest.skip("the file journal is not built yet")
         return f"file://{tmp_path}/copy"
-    from tests.conftest import postgres_or_skip
+    from tests.conftest import scratch_postgres_url
 
     try:
         import mcp_durable.journal.postgres  # noqa: F401
     except ImportError:
         pytest.skip("the Postgres journal is not built yet")
-    base = postgres_or_skip()
-    return f"{base}{'&' if '?' in base else '?'}schema=cli_{uuid.uuid4().hex[:10]}"
+    return scratch_postgres_url("cli")
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "file", "postgres"])

@@ -9,7 +9,6 @@ starts a fresh process on the same journal (the previous one is gone: a new boot
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -43,10 +42,9 @@ def journal_url(kind: str, tmp: os.PathLike[str] | str) -> str:
     if kind == "file":
         return f"file://{tmp}/journal"
     if kind == "postgres":
-        from tests.conftest import postgres_or_skip
+        from tests.conftest import scratch_postgres_url
 
-        base = postgres_or_skip()  # skips without a server, fails under CI
-        return f"{base}{'&' if '?' in base else '?'}schema=t_{uuid.uuid4().hex[:12]}"
+        return scratch_postgres_url()  # skips without a server, fails under CI; dropped after the test
     raise ValueError(kind)
 
 
