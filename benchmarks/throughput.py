@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from .common import CaseResult, Settings, Table, Target, journal_urls, median, rate, ratio, skipped_journals
+from .common import CaseResult, GcMeter, Settings, Table, Target, journal_urls, median, rate, ratio, skipped_journals
 from .servers import TOOL, durable_server, plain_server
 from .timing import check_result
 
@@ -49,6 +49,8 @@ async def run(settings: Settings) -> CaseResult:
     reps = settings.pick(1, 3)
     urls = journal_urls(settings)
     rates: dict[tuple[int, str], list[float]] = {}
+    gc_meters: dict[str, GcMeter] = {}  # at the target concurrency, per variant
+    gc_time: dict[str, float] = {}
     async with AsyncExitStack() as stack:
         plain = await stack.enter_async_context(Client(plain_server()))
         variants: list[tuple[str, Callable[..., Awaitable[Any]], Callable[[], dict[str, int]]]] = [
@@ -64,7 +66,13 @@ async def run(settings: Settings) -> CaseResult:
             total = max(settings.pick(32, 2000), settings.pick(1, 2) * callers)
             for _ in range(reps):
                 for name, call, args in variants:
-                    rates.setdefault((callers, name), []).append(await _burst(call, args, callers, total))
+                    if callers != TARGET_CONCURRENCY:
+                        rates.setdefault((callers, name), []).append(await _burst(call, args, callers, total))
+                        continue
+                    began = time.perf_counter()
+                    with gc_meters.setdefault(name, GcMeter()):
+                        rates.setdefault((callers, name), []).append(await _burst(call, args, callers, total))
+                    gc_time[name] = gc_time.get(name, 0.0) + time.perf_counter() - began
 
     names = list(urls)
     table = Table(
@@ -76,6 +84,16 @@ async def run(settings: Settings) -> CaseResult:
         f"{settings.pick(1, 2)} × callers) calls; default durability (fsync on)."
     )
     table.notes.extend(skipped_journals())
+    if gc_meters:
+        shares = ", ".join(
+            f"{name} {gc_meters[name].seconds / gc_time[name]:.0%} ({gc_meters[name].full} full)"
+            for name in ["plain", *names] if name in gc_meters
+        )  # fmt: skip
+        table.notes.append(
+            f"share of the run the garbage collector took at {TARGET_CONCURRENCY} callers (full collections): "
+            f"{shares}. Durable calls wait for their fsync with their request state alive, so more of it "
+            "reaches the oldest generation and whole-heap collections come more often."
+        )
     for callers in CONCURRENCY:
         plain_rate = median(rates[(callers, "plain")])
         durable = [median(rates[(callers, n)]) for n in names]
