@@ -126,7 +126,7 @@ class Engine:
         self.leases = LeaseKeeper(journal, self.instance_id, clock)
         self.listeners: list[ChangeListener] = []
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
-        self._finals: dict[CallIdentity, CallRecord] = {}
+        self._finals: dict[CallIdentity, tuple[CallRecord, CallOutcome]] = {}
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
@@ -251,7 +251,8 @@ class Engine:
             return
         if record.identity not in self._finals and len(self._finals) >= FINALS_KEPT:
             del self._finals[next(iter(self._finals))]
-        self._finals[record.identity] = record
+        # The replay answer is kept with it: the same (immutable) outcome for every repeat.
+        self._finals[record.identity] = (record, _replay(record))
 
     # -- the call ---------------------------------------------------------------------------------
 
@@ -287,10 +288,10 @@ class Engine:
             return CallOutcome(None, outcome.value, None, replayed=False, first_completed_at=None)
         identity = CallIdentity(principal, tool, key)
         known = self._finals.get(identity)
-        if known is not None and not known.is_expired(self.clock()):
-            if known.fingerprint != fingerprint:
+        if known is not None and not known[0].is_expired(self.clock()):
+            if known[0].fingerprint != fingerprint:
                 raise KeyReuseError(tool, key)
-            return _replay(known)  # a final record seen before: it cannot have changed (`_remember`)
+            return known[1]  # a final record seen before: it cannot have changed (`_remember`)
         deadline = anyio.current_time() + policy.wait
         # Read before claiming: a repeat (the common case for a retried call) is then answered by
         # one read, without building a claim or taking a backend's write lock (SQLite's BEGIN
