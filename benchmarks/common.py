@@ -105,22 +105,39 @@ def verdict(ok: bool | None) -> str:
 # -- the machine -------------------------------------------------------------------------------------
 
 
-def measure_fsync(directory: Path, samples: int = 200, size: int = 4096) -> float:
-    """Median seconds of one `write(size)` + `fsync` on a file in `directory` (the journals' disk)."""
-    path = directory / f"fsync-probe-{uuid.uuid4().hex[:8]}"
-    block = os.urandom(size)
-    times: list[float] = []
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        for _ in range(samples):
+class FsyncProbe:
+    """Times one `write(size)` + `fsync` appended to a scratch file in `directory` (the journals'
+    disk). A case can sample it between its own measurements, so that a bar stated in fsyncs is
+    judged against the disk as it was during that case (its latency drifts over minutes)."""
+
+    def __init__(self, directory: Path, size: int = 4096) -> None:
+        self.path = directory / f"fsync-probe-{uuid.uuid4().hex[:8]}"
+        self._block = os.urandom(size)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def sample(self, count: int) -> list[float]:
+        """Seconds of each of `count` appends, each followed by its fsync."""
+        times: list[float] = []
+        fd, block = self._fd, self._block
+        for _ in range(count):
             began = time.perf_counter()
             os.write(fd, block)
             os.fsync(fd)
             times.append(time.perf_counter() - began)
+        return times
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self.path.unlink(missing_ok=True)
+
+
+def measure_fsync(directory: Path, samples: int = 200, size: int = 4096) -> float:
+    """Median seconds of one `write(size)` + `fsync` on a file in `directory` (the journals' disk)."""
+    probe = FsyncProbe(directory, size)
+    try:
+        return median(probe.sample(samples))
     finally:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-    return median(times)
+        probe.close()
 
 
 def memory_total() -> int:
