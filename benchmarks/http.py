@@ -10,6 +10,7 @@ this 2-core machine server and clients each get about a core.
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +26,11 @@ from .servers import TOOL
 from .timing import check_result
 
 CLIENTS = 16
+
+# httpx logs every request at INFO, and the SDK's server constructor sets the root logger to
+# INFO (through rich): thousands of lines rendered by the measuring process, on the same two
+# cores as the server it measures.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 #: The 2025-11-25 era (sessions, `initialize`): what deployed clients speak over HTTP today (the
 #: TypeScript SDK, the Inspector). The SDK's 2026-07-28 HTTP client in 2.3.0 takes ~40 ms per call
 #: here whatever the server does (a client-side wait), which would hide the server's cost.

@@ -4,6 +4,9 @@ The tool is `async def noop(n: int) -> str`: the cheapest a tool can be, so the 
 the framework's own cost and nothing else. The durable tool is registered idempotent with
 no key source of its own, so its key is derived from the arguments: a new `n` is a miss (a new
 key, the tool runs), the same `n` again is a replay.
+
+Every server logs at WARNING: the SDK's default (INFO, through rich) prints a line per HTTP
+session, which costs the measured process CPU and buries the tables.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ async def noop(n: int) -> str:
 
 
 def plain_server() -> MCPServer:
-    server = MCPServer("bench-plain")
+    server = MCPServer("bench-plain", log_level="WARNING")
     server.add_tool(noop, name=TOOL)
     return server
 
@@ -51,12 +54,12 @@ class MetaServer(MCPServer):
 
 
 def plain_server_with_meta() -> MCPServer:
-    server = MetaServer("bench-plain-meta")
+    server = MetaServer("bench-plain-meta", log_level="WARNING")
     server.add_tool(noop, name=TOOL)
     return server
 
 
 def durable_server(journal: str) -> DurableServer:
-    server = DurableServer("bench-durable", journal=journal)
+    server = DurableServer("bench-durable", journal=journal, log_level="WARNING")
     server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True))
     return server
