@@ -24,6 +24,11 @@ ERAS = {"legacy": "2025-11-25 (legacy)", "auto": "2026-07-28"}
 REPLAY_N = -1  # the argument of the one call every replay repeats
 
 
+def _fresh_arguments(counter: Iterator[int]) -> Callable[[], dict[str, int]]:
+    """Arguments with a new `n` on every call: a new derived key, so every call is a miss."""
+    return lambda: {"n": next(counter)}
+
+
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("latency")
     # Many short rounds: this machine's speed swings between states lasting tens of ms, longer
@@ -50,7 +55,7 @@ async def run(settings: Settings) -> CaseResult:
             for name, server in durables.items():
                 client = await stack.enter_async_context(Client(server, mode=era))
                 counter = fresh[name]
-                variants.append(((era, "miss", name), client.call_tool, lambda c=counter: {"n": next(c)}))
+                variants.append(((era, "miss", name), client.call_tool, _fresh_arguments(counter)))
                 variants.append(((era, "replay", name), client.call_tool, lambda: {"n": REPLAY_N}))
         # Warm up every path (and complete the one call replays repeat); check each answers right.
         for (_, kind, _), call, args in variants:

@@ -9,6 +9,8 @@
         return provider.refund(order_id, amount_cents, idempotency_key=current_call().key)
 """
 
+from typing import TYPE_CHECKING
+
 from .engine import CallOutcome, Engine, ToolOutcome
 from .errors import (
     ConfigError,
@@ -27,6 +29,9 @@ from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry,
 from .keys import KEY_META
 from .policy import NOT_APPLIED, ToolPolicy
 from .steps import DurableCall, current_call, current_key
+
+if TYPE_CHECKING:  # the class for type checkers; at run time it is loaded on first use (below)
+    from .server import DurableServer
 
 __version__ = "0.1.0"
 
