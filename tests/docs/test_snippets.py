@@ -53,6 +53,14 @@ ELSEWHERE: dict[str, str] = {
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
         "tests/crash/test_danger_window.py::"
         "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry",
+    # 200 SIGKILLed writers take minutes; CI runs the same test with its default 12 trials.
+    r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_file_kill_during_append\.py -s":
+        "tests/crash/test_file_kill_during_append.py::"
+        "test_every_acknowledged_entry_survives_sigkill_and_the_next_append_is_never_lost",
+    # 100 killed workers: the example's test runs the same runner with fewer trials.
+    r"re:\.venv/bin/python examples/refund_worker\.py trials ":
+        "tests/examples/test_refund_worker.py::"
+        "test_every_killed_worker_resumes_and_duplicates_happen_exactly_in_the_danger_window_without_a_key",
     # The nightly property run: CI runs the same test with 200 examples per backend.
     r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_model\.py":
         "tests/hardening/test_engine_model.py::"
