@@ -322,7 +322,8 @@ async def _import(args: argparse.Namespace) -> int:
         await journal.aclose()
     for identity in counts.skipped_identities[:20]:
         _say(f"kept the existing record {identity.principal} {identity.tool}/{identity.key}")
-    _say(f"imported {counts.calls} call record(s) and {counts.entries} entries; {counts.skipped} already present")
+    _say(f"imported {counts.calls} call record(s) and {counts.entries} entries; {counts.skipped} already present"
+         + (f", and {counts.skipped_entries} entries already present" if counts.skipped_entries else ""))
     return 0
 
 

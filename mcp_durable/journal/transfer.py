@@ -12,12 +12,17 @@ as text when they are UTF-8 (they always are when the MCP face wrote them) and a
 are written in `seq` order; the importing journal numbers them anew, in the same order.
 
 Import inserts each record with `claim(record, now=-inf)`: a record whose identity the target
-already holds is kept as it is and counted as skipped (an import never overwrites).
+already holds is kept as it is and counted as skipped (an import never overwrites). An entry
+the target already holds (the same process, type, time and data) is not appended again: each
+one present in the target stands for one such line of the export, so an import that was
+interrupted, or run twice, can be run again without doubling any process's history.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -115,6 +120,7 @@ class TransferCounts:
     entries: int = 0
     skipped: int = 0
     skipped_identities: list[CallIdentity] = field(default_factory=list)
+    skipped_entries: int = 0  # entries the target already held
 
 
 async def totals(journal: Journal) -> tuple[int, int]:
@@ -155,15 +161,30 @@ def read_header(first_line: bytes) -> dict[str, Any]:
     return header
 
 
+def _entry_digest(process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> bytes:
+    """What makes two entries the same entry, whatever seq each journal gave it."""
+    canonical = orjson.dumps([process_id, entry_type, ts, data], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).digest()
+
+
+async def _entries_present(journal: Journal) -> Counter[bytes]:
+    """How many times the target holds each entry (32 bytes per distinct entry in memory)."""
+    present: Counter[bytes] = Counter()
+    async for entry in iter_entries(journal):
+        present[_entry_digest(entry.process_id, entry.entry_type, entry.data, entry.ts)] += 1
+    return present
+
+
 async def import_journal(
     journal: Journal, lines: Iterable[bytes], progress: Progress | None = None
 ) -> TransferCounts:
-    """Insert an export's records and entries into an open journal (existing records are kept).
+    """Insert an export's records and entries into an open journal (existing ones are kept).
 
     `lines` are the export's lines after its header. Raises `JournalError` naming the line of
     anything that is not a call or an entry.
     """
     counts = TransferCounts()
+    present: Counter[bytes] | None = None  # read at the first entry line: most imports have calls only
     for number, raw in enumerate(lines, start=2):
         if not raw.strip():
             continue
@@ -188,8 +209,15 @@ async def import_journal(
                 counts.skipped += 1
                 counts.skipped_identities.append(record.identity)
         else:
-            await journal.append(entry.process_id, entry.entry_type, entry.data, entry.ts)
-            counts.entries += 1
+            if present is None:
+                present = await _entries_present(journal)
+            digest = _entry_digest(entry.process_id, entry.entry_type, entry.data, entry.ts)
+            if present[digest] > 0:
+                present[digest] -= 1  # one held entry answers for one line, so repeats stay repeats
+                counts.skipped_entries += 1
+            else:
+                await journal.append(entry.process_id, entry.entry_type, entry.data, entry.ts)
+                counts.entries += 1
         if progress is not None:
             progress(1)
     return counts

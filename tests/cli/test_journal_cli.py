@@ -227,6 +227,8 @@ def test_export_then_import_round_trips_every_record_and_entry(sqlite_url: str, 
     if kind == "sqlite":  # (once: each run of the CLI costs a second or two of start-up)
         repeat = run("journal", "--journal", target, "import", str(tmp_path / "a.jsonl"))
         assert "5 already present" in repeat.stderr  # an import never overwrites a record
+        assert f"{len(entries)} entries already present" in repeat.stderr  # nor appends an entry twice
+        assert _export_lines(target, tmp_path / "c.jsonl") == (calls, entries)
 
 
 def test_a_round_trip_through_a_memory_journal_keeps_every_record(sqlite_url: str, tmp_path: Path) -> None:
@@ -254,6 +256,41 @@ def test_a_round_trip_through_a_memory_journal_keeps_every_record(sqlite_url: st
         return sorted(line for line in data.splitlines()[1:] if b'"type":"call"' in line)
 
     assert calls(first) == calls(second) and len(calls(first)) == 5
+
+
+def test_an_interrupted_import_run_again_ends_with_each_entry_once_and_keeps_the_sources_repeats(
+    tmp_path: Path,
+) -> None:
+    from mcp_durable.journal.transfer import export_journal, import_journal, read_header
+
+    async def scenario() -> None:
+        source = create_journal("memory://")
+        await source.open()
+        for step in range(6):
+            await source.append("worker", "step", {"i": step}, 1000.0 + step)
+        for _ in range(2):  # the same entry twice (same time, same data): both are history
+            await source.append("worker", "tick", {"same": True}, 2000.0)
+        export = tmp_path / "source.jsonl"
+        with export.open("wb") as out:
+            await export_journal(source, out)
+        header, *lines = export.read_bytes().splitlines(keepends=True)
+        read_header(header)
+
+        target = create_journal("memory://")
+        await target.open()
+        first = await import_journal(target, lines[:4])  # cut off after four entries
+        assert (first.entries, first.skipped_entries) == (4, 0)
+        again = await import_journal(target, lines)
+        assert (again.entries, again.skipped_entries) == (4, 4)
+        once_more = await import_journal(target, lines)
+        assert (once_more.entries, once_more.skipped_entries) == (0, 8)
+
+        def history(entries: list[Any]) -> list[tuple[str, str, dict[str, Any], float]]:
+            return [(e.process_id, e.entry_type, e.data, e.ts) for e in entries]
+
+        assert history(await target.entries(after=0, limit=100)) == history(await source.entries(after=0, limit=100))
+
+    anyio.run(scenario)
 
 
 def test_resolve_settles_a_call_in_doubt_and_errors_have_exit_codes_without_tracebacks(sqlite_url: str) -> None:
