@@ -13,6 +13,8 @@ import sys
 import anyio
 import uvicorn
 
+from mcp_durable.cli import freeze_startup_heap
+
 from .servers import durable_server, plain_server
 
 
@@ -25,6 +27,9 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
     print(f"PORT {sock.getsockname()[1]}", flush=True)
+    # Deployed as `mcp-durable serve` runs a server: the start-up heap frozen once it is built
+    # (both servers alike, so the comparison stays plain against durable).
+    freeze_startup_heap()
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
     anyio.run(uvicorn.Server(config).serve, [sock])
 

@@ -115,7 +115,8 @@ async def run(settings: Settings) -> CaseResult:
             table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain))
     table.notes.append(
         f"uvicorn in a separate process; {total:,} calls per measurement, median of {reps}; "
-        "miss = a new key per call (fsync on), replay = one key repeated."
+        "miss = a new key per call (fsync on), replay = one key repeated. Both servers freeze their "
+        "start-up heap once built, as `mcp-durable serve` does."
     )
     table.notes.extend(note for note in skipped_journals() if note.startswith("file"))
     result.tables.append(table)

@@ -6,7 +6,9 @@ Exit codes: 0 ok, 1 a `DurableError`, 2 a usage error. No traceback without `--d
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
+import logging
 import importlib.util
 import os
 import sys
@@ -60,17 +62,38 @@ def _find_server(module: ModuleType, attr: str, target: str) -> Any:
     raise ConfigError(f"{target}: found {len(found)} MCP servers; name one as {target}:ATTR")
 
 
+def freeze_startup_heap() -> int:
+    """Move every object alive now into the collector's permanent generation; returns how many.
+
+    For `serve`, once the server is built: the SDK, pydantic's schemas and the tools are about
+    90,000 objects the cyclic collector tracks and would walk in every full collection, though
+    none of them is ever garbage. A durable call waits for its fsync with its request state
+    alive, so full collections come more often than on a plain server (docs/performance.md);
+    frozen, they skip the start-up heap. Measured (docs/performance.md): the collector's share
+    of a 64-caller in-process run fell from 22% to 9-11% (durable misses +10-20%); over HTTP at
+    16 clients the gain is a few percent. Frozen objects are still freed by reference counting;
+    only a cycle among them is kept.
+    A process setting, so the library never does this: `serve` owns its process.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
+
+
 def _serve(args: argparse.Namespace) -> int:
     if args.journal:
         os.environ[ENV_JOURNAL] = args.journal  # modules that build their server at import see it
     server = load_target(args.target)
+    # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
+    logging.getLogger().setLevel(args.log_level.upper())
     from .server import DurableServer
 
     if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
         server.engine.journal = create_journal(args.journal)
     journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
     if args.transport == "stdio":
-        print(f"mcp-durable: serving {args.target} over stdio; journal {journal}", file=sys.stderr)
+        frozen = "" if args.no_gc_freeze else f"; {freeze_startup_heap():,} start-up objects frozen"
+        print(f"mcp-durable: serving {args.target} over stdio; journal {journal}{frozen}", file=sys.stderr)
         server.run("stdio")
         return 0
     import anyio
@@ -83,9 +106,12 @@ def _serve(args: argparse.Namespace) -> int:
     # host= lets the SDK choose DNS-rebinding protection for it: on for loopback, as it should be.
     app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless, host=args.host)
     url = f"{base_url}/mcp"
+    heap = "collected as usual (--no-gc-freeze)" if args.no_gc_freeze else (
+        f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
     print(
         f"mcp-durable: serving {args.target} over streamable HTTP at {url}\n"
         f"  journal: {journal}\n"
+        f"  heap:    {heap}\n"
         f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
         f"  e.g.:    npx @modelcontextprotocol/inspector --cli {url} --transport http --method tools/list",
         file=sys.stderr,
@@ -131,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
     serve.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument("--no-gc-freeze", action="store_true",
+                       help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)")
     serve.set_defaults(handler=_serve)
 
     demo = commands.add_parser("demo", help="run a demonstration").add_subparsers(dest="demo", required=True)

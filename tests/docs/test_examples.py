@@ -164,6 +164,8 @@ async def test_make_run_serves_the_payments_tools_and_prints_how_to_connect(tmp_
                 printed.append(line)
         url = f"http://127.0.0.1:{port}/mcp"
         assert any(f"streamable HTTP at {url}" in line for line in printed), "".join(printed)
+        # serve freezes the start-up heap (docs/cli.md) and says how many objects it froze
+        assert any(re.search(r"heap: +[\d,]{5,} start-up objects frozen", line) for line in printed), printed
         await wait_listening(port)  # the message is printed just before uvicorn binds
         async with Client(url, mode="legacy") as client:
             first = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta={KEY_META: "mr"})
