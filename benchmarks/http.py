@@ -23,7 +23,7 @@ from mcp import Client
 
 from .common import CaseResult, Settings, Table, journal_urls, median, rate, ratio, skipped_journals
 from .servers import TOOL
-from .timing import check_result
+from .timing import check_result, fresh_arguments
 
 CLIENTS = 16
 
@@ -108,7 +108,7 @@ async def run(settings: Settings) -> CaseResult:
     for name, journal in urls.items():
         counter = itertools.count(1)
         async with http_server("durable", journal) as url:
-            rates = await _measure(url, {"miss": lambda: {"n": next(counter)}, "replay": lambda: {"n": 0}},
+            rates = await _measure(url, {"miss": fresh_arguments(counter), "replay": lambda: {"n": 0}},
                                    total, reps)  # fmt: skip
         for kind in ("miss", "replay"):
             value = median(rates[kind])

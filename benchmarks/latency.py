@@ -18,15 +18,10 @@ from mcp import Client
 
 from .common import CaseResult, FsyncProbe, Settings, Table, Target, journal_urls, median, ratio, skipped_journals, us, verdict
 from .servers import TOOL, durable_server, plain_server, plain_server_with_meta
-from .timing import check_result, timed_calls
+from .timing import check_result, fresh_arguments, timed_calls
 
 ERAS = {"legacy": "2025-11-25 (legacy)", "auto": "2026-07-28"}
 REPLAY_N = -1  # the argument of the one call every replay repeats
-
-
-def _fresh_arguments(counter: Iterator[int]) -> Callable[[], dict[str, int]]:
-    """Arguments with a new `n` on every call: a new derived key, so every call is a miss."""
-    return lambda: {"n": next(counter)}
 
 
 async def run(settings: Settings) -> CaseResult:
@@ -55,7 +50,7 @@ async def run(settings: Settings) -> CaseResult:
             for name, server in durables.items():
                 client = await stack.enter_async_context(Client(server, mode=era))
                 counter = fresh[name]
-                variants.append(((era, "miss", name), client.call_tool, _fresh_arguments(counter)))
+                variants.append(((era, "miss", name), client.call_tool, fresh_arguments(counter)))
                 variants.append(((era, "replay", name), client.call_tool, lambda: {"n": REPLAY_N}))
         # Warm up every path (and complete the one call replays repeat); check each answers right.
         for (_, kind, _), call, args in variants:

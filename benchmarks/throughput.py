@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import itertools
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -21,7 +21,7 @@ from mcp import Client
 
 from .common import CaseResult, GcMeter, Settings, Table, Target, journal_urls, median, rate, ratio, skipped_journals
 from .servers import TOOL, durable_server, plain_server
-from .timing import check_result
+from .timing import check_result, fresh_arguments
 
 CONCURRENCY = (1, 16, 64, 256)
 TARGET_CONCURRENCY = 64
@@ -72,8 +72,7 @@ async def run(settings: Settings) -> CaseResult:
         await _burst(plain.call_tool, lambda: {"n": 1}, 8, 32)  # warm-up
         for name, url in urls.items():
             async with Client(durable_server(url)) as client:
-                counter: Iterator[int] = itertools.count(1)
-                durable_args = lambda c=counter: {"n": next(c)}  # noqa: E731
+                durable_args = fresh_arguments(itertools.count(1))
                 await _burst(client.call_tool, durable_args, 8, 32)  # warm-up
                 for callers in CONCURRENCY:
                     total = max(settings.pick(32, 2000), settings.pick(1, 2) * callers)

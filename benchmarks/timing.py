@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from .servers import TOOL
@@ -13,6 +13,11 @@ REPLAYED = "mcp-durable/replayed"
 
 class BenchmarkError(RuntimeError):
     """A measured call did not answer as it must: the figures would be meaningless."""
+
+
+def fresh_arguments(counter: Iterator[int]) -> Callable[[], dict[str, int]]:
+    """Arguments with a new `n` on every call: a new derived key, so every durable call is a miss."""
+    return lambda: {"n": next(counter)}
 
 
 def check_result(result: Any, *, replayed: bool | None = None) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
-import logging
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path

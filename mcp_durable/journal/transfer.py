@@ -30,6 +30,7 @@ from typing import IO, Any
 import orjson
 
 from ..errors import JournalError
+from ..keys import canonical_json
 from .base import CallCursor, Journal
 from .model import CallIdentity, CallRecord, CallState, JournalEntry
 
@@ -163,8 +164,7 @@ def read_header(first_line: bytes) -> dict[str, Any]:
 
 def _entry_digest(process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> bytes:
     """What makes two entries the same entry, whatever seq each journal gave it."""
-    canonical = orjson.dumps([process_id, entry_type, ts, data], option=orjson.OPT_SORT_KEYS)
-    return hashlib.sha256(canonical).digest()
+    return hashlib.sha256(canonical_json([process_id, entry_type, ts, data])).digest()
 
 
 async def _entries_present(journal: Journal) -> Counter[bytes]:
