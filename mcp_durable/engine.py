@@ -130,10 +130,16 @@ class Engine:
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
-        #: Identities this instance is running a tool for right now. A record this instance owns
-        #: is alive while it is in here, whatever its lease says (a stalled heartbeat must not
-        #: turn our own running call in doubt), and dead once it is not (single writer).
-        self._running: set[CallIdentity] = set()
+        #: Identities this instance is inside a call for right now, counted: from the moment a
+        #: claim or take-over is sent until the outcome is persisted (or released). A record
+        #: this instance owns is alive while it is in here, whatever its lease says (a stalled
+        #: heartbeat must not turn our own running call in doubt), and dead once it is not.
+        #: Held before the write is sent, because a duplicate may read the committed claim
+        #: before the claiming coroutine resumes; held through the persist, because the record
+        #: is still PENDING until that write lands. Counted, because two of this instance's
+        #: duplicates may both try to take one record over, and the loser must not drop the
+        #: winner's hold.
+        self._running: dict[CallIdentity, int] = {}
         #: The process this engine journals its lifecycle as (`starting → running → stopping →
         #: stopped`); None journals nothing.
         self.process_id = process_id
@@ -309,13 +315,14 @@ class Engine:
                 with anyio.CancelScope(shield=True):
                     # Shielded: a claim the caller abandons half-way would leave a PENDING record
                     # whose tool never ran, later mistaken for a crash in the danger window.
-                    won, record = await self.journal.claim(fresh, now)
-                    if won:
-                        # Running from the claim on: a listener that yields must not let a
-                        # duplicate see our PENDING record as a dead owner's.
-                        self._running.add(identity)
-                        await self.notify_changed(record)
-                        return await self._run(record, policy, run)
+                    self._hold(identity)  # before the claim is sent: see `_running`
+                    try:
+                        won, record = await self.journal.claim(fresh, now)
+                        if won:
+                            await self.notify_changed(record)
+                            return await self._run(record, policy, run)
+                    finally:
+                        self._unhold(identity)
             assert record is not None  # claimed above, or read and not expired
             if record.fingerprint != fingerprint:
                 raise KeyReuseError(tool, key)
@@ -372,7 +379,8 @@ class Engine:
     def owner_alive(self, record: CallRecord, now: float) -> bool:
         """Whether the owner of a PENDING record may still be running its tool."""
         if record.owner == self.instance_id:
-            # Ours: alive exactly while we run it (a stalled heartbeat does not make it dead).
+            # Ours: alive exactly while we are inside its call (a stalled heartbeat does not
+            # make it dead): see `_running`.
             return record.identity in self._running
         lease_valid = record.lease_until is not None and record.lease_until > now
         if self.journal.single_writer:
@@ -380,6 +388,14 @@ class Engine:
             # boot's orphan, whatever its lease says.
             return lease_valid and record.owner in _live_owners(self.journal)
         return lease_valid
+
+    def _hold(self, identity: CallIdentity) -> None:
+        self._running[identity] = self._running.get(identity, 0) + 1
+
+    def _unhold(self, identity: CallIdentity) -> None:
+        left = self._running.pop(identity) - 1
+        if left:
+            self._running[identity] = left
 
     async def _swap(self, record: CallRecord, new: CallRecord) -> bool:
         if await self.journal.swap(record.version, new):
@@ -397,11 +413,14 @@ class Engine:
             attempts=record.attempts + 1, updated_at=now, expires_at=None,
         )  # fmt: skip
         with anyio.CancelScope(shield=True):
-            if not await self.journal.swap(record.version, claimed):
-                return None
-            self._running.add(record.identity)  # before listeners may yield (see execute)
-            await self.notify_changed(claimed)
-            return await self._run(claimed, policy, run)
+            self._hold(record.identity)  # before the swap is sent: see `_running`
+            try:
+                if not await self.journal.swap(record.version, claimed):
+                    return None
+                await self.notify_changed(claimed)
+                return await self._run(claimed, policy, run)
+            finally:
+                self._unhold(record.identity)
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
     async def _reconcile(
@@ -415,51 +434,58 @@ class Engine:
         claimed = record.evolve(state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
                                 updated_at=now, expires_at=None)  # fmt: skip
         with anyio.CancelScope(shield=True):
-            self._running.add(identity)  # before listeners may yield (see execute)
-            if not await self._swap(record, claimed):
-                self._running.discard(identity)
-                return None
-            arguments = orjson.loads(record.arguments) if record.arguments else {}
-            # The hook sees the in-doubt call as `current_call()`, so it can look up exactly the
-            # key the tool passed downstream (`scoped_key`, `step_key`).
-            token = bind(DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock, []))
+            self._hold(identity)  # before the swap is sent, until the outcome lands: see `_running`
             try:
-                async with self._lease_kept(identity, policy):
-                    found = await policy.reconcile(identity.key, arguments)
-            except Exception as exc:
-                # The downstream system cannot answer: fall back to refuse (never guess).
-                back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
-                                      error=f"reconcile failed: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
-                await self._swap(claimed, back)
-                raise InDoubtError(identity.tool, identity.key, record.attempts,
-                                   f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
+                return await self._reconcile_owned(record, claimed, policy, run, encode)
             finally:
-                unbind(token)
-                self._running.discard(identity)
-            if isinstance(found, NotApplied):
-                running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
-                self._running.add(identity)  # before listeners may yield (see execute)
-                if not await self._swap(claimed, running):
-                    self._running.discard(identity)
-                    return None
-                return await self._run(running, policy, run)
-            outcome = encode(found)
-            done, ours = await self._persist(claimed, policy, outcome)
-            if not ours:
-                return _replay(done)
-            return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
-                               first_completed_at=done.completed_at, reconciled=True,
-                               attempt=done.attempts)  # fmt: skip
+                self._unhold(identity)
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
+    async def _reconcile_owned(
+        self, record: CallRecord, claimed: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder
+    ) -> CallOutcome | None:
+        """`_reconcile` once this instance holds the identity: own it, ask the hook, complete or run."""
+        assert policy.reconcile is not None
+        identity = record.identity
+        if not await self._swap(record, claimed):
+            return None
+        arguments = orjson.loads(record.arguments) if record.arguments else {}
+        # The hook sees the in-doubt call as `current_call()`, so it can look up exactly the
+        # key the tool passed downstream (`scoped_key`, `step_key`).
+        token = bind(DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock, []))
+        try:
+            async with self._lease_kept(identity, policy):
+                found = await policy.reconcile(identity.key, arguments)
+        except Exception as exc:
+            # The downstream system cannot answer: fall back to refuse (never guess).
+            back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
+                                  error=f"reconcile failed: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
+            await self._swap(claimed, back)
+            raise InDoubtError(identity.tool, identity.key, record.attempts,
+                               f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
+        finally:
+            unbind(token)
+        if isinstance(found, NotApplied):
+            running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
+            if not await self._swap(claimed, running):
+                return None
+            return await self._run(running, policy, run)
+        outcome = encode(found)
+        done, ours = await self._persist(claimed, policy, outcome)
+        if not ours:
+            return _replay(done)
+        return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                           first_completed_at=done.completed_at, reconciled=True,
+                           attempt=done.attempts)  # fmt: skip
+
     async def _run(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome:
-        """Run the tool for a record this instance owns; persist before returning. Shielded by callers."""
+        """Run the tool for a record this instance owns; persist before returning. Shielded by callers,
+        who hold the identity (`_hold`) from before their claim was sent until this returns."""
         identity = record.identity
         call = DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock,
                            await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
         token = bind(call)
         failure: BaseException | None = None
-        self._running.add(identity)
         try:
             async with self._lease_kept(identity, policy):
                 try:
@@ -468,7 +494,6 @@ class Engine:
                     failure = exc
         finally:
             unbind(token)
-            self._running.discard(identity)
         if failure is not None:
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
