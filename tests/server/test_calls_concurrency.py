@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,16 @@ async def _call_concurrently(client: Any, n: int, tool: str, arguments: dict[str
     return results
 
 
-@pytest.mark.parametrize("journal_kind", ["memory", "sqlite"])
+def _journal_url(kind: str, tmp_path: Path) -> str:
+    return {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/journal.db", "file": f"file://{tmp_path}/journal"}[kind]
+
+
+@pytest.mark.parametrize("journal_kind", ["memory", "sqlite", "file"])
 @pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto"])
 async def test_a_hundred_concurrent_calls_with_one_key_run_the_tool_once_and_all_get_its_result(
     transport: str, journal_kind: str, tmp_path: Path
 ) -> None:
-    journal = "memory://" if journal_kind == "memory" else f"sqlite:///{tmp_path}/journal.db"
+    journal = _journal_url(journal_kind, tmp_path)
     server = make_server(journal=journal, counter=tmp_path / "counter")
     async with connect(transport, target="", journal=journal, server=server) as client:
         results = await _call_concurrently(client, 100, "slow", {"text": "x", "delay": 0.3}, "one-key")
@@ -43,6 +48,36 @@ async def test_a_hundred_concurrent_calls_with_one_key_run_the_tool_once_and_all
     assert len({body_bytes(result) for result in results}) == 1
     replayed = [bool(result.meta and result.meta.get("mcp-durable/replayed")) for result in results]
     assert replayed.count(False) == 1  # the one that ran; the 99 others got it from the journal
+
+
+@pytest.mark.parametrize("journal_kind", ["sqlite", "file"])
+@pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto"])
+async def test_duplicates_arriving_at_any_moment_of_a_fast_call_never_run_it_again(
+    transport: str, journal_kind: str, tmp_path: Path
+) -> None:
+    # A fast tool, and each key's duplicates spread over a few milliseconds: some arrive while
+    # the first call's claim or its result is still on its way to the journal, the moments in
+    # which the instance must still count the call as its own live one (not a dead owner's).
+    journal = _journal_url(journal_kind, tmp_path)
+    server = make_server(journal=journal, counter=tmp_path / "counter")
+    rng = random.Random(5)
+    keys = [f"key-{i:02d}" for i in range(30)]
+    results: dict[str, list[Any]] = {key: [] for key in keys}
+    async with connect(transport, target="", journal=journal, server=server) as client:
+
+        async def one(key: str, delay: float) -> None:
+            await anyio.sleep(delay)
+            results[key].append(await client.call_tool("record", {"text": key}, meta={KEY_META: key}))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for key in keys:
+                    for _ in range(8):
+                        tg.start_soon(one, key, rng.uniform(0, 0.02))
+    assert Counter(tmp_path / "counter").count("record") == len(keys)
+    for key, answers in results.items():
+        assert [r for r in answers if r.is_error] == []
+        assert len({body_bytes(r) for r in answers}) == 1, key  # one run id per key: one execution
 
 
 async def test_a_hundred_concurrent_calls_over_http_run_the_tool_once(tmp_path: Path) -> None:
