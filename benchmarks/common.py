@@ -90,8 +90,10 @@ def rate(per_second: float) -> str:
     return f"{per_second:,.0f}/s"
 
 
-def ratio(value: float) -> str:
-    return f"{value:.2f}x"
+def ratio(value: float, digits: int = 2) -> str:
+    """`value` as a ratio; judged against a bar it sits at, pass `digits=3` so that a verdict
+    of "NOT met" never stands beside a figure that rounds to the bar (1.004 shown as 1.00x)."""
+    return f"{value:.{digits}f}x"
 
 
 def mb(size_bytes: float) -> str:
