@@ -11,6 +11,7 @@ import anyio
 import pytest
 
 from mcp_durable import KEY_META
+from tests.crash.crash_servers.harness import journal_url
 from tests.helpers import body_bytes, connect
 from tests.server.servers.counting import Counter, make_server
 
@@ -29,16 +30,12 @@ async def _call_concurrently(client: Any, n: int, tool: str, arguments: dict[str
     return results
 
 
-def _journal_url(kind: str, tmp_path: Path) -> str:
-    return {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/journal.db", "file": f"file://{tmp_path}/journal"}[kind]
-
-
 @pytest.mark.parametrize("journal_kind", ["memory", "sqlite", "file"])
 @pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto"])
 async def test_a_hundred_concurrent_calls_with_one_key_run_the_tool_once_and_all_get_its_result(
     transport: str, journal_kind: str, tmp_path: Path
 ) -> None:
-    journal = _journal_url(journal_kind, tmp_path)
+    journal = "memory://" if journal_kind == "memory" else journal_url(journal_kind, tmp_path)
     server = make_server(journal=journal, counter=tmp_path / "counter")
     async with connect(transport, target="", journal=journal, server=server) as client:
         results = await _call_concurrently(client, 100, "slow", {"text": "x", "delay": 0.3}, "one-key")
@@ -58,7 +55,7 @@ async def test_duplicates_arriving_at_any_moment_of_a_fast_call_never_run_it_aga
     # A fast tool, and each key's duplicates spread over a few milliseconds: some arrive while
     # the first call's claim or its result is still on its way to the journal, the moments in
     # which the instance must still count the call as its own live one (not a dead owner's).
-    journal = _journal_url(journal_kind, tmp_path)
+    journal = journal_url(journal_kind, tmp_path)
     server = make_server(journal=journal, counter=tmp_path / "counter")
     rng = random.Random(5)
     keys = [f"key-{i:02d}" for i in range(30)]
