@@ -18,7 +18,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/mcp-durable serve tools/payments.py --transport http --host 127.0.0.1 --port $(PORT)
 
-test: $(STAMP)
+# Real MCP peers from npm that the tests drive; skipped where npm is missing (the tests that need
+# them then skip, or fail under CI).
+NODE_STAMP := tests/node/node_modules/.installed-stamp
+$(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then npm ci --prefix tests/node --no-audit --no-fund --loglevel=error && touch $@; else echo "npm not found: tests that drive npm MCP peers will skip"; fi
+
+test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(STAMP)
