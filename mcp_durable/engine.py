@@ -50,7 +50,7 @@ import anyio
 import orjson
 
 from . import keys, operators
-from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError
+from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError, OutcomeUnknownError
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
@@ -494,6 +494,11 @@ class Engine:
                     failure = exc
         finally:
             unbind(token)
+        if isinstance(failure, OutcomeUnknownError):
+            # The effect may have happened (e.g. the upstream died mid-call): never release it
+            # for a silent re-run; leave it IN_DOUBT so the in-doubt policy decides.
+            await self._doubt(record, failure.reason)
+            raise InDoubtError(identity.tool, identity.key, record.attempts, failure.reason) from failure
         if failure is not None:
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
@@ -538,6 +543,17 @@ class Engine:
             done = _rebase(done, current)
         await self.notify_changed(done)
         return done, True
+
+    async def _doubt(self, record: CallRecord, reason: str) -> None:
+        now = self.clock()
+        doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now,
+                                error=reason[:500])  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            try:
+                if await self.journal.swap(record.version, doubted):
+                    await self.notify_changed(doubted)
+            except Exception:  # noqa: BLE001 - the record stays PENDING; its lease expires into doubt
+                logger.warning("could not mark %s in doubt", record.identity, exc_info=True)
 
     async def _release_after(self, record: CallRecord, policy: ToolPolicy, exc: BaseException) -> None:
         if isinstance(exc, Exception) and policy.exceptions == "persist":

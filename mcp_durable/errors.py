@@ -10,6 +10,8 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 ├── InDoubtError             .tool .key .attempts       (code in_doubt)
 ├── DeterminismError         .step_index .expected .got (a durable step differs from the journal)
 ├── OperatorError            an operator action that does not apply (no such record, not in doubt)
+├── UpstreamUnavailableError .upstream: the proxy's upstream server cannot be reached (code upstream_unavailable)
+├── OutcomeUnknownError      .reason: a run whose effect may or may not have happened (the call is left in doubt)
 └── JournalError             storage failed; the driver's exception is __cause__ (code journal_unavailable)
     ├── JournalLockedError   .holder: another writer holds the journal
     └── JournalCorruptError  .path .offset: what could not be read, and where
@@ -144,6 +146,33 @@ class OperatorError(DurableError):
     """An operator action (resolve, purge) that does not apply to the journal's state."""
 
     code = "operator_error"
+
+
+class UpstreamUnavailableError(DurableError):
+    """The proxy's upstream server cannot be reached: the call was not sent and nothing was journaled."""
+
+    code = "upstream_unavailable"
+
+    def __init__(self, upstream: str, reason: str) -> None:
+        super().__init__(f"upstream {upstream} cannot be reached: {reason}; nothing was journaled, retry later")
+        self.upstream = upstream
+
+    def details(self) -> dict[str, object]:
+        return {"upstream": self.upstream}
+
+
+class OutcomeUnknownError(DurableError):
+    """Raised by a run whose effect may or may not have happened (an upstream died mid-call).
+
+    The engine does not release the claim (a retry could repeat the effect): it marks the call
+    IN_DOUBT, and the tool's in-doubt policy decides what a repeat does.
+    """
+
+    code = "in_doubt"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class JournalError(DurableError):

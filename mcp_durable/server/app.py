@@ -26,7 +26,7 @@ from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnno
 from pydantic import ValidationError
 
 from .. import limits
-from ..engine import LOCAL_PRINCIPAL, Engine, ToolOutcome
+from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import DurableError, JournalError
 from ..journal import Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
@@ -214,8 +214,6 @@ class DurableServer(MCPServer[Any]):
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
             raise ToolError(exc.message) from exc  # a bad request: the SDK's own error, before any claim
-        meta = _request_meta(context)
-        key_hint: str | None = None
 
         async def run(call: DurableCall | None) -> ToolOutcome:
             try:
@@ -226,33 +224,62 @@ class DurableServer(MCPServer[Any]):
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
-            if isinstance(result, InputRequiredResult):
-                # Interim (multi-round) answers are never journaled as the call's result.
-                return ToolOutcome(result, b"", is_error=False, final=False)
-            final = result  # narrowed to CallToolResult, for the closure
-            try:
-                payload = limits.result_payload(name, lambda: dump_result(final), self.max_result_bytes)
-            except limits.LimitExceeded as exc:
-                if policy.exceptions != "persist":
-                    raise  # the engine releases the claim; answered below
-                text = limits.outcome_text(exc, released=False)
-                result = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-                payload = dump_result(result)
-            return ToolOutcome(result, payload, is_error=bool(result.is_error))
+            return self.tool_outcome(name, policy, result)
 
         def encode(value: Any) -> ToolOutcome:
             result = tool.fn_metadata.convert_result(value)
             assert isinstance(result, CallToolResult)
             return ToolOutcome(result, dump_result(result), is_error=bool(result.is_error))
 
+        return await self.run_durable(name, policy, validated, canonical, context, run, encode)
+
+    def tool_outcome(
+        self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult
+    ) -> ToolOutcome:
+        """A run's result as the engine persists it: the result and its journaled JSON.
+
+        Interim (multi-round) answers are marked not final, so they are never journaled. A result
+        over `max_result_bytes` raises `LimitExceeded` (the engine releases the claim), or under
+        `exceptions="persist"` becomes a persisted error result.
+        """
+        if isinstance(result, InputRequiredResult):
+            return ToolOutcome(result, b"", is_error=False, final=False)
+        final = result  # narrowed to CallToolResult, for the closure
+        try:
+            payload = limits.result_payload(name, lambda: dump_result(final), self.max_result_bytes)
+        except limits.LimitExceeded as exc:
+            if policy.exceptions != "persist":
+                raise  # the engine releases the claim; answered in run_durable
+            text = limits.outcome_text(exc, released=False)
+            result = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            payload = dump_result(result)
+        return ToolOutcome(result, payload, is_error=bool(result.is_error))
+
+    async def run_durable(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        canonical: bytes,
+        context: Context[Any, Any] | None,
+        run: Runner,
+        encode: Encoder | None = None,
+    ) -> CallToolResult | InputRequiredResult:
+        """One durable call through the engine, answered as MCP: the path every durable tool takes.
+
+        `arguments` are the validated arguments (`canonical` their canonical JSON, size-checked);
+        `run` produces the tool's `ToolOutcome` (see `tool_outcome`). The key comes from the
+        request's `_meta` or the policy, the principal from `principal_of(context)`. Refusals
+        (`DurableError`) become `isError` results; a replay carries the replay `_meta`. Used by
+        `call_tool` here and by the proxy (mcp_durable/proxy/), whose `run` forwards upstream.
+        """
         try:
             outcome = await self.engine.execute(
-                tool=name, policy=policy, arguments=validated, meta=meta, run=run, encode=encode,
+                tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
                 principal=self.principal_of(context), canonical=canonical,
             )  # fmt: skip
         except DurableError as exc:
-            key_hint = getattr(exc, "key", None)
-            return refusal(exc, key_hint)
+            return refusal(exc, getattr(exc, "key", None))
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             text = limits.outcome_text(exc, released=True)
             return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)

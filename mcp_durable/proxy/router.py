@@ -1,0 +1,96 @@
+"""Routing the upstream's requests and log messages to the downstream client whose call caused them.
+
+The proxy holds one upstream session for all its clients. A server→client request from the
+upstream (sampling, elicitation) or a log message does not say which of the proxy's tool calls
+it belongs to, so the router sends it to the one downstream call in flight. With none in flight,
+or several (of different clients), a request is refused with an error to the upstream (it must
+never reach another principal's client) and a log message is logged by the proxy only.
+Progress needs none of this: it is bound to its call by the progress token (see server.py).
+
+Sampling and elicitation reach the client only on the 2025-11-25 (legacy) protocol era: the
+2026-07-28 era has no server→client requests.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types import (
+    INVALID_REQUEST,
+    CreateMessageRequest,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    ElicitRequest,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
+    LoggingMessageNotificationParams,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class Router:
+    """Tracks the downstream calls in flight; routes upstream requests and logs to the only one."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[int, Any] = {}
+
+    @contextmanager
+    def call(self, request_context: Any) -> Iterator[None]:
+        """Mark a downstream request (`ServerRequestContext`) in flight for the block."""
+        if request_context is None:
+            yield
+            return
+        ident = id(request_context)
+        self._in_flight[ident] = request_context
+        try:
+            yield
+        finally:
+            self._in_flight.pop(ident, None)
+
+    def _target(self) -> Any | None:
+        sessions = {id(ctx.session) for ctx in self._in_flight.values()}
+        if len(sessions) != 1:
+            return None
+        return next(iter(self._in_flight.values()))
+
+    async def sampling(self, context: Any, params: CreateMessageRequestParams) -> CreateMessageResult | ErrorData:
+        target = self._target()
+        if target is None:
+            return self._unroutable("sampling/createMessage")
+        result: CreateMessageResult = await target.session.send_request(
+            CreateMessageRequest(params=params), CreateMessageResult,
+            metadata=ServerMessageMetadata(related_request_id=target.request_id),
+        )  # fmt: skip
+        return result
+
+    async def elicitation(self, context: Any, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+        target = self._target()
+        if target is None:
+            return self._unroutable("elicitation/create")
+        result: ElicitResult = await target.session.send_request(
+            ElicitRequest(params=params), ElicitResult,
+            metadata=ServerMessageMetadata(related_request_id=target.request_id),
+        )  # fmt: skip
+        return result
+
+    async def logging(self, params: LoggingMessageNotificationParams) -> None:
+        target = self._target()
+        if target is None:
+            logger.info("upstream log (%s) %s: %s", params.level, params.logger or "-", params.data)
+            return
+        try:
+            await target.session.send_log_message(params.level, params.data, params.logger,
+                                                  related_request_id=target.request_id)  # fmt: skip
+        except Exception:  # noqa: BLE001 - a log line must never fail the call
+            logger.debug("could not forward an upstream log message", exc_info=True)
+
+    def _unroutable(self, method: str) -> ErrorData:
+        count = len(self._in_flight)
+        why = "no call is in flight" if count == 0 else f"{count} calls of several clients are in flight"
+        return ErrorData(code=INVALID_REQUEST, message=f"mcp-durable proxy cannot route {method}: {why}")

@@ -1,0 +1,310 @@
+"""`ProxyServer`: a `DurableServer` whose tools, resources and prompts are another server's.
+
+Every request is forwarded to the upstream (`Upstream`) and its answer returned unchanged,
+except `tools/call` of a tool whose policy (`Policies`: the file, else the upstream's own
+`idempotentHint`) makes it durable: that goes through `DurableServer.run_durable`, the same
+engine path as a Python durable tool, with a `run` that forwards the call upstream carrying the
+scoped key in `_meta["mcp-durable/idempotency-key"]`. The journal resources (`journal://…`) and
+the admin tools are the proxy's own.
+
+Upstream faults:
+- cannot be reached (not started, refused, timed out): the call is refused with
+  `upstream_unavailable` before any claim, so nothing is journaled;
+- died with the call outstanding: the effect may have happened, so the record is left
+  IN_DOUBT (`OutcomeUnknownError`) and the tool's in-doubt policy answers its repeats; the
+  next call restarts a stdio upstream;
+- answered with a JSON-RPC error: nothing happened upstream; the claim is released and the
+  error reaches the client as the upstream sent it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    INTERNAL_ERROR,
+    CallToolResult,
+    CompleteRequestParams,
+    CompleteResult,
+    GetPromptResult,
+    InputRequiredResult,
+    Prompt,
+    ReadResourceRequestParams,
+    ReadResourceResult,
+    Resource,
+    ResourceTemplate,
+    TextContent,
+    Tool,
+    ToolAnnotations,
+)
+
+from .. import limits
+from ..engine import ToolOutcome
+from ..errors import DurableError, OutcomeUnknownError, UpstreamUnavailableError
+from ..keys import KEY_META
+from ..policy import ToolPolicy
+from ..policy_file import Policies
+from ..server.app import DurableServer
+from ..server.results import refusal
+from ..steps import DurableCall
+from .router import Router
+from .upstream import Upstream, UpstreamLost, UpstreamSpec
+
+logger = logging.getLogger(__name__)
+
+#: The proxy's own resources; every other URI is the upstream's.
+LOCAL_SCHEME = "journal://"
+_RESERVED_META = "io.modelcontextprotocol/"
+
+
+class ProxyServer(DurableServer):
+    """Serves `upstream` with durable tools by `policies`; keyword arguments as `DurableServer`."""
+
+    def __init__(self, upstream: UpstreamSpec, policies: Policies | None = None, name: str | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        self.router = Router()
+        self.upstream = Upstream(upstream, self.router)
+        self.tool_policies = policies or Policies()
+        self._upstream_users = 0
+        self._applied_connects = -1
+        self._upstream_done: anyio.Event | None = None
+        super().__init__(name or "mcp-durable-proxy", lifespan=self._upstream_lifespan, **kwargs)
+        self._install_forwarding()
+
+    # -- the upstream's lifetime --------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _upstream_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
+        # Entered once per stdio/in-memory connection and once by the HTTP session manager. The
+        # first entry runs the supervisor in its own task group (anyio: the task that enters the
+        # SDK client must leave it); later entries share it, and the first waits for the last.
+        self._upstream_users += 1
+        if self._upstream_users > 1:
+            try:
+                yield {}
+            finally:
+                self._upstream_users -= 1
+                if self._upstream_users == 0 and self._upstream_done is not None:
+                    self._upstream_done.set()
+            return
+        self._upstream_done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.upstream.supervise)
+            try:
+                try:
+                    await self.refresh()  # list the upstream's tools now: policies, and an early error
+                except UpstreamUnavailableError as exc:
+                    logger.warning("%s", exc)
+                yield {}
+            finally:
+                self._upstream_users -= 1
+                if self._upstream_users > 0:
+                    with anyio.CancelScope(shield=True):
+                        await self._upstream_done.wait()
+                self.upstream.stop()
+
+    async def refresh(self) -> list[Tool]:
+        """Connect if needed and apply the policies to the upstream's tools as last listed."""
+        await self.upstream.client()
+        self._applied_connects = self.upstream.connects
+        tools = list(self.upstream.tools.values())
+        for tool in tools:
+            policy = self.tool_policies.for_tool(tool.name, _annotations(tool))
+            if policy is None:
+                self.policies.pop(tool.name, None)
+            else:
+                self.policies[tool.name] = policy
+        unknown = self.tool_policies.unknown(self.upstream.tools)
+        if unknown:
+            logger.warning("policies name tools the upstream does not have: %s", ", ".join(unknown))
+        return tools
+
+    # -- tools -------------------------------------------------------------------------------------
+
+    async def list_tools(self) -> list[Tool]:
+        local = await MCPServer.list_tools(self)
+        mine = {tool.name for tool in local}
+        await self._client()
+        advertised = [self._advertised(tool) for tool in self.upstream.tools.values() if tool.name not in mine]
+        return advertised + local
+
+    def _advertised(self, tool: Tool) -> Tool:
+        policy = self.policies.get(tool.name)
+        if policy is None or not policy.idempotent:
+            return tool
+        # The hint is now a guarantee: advertise it (as DurableServer.add_tool does).
+        base = tool.annotations or ToolAnnotations()
+        return tool.model_copy(update={"annotations": base.model_copy(update={"idempotent_hint": True})})
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        if self._tool_manager.get_tool(name) is not None:
+            return await MCPServer.call_tool(self, name, arguments, context)  # an admin tool of ours
+        try:
+            await self._client()  # before any claim: an unreachable upstream journals nothing
+        except UpstreamUnavailableError as exc:
+            return refusal(exc)
+        policy = self.policies.get(name)
+        request = _request_context(context)
+        if policy is None:
+            with self.router.call(request):
+                try:
+                    return await self.upstream.call_tool(name, arguments, _forwarded_meta(request), _progress(context))
+                except UpstreamLost as exc:
+                    raise MCPError(code=INTERNAL_ERROR, message=f"upstream: {exc}") from exc
+        try:
+            canonical = limits.checked_arguments(name, arguments, self.max_argument_bytes)
+        except limits.LimitExceeded as exc:
+            return CallToolResult(content=[TextContent(type="text", text=exc.message)], is_error=True)
+        return await self.run_durable(name, policy, arguments, canonical, context,
+                                      self._forwarder(name, policy, arguments, request, context))  # fmt: skip
+
+    def _forwarder(self, name: str, policy: ToolPolicy, arguments: dict[str, Any], request: Any,
+                   context: Context[Any, Any] | None) -> Any:  # fmt: skip
+        async def run(call: DurableCall | None) -> ToolOutcome:
+            meta = _forwarded_meta(request)
+            if call is not None:
+                meta[KEY_META] = call.scoped_key  # the key travels downstream
+            with self.router.call(request):
+                try:
+                    result = await self.upstream.call_tool(name, arguments, meta, _progress(context))
+                except UpstreamLost as exc:
+                    raise OutcomeUnknownError(str(exc)) from exc
+            return self.tool_outcome(name, policy, result)
+
+        return run
+
+    async def _client(self) -> Any:
+        client = await self.upstream.client()
+        if self._applied_connects != self.upstream.connects:
+            await self.refresh()  # a new session: the upstream's tools may have changed
+        return client
+
+    # -- resources, prompts, completions -----------------------------------------------------------
+
+    async def list_resources(self) -> list[Resource]:
+        client = await self._client_or_mcp_error()
+        upstream = await _all_pages(client.list_resources, "resources") if _serves(client, "resources") else []
+        return list(upstream) + await MCPServer.list_resources(self)
+
+    async def list_resource_templates(self) -> list[ResourceTemplate]:
+        client = await self._client_or_mcp_error()
+        upstream = (await _all_pages(client.list_resource_templates, "resource_templates")
+                    if _serves(client, "resources") else [])  # fmt: skip
+        return list(upstream) + await MCPServer.list_resource_templates(self)
+
+    async def list_prompts(self) -> list[Prompt]:
+        client = await self._client_or_mcp_error()
+        upstream = await _all_pages(client.list_prompts, "prompts") if _serves(client, "prompts") else []
+        return list(upstream) + await MCPServer.list_prompts(self)
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
+    ) -> GetPromptResult | InputRequiredResult:
+        client = await self._client_or_mcp_error()
+        with self.router.call(_request_context(context)):
+            result: GetPromptResult = await client.session.get_prompt(
+                name, arguments, meta=_forwarded_meta(_request_context(context)))
+        return result
+
+    async def _client_or_mcp_error(self) -> Any:
+        try:
+            return await self._client()
+        except UpstreamUnavailableError as exc:
+            raise MCPError(code=INTERNAL_ERROR, message=exc.message, data=exc.details()) from exc
+
+    def _install_forwarding(self) -> None:
+        lowlevel = self._lowlevel_server
+        local_read = lowlevel.get_request_handler("resources/read")
+        assert local_read is not None  # MCPServer serves resources/read; resources.py wrapped it
+
+        async def read(ctx: ServerRequestContext[Any, Any], params: ReadResourceRequestParams) -> Any:
+            if str(params.uri).startswith(LOCAL_SCHEME):
+                return await local_read.handler(ctx, params)
+            client = await self._client_or_mcp_error()
+            with self.router.call(ctx):
+                result: ReadResourceResult = await client.session.read_resource(
+                    str(params.uri), meta=_forwarded_meta(ctx))
+            return result
+
+        async def complete(ctx: ServerRequestContext[Any, Any], params: CompleteRequestParams) -> CompleteResult:
+            client = await self._client_or_mcp_error()
+            context = params.context.arguments if params.context is not None else None
+            result: CompleteResult = await client.session.complete(
+                params.ref, {"name": params.argument.name, "value": params.argument.value}, context)
+            return result
+
+        lowlevel.add_request_handler("resources/read", ReadResourceRequestParams, read)
+        lowlevel.add_request_handler("completion/complete", CompleteRequestParams, complete)
+
+
+def _annotations(tool: Tool) -> dict[str, Any] | None:
+    if tool.annotations is None:
+        return None
+    dumped: dict[str, Any] = tool.annotations.model_dump(by_alias=True, exclude_none=True)
+    return dumped
+
+
+def _serves(client: Any, capability: str) -> bool:
+    caps = client.server_capabilities
+    return getattr(caps, capability, None) is not None
+
+
+async def _all_pages(fetch: Any, attribute: str) -> Iterable[Any]:
+    items: list[Any] = []
+    cursor: str | None = None
+    while True:
+        page = await fetch(cursor=cursor)
+        items.extend(getattr(page, attribute))
+        cursor = page.next_cursor
+        if not cursor:
+            return items
+
+
+def _request_context(context: Context[Any, Any] | None) -> Any:
+    if context is None:
+        return None
+    try:
+        return context.request_context
+    except ValueError:
+        return None
+
+
+def _forwarded_meta(request: Any) -> dict[str, Any]:
+    """The downstream request's `_meta`, minus what belongs to the downstream connection (the
+    progress token, the 2026-07-28 envelope `io.modelcontextprotocol/…`, which the upstream's own
+    session speaks for itself) and the caller's raw key (the upstream gets the scoped key)."""
+    meta = getattr(request, "meta", None) if request is not None else None
+    if not meta:
+        return {}
+    items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
+    return {name: value for name, value in items
+            if name not in ("progressToken", KEY_META) and not name.startswith(_RESERVED_META)}  # fmt: skip
+
+
+def _progress(context: Context[Any, Any] | None) -> Any:
+    """A progress callback relaying the upstream's progress to the caller (None if it asked for none)."""
+    request = _request_context(context)
+    meta = getattr(request, "meta", None) if request is not None else None
+    token = meta.get("progressToken") if isinstance(meta, dict) else getattr(meta, "progress_token", None)
+    if token is None or context is None:
+        return None
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await context.report_progress(progress, total, message)
+        except Exception:  # noqa: BLE001 - a progress note must never fail the call
+            logger.debug("could not relay progress", exc_info=True)
+
+    return relay
+
+
+__all__ = ["DurableError", "ProxyServer"]
