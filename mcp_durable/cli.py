@@ -88,12 +88,33 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(args.log_level.upper())
     from .server import DurableServer
 
+    if args.policies:
+        server = _with_policies(server, args.policies, args.journal)
     if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
         server.engine.journal = create_journal(args.journal)
+    return serve_server(server, args, args.target)
+
+
+def _with_policies(server: Any, path: str, journal: str | None) -> Any:
+    """`serve --policies`: a plain MCPServer made durable in process (`make_durable`)."""
+    from .policy_file import load_policies
+    from .server import DurableServer
+
+    if isinstance(server, DurableServer):
+        raise ConfigError("--policies is for a plain MCPServer; a DurableServer declares its policies in code")
+    from .proxy import make_durable
+
+    return make_durable(server, load_policies(path), journal=journal)
+
+
+def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
+    """Serve `server` over `args.transport` (stdio, or streamable HTTP on `args.host:args.port`)."""
+    from .server import DurableServer
+
     journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
     if args.transport == "stdio":
         frozen = "" if args.no_gc_freeze else f"; {freeze_startup_heap():,} start-up objects frozen"
-        print(f"mcp-durable: serving {args.target} over stdio; journal {journal}{frozen}", file=sys.stderr)
+        print(f"mcp-durable: serving {label} over stdio; journal {journal}{frozen}", file=sys.stderr)
         server.run("stdio")
         return 0
     import anyio
@@ -109,7 +130,7 @@ def _serve(args: argparse.Namespace) -> int:
     heap = "collected as usual (--no-gc-freeze)" if args.no_gc_freeze else (
         f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
     print(
-        f"mcp-durable: serving {args.target} over streamable HTTP at {url}\n"
+        f"mcp-durable: serving {label} over streamable HTTP at {url}\n"
         f"  journal: {journal}\n"
         f"  heap:    {heap}\n"
         f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
@@ -120,6 +141,18 @@ def _serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     anyio.run(uvicorn.Server(config).serve)
     return 0
+
+
+def add_serving_options(parser: argparse.ArgumentParser) -> None:
+    """The options every serving command takes (`serve`, `proxy`)."""
+    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
+    parser.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
+    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)")
 
 
 def _demo_crash(args: argparse.Namespace) -> int:
@@ -151,15 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="serve a module's MCP server")
     serve.add_argument("target", help="module, module:attr, or path/to/file.py[:attr]")
-    serve.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
-    serve.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
-    serve.add_argument("--log-level", default="warning")
-    serve.add_argument("--no-gc-freeze", action="store_true",
-                       help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)")
+    add_serving_options(serve)
+    serve.add_argument("--policies", metavar="FILE",
+                       help="make a plain MCPServer durable in process with this policies file (docs/proxy.md)")
     serve.set_defaults(handler=_serve)
+
+    from .proxy.cli import add_proxy_command
+
+    add_proxy_command(commands)
 
     demo = commands.add_parser("demo", help="run a demonstration").add_subparsers(dest="demo", required=True)
     crash = demo.add_parser("crash", help="kill -9 a refund server mid-batch: plain MCPServer vs mcp-durable")

@@ -10,8 +10,30 @@ Modules: `upstream.py` (the one session with the upstream, reconnected when it d
 `inprocess.py` (`make_durable`).
 """
 
-from .inprocess import make_durable
-from .server import ProxyServer
-from .upstream import UpstreamSpec
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .inprocess import make_durable
+    from .server import ProxyServer
+    from .upstream import UpstreamSpec
+
+
+def __getattr__(name: str) -> object:
+    # Loaded on first use: `mcp-durable --help` and the journal commands import this package's
+    # cli module without paying for the MCP SDK.
+    if name == "make_durable":
+        from .inprocess import make_durable
+
+        return make_durable
+    if name == "ProxyServer":
+        from .server import ProxyServer
+
+        return ProxyServer
+    if name == "UpstreamSpec":
+        from .upstream import UpstreamSpec
+
+        return UpstreamSpec
+    raise AttributeError(f"module 'mcp_durable.proxy' has no attribute {name!r}")
+
 
 __all__ = ["ProxyServer", "UpstreamSpec", "make_durable"]

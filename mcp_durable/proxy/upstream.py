@@ -197,7 +197,7 @@ class Upstream:
         with anyio.CancelScope(deadline=anyio.current_time() + self.spec.connect_timeout) as connecting:
             async with AsyncExitStack() as stack:
                 client = await stack.enter_async_context(Client(
-                    transport, mode=self.spec.mode,  # type: ignore[arg-type]
+                    transport, mode=self.spec.mode,
                     sampling_callback=self.router.sampling, elicitation_callback=self.router.elicitation,
                     logging_callback=self.router.logging, cache=None,
                 ))  # fmt: skip
@@ -215,7 +215,8 @@ class Upstream:
         self.connects += 1
         self._announce()
         await ended.wait()
-        logger.warning("upstream %s: connection closed", self.spec.describe())
+        if not self._stop.is_set():
+            logger.warning("upstream %s: connection closed; the next call reconnects", self.spec.describe())
 
     def _announce(self) -> None:
         changed, self._changed = self._changed, anyio.Event()

@@ -1,0 +1,103 @@
+"""`mcp-durable proxy`: serve an upstream MCP server (a command or a URL) with durable tools.
+
+    mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-memory" --journal sqlite:///p.db
+    mcp-durable proxy --upstream-url http://127.0.0.1:9000/mcp --upstream-token "$TOKEN" --transport http
+    mcp-durable proxy --upstream-command "…" --print-config > policies.toml
+
+Reads the environment once here (the upstream token); the library below takes values only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+from ..errors import ConfigError
+
+#: The upstream's bearer token, when not given by --upstream-token (which shows in `ps`).
+ENV_UPSTREAM_TOKEN = "MCP_DURABLE_UPSTREAM_TOKEN"
+
+
+def add_proxy_command(commands: Any) -> None:
+    from ..cli import add_serving_options
+
+    proxy = commands.add_parser(
+        "proxy", help="serve another MCP server (a command or a URL) with durable tools",
+        description="Durability for a server you did not write: see docs/proxy.md.",
+    )  # fmt: skip
+    upstream = proxy.add_mutually_exclusive_group(required=True)
+    upstream.add_argument("--upstream-command", metavar="CMD",
+                          help='the upstream as a command speaking stdio, one shell-quoted string ("npx -y …")')
+    upstream.add_argument("--upstream-url", metavar="URL", help="the upstream's streamable HTTP endpoint")
+    proxy.add_argument("--upstream-token", metavar="TOKEN",
+                       help=f"bearer token for --upstream-url (default: ${ENV_UPSTREAM_TOKEN})")
+    proxy.add_argument("--policies", metavar="FILE", help="per-tool policies (TOML; see --print-config)")
+    proxy.add_argument("--print-config", action="store_true",
+                       help="print the policies the proxy would use for this upstream, as TOML, and exit")
+    proxy.add_argument("--name", help="the proxy's server name (default: mcp-durable-proxy)")
+    add_serving_options(proxy)
+    proxy.set_defaults(handler=_proxy)
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    from ..cli import serve_server
+    from ..journal import ENV_JOURNAL
+    from ..policy_file import Policies, load_policies
+
+    logging.getLogger().setLevel(args.log_level.upper())
+    policies = load_policies(args.policies) if args.policies else Policies()
+    spec = _spec(args)
+    if args.print_config:
+        import anyio
+
+        sys.stdout.write(anyio.run(_render_config, spec, policies))
+        return 0
+    from .server import ProxyServer
+
+    journal = args.journal or os.environ.get(ENV_JOURNAL)
+    server = ProxyServer(spec, policies, name=args.name, journal=journal)
+    return serve_server(server, args, f"the upstream {spec.describe()}")
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    from .upstream import UpstreamSpec, child_environment
+
+    token = args.upstream_token or os.environ.get(ENV_UPSTREAM_TOKEN) or None
+    if args.upstream_url:
+        return UpstreamSpec(url=args.upstream_url, token=token)
+    if args.upstream_token:
+        raise ConfigError("--upstream-token goes with --upstream-url")
+    return UpstreamSpec.from_command_line(args.upstream_command, env=child_environment(os.environ), cwd=os.getcwd())
+
+
+async def _render_config(spec: Any, policies: Any) -> str:
+    import anyio
+
+    from ..policy_file import render_policies
+    from .router import Router
+    from .upstream import Upstream
+
+    upstream = Upstream(spec, Router())
+    async with anyio.create_task_group() as tg:
+        await tg.start(upstream.supervise)
+        try:
+            await upstream.client()
+        finally:
+            upstream.stop()
+    tools = [(tool.name, _hints(tool), tool.description) for tool in upstream.tools.values()]
+    unknown = policies.unknown(upstream.tools)
+    if unknown:
+        print(f"mcp-durable: the policies name tools the upstream does not have: {', '.join(unknown)}",
+              file=sys.stderr)  # fmt: skip
+    text: str = render_policies(tools, policies)
+    return text
+
+
+def _hints(tool: Any) -> dict[str, Any] | None:
+    if tool.annotations is None:
+        return None
+    hints: dict[str, Any] = tool.annotations.model_dump(by_alias=True, exclude_none=True)
+    return hints
