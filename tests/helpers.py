@@ -111,12 +111,9 @@ class ServedHttp:
             return ""
 
 
-def _start(
-    target: str, journal: str, port: int, env: Mapping[str, str] | None, extra_args: Sequence[str]
-) -> ServedHttp:
+def _start_cli(cli_args: Sequence[str], port: int, env: Mapping[str, str] | None) -> ServedHttp:
     log = tempfile.NamedTemporaryFile(prefix="mcp-durable-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    args = [*serve_command(), "serve", target, "--transport", "http", "--host", "127.0.0.1",
-            "--port", str(port), "--journal", journal, *extra_args]  # fmt: skip
+    args = [*serve_command(), *cli_args, "--transport", "http", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
         args, cwd=REPO, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=log,
@@ -163,8 +160,17 @@ async def serve_http(
     port: int | None = None,
 ) -> AsyncIterator[ServedHttp]:
     """Run `mcp-durable serve TARGET --transport http` on a free port until the block exits."""
+    async with serve_cli_http(["serve", target, "--journal", journal, *extra_args], env=env, port=port) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serve_cli_http(
+    cli_args: Sequence[str], *, env: Mapping[str, str] | None = None, port: int | None = None
+) -> AsyncIterator[ServedHttp]:
+    """Run `mcp-durable CLI_ARGS… --transport http` (e.g. `proxy --upstream-url …`) on a free port."""
     for _attempt in range(5):
-        served = _start(target, journal, port or free_port(), env, extra_args)
+        served = _start_cli(cli_args, port or free_port(), env)
         try:
             if await _wait_listening(served):
                 break

@@ -287,14 +287,16 @@ def _forwarded_meta(request: Any) -> dict[str, Any]:
         return {}
     items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
     return {name: value for name, value in items
-            if name not in ("progressToken", KEY_META) and not name.startswith(_RESERVED_META)}  # fmt: skip
+            if name not in ("progressToken", "progress_token", KEY_META) and not name.startswith(_RESERVED_META)}  # fmt: skip
 
 
 def _progress(context: Context[Any, Any] | None) -> Any:
     """A progress callback relaying the upstream's progress to the caller (None if it asked for none)."""
     request = _request_context(context)
     meta = getattr(request, "meta", None) if request is not None else None
-    token = meta.get("progressToken") if isinstance(meta, dict) else getattr(meta, "progress_token", None)
+    # The SDK hands `_meta` over as a dict keyed by field name (`progress_token`), custom keys verbatim.
+    token = (meta.get("progress_token", meta.get("progressToken")) if isinstance(meta, dict)
+             else getattr(meta, "progress_token", None))  # fmt: skip
     if token is None or context is None:
         return None
 
