@@ -131,7 +131,7 @@ class ProxyServer(DurableServer):
     async def list_tools(self) -> list[Tool]:
         local = await MCPServer.list_tools(self)
         mine = {tool.name for tool in local}
-        await self._client()
+        await self._client_or_mcp_error()
         advertised = [self._advertised(tool) for tool in self.upstream.tools.values() if tool.name not in mine]
         return advertised + local
 
