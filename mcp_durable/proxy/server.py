@@ -291,13 +291,13 @@ def _forwarded_meta(request: Any) -> dict[str, Any]:
 
 
 def _progress(context: Context[Any, Any] | None) -> Any:
-    """A progress callback relaying the upstream's progress to the caller (None if it asked for none)."""
-    request = _request_context(context)
-    meta = getattr(request, "meta", None) if request is not None else None
-    # The SDK hands `_meta` over as a dict keyed by field name (`progress_token`), custom keys verbatim.
-    token = (meta.get("progress_token", meta.get("progressToken")) if isinstance(meta, dict)
-             else getattr(meta, "progress_token", None))  # fmt: skip
-    if token is None or context is None:
+    """A progress callback relaying the upstream's progress to the caller.
+
+    Always given: whether the caller asked for progress is not visible on every transport (the
+    in-process dispatcher passes its callback beside the request, not as a `progressToken`), and
+    `report_progress` is a no-op for a caller that did not ask.
+    """
+    if context is None:
         return None
 
     async def relay(progress: float, total: float | None, message: str | None) -> None:
