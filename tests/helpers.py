@@ -216,6 +216,19 @@ async def serve_app(app: Any) -> AsyncIterator[str]:
     sock.close()
 
 
+@asynccontextmanager
+async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
+    """An MCP client over streamable HTTP that sends `Authorization: Bearer <token>` on every request."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
+            yield client
+
+
 #: Every way a test can reach a server: in-memory (both eras), stdio and HTTP subprocesses (both eras).
 TRANSPORTS = ("memory-legacy", "memory-auto", "stdio-legacy", "stdio-auto", "http-legacy", "http-auto")
 

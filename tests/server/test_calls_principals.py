@@ -10,24 +10,14 @@ from typing import Any
 
 import httpx2
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 from mcp_durable import KEY_META
 from tests.helpers import ServedHttp, body_bytes, serve_http
+from tests.helpers import client_as as _client_as
 from tests.server.servers.counting import Counter
 
 COUNTING = "tests/server/servers/counting.py:make_server"
 TOKENS = "tokA=alice,tokB=bob"
-
-
-@asynccontextmanager
-async def _client_as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
-    """An MCP client that sends `Authorization: Bearer <token>` on every request."""
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
-            yield client
 
 
 @asynccontextmanager

@@ -1,0 +1,76 @@
+"""The proxy over HTTP with two bearer-token principals: records, replays and journal resources
+are scoped by principal; the upstream gets each principal's scoped key; no secret reaches the
+upstream (neither the proxy's token map nor the upstream token in a stdio child's environment).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import client_as, serve_cli_http, wire
+from tests.node_peers import package_bin
+from tests.proxy.upstreams import EVERYTHING, PLAIN_UPSTREAM, key_meta, plain_http_upstream, proxy_cli, upstream_env
+from tests.server.servers.counting import Counter
+
+TOKENS = "tokA=alice,tokB=bob"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_one_principals_records_and_replays_are_never_visible_to_the_other(tmp_path: Path, mode: str) -> None:
+    env = upstream_env(tmp_path)
+    counter = Counter(env["COUNTER_FILE"])
+    call = {"name": "record", "arguments": {"text": "same"}, "meta": key_meta("shared-key")}
+    async with plain_http_upstream(env) as upstream:
+        args = proxy_cli(["--upstream-url", upstream.url], f"sqlite:///{tmp_path}/proxy.db")
+        async with serve_cli_http(args, env={**env, "MCP_DURABLE_TOKENS": TOKENS}) as proxy:
+            async with client_as(proxy.url, "tokA", mode) as alice:
+                alice_first = await alice.call_tool(**call)
+                alice_again = await alice.call_tool(**call)
+            async with client_as(proxy.url, "tokB", mode) as bob:
+                bob_first = await bob.call_tool(**call)
+                bob_calls = json.loads((await bob.read_resource("journal://calls")).contents[0].text)  # type: ignore[union-attr]
+                bob_record = json.loads(
+                    (await bob.read_resource("journal://calls/record/shared-key")).contents[0].text)  # type: ignore[union-attr]
+                with pytest.raises(Exception):  # noqa: B017 - another principal's record reads as not found
+                    await bob.read_resource("journal://calls/record/shared-key?principal=alice")
+    assert counter.count("record") == 2  # once per principal, never a replay across them
+    assert alice_again.meta["mcp-durable/replayed"] is True and wire(alice_again)["content"] == wire(alice_first)["content"]
+    assert "mcp-durable/replayed" not in bob_first.meta
+    assert bob_first.structured_content["run"] != alice_first.structured_content["run"]
+    # Each principal's scoped key went upstream, so a key-honouring upstream keeps them apart too.
+    assert alice_first.structured_content["key"] == "alice:shared-key"
+    assert bob_first.structured_content["key"] == "bob:shared-key"
+    assert [c["principal"] for c in bob_calls["calls"]] == ["bob"]
+    assert bob_record["principal"] == "bob" and "alice" not in json.dumps(bob_record)
+
+
+async def test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_upstream_sees_no_secret(
+    tmp_path: Path,
+) -> None:
+    env = upstream_env(tmp_path)
+    # The upstream: the plain server made durable by `serve --policies`, behind its own token.
+    policies = tmp_path / "policies.toml"
+    policies.write_text("[tools.plain]\ndurable = false\n")
+    upstream_args = ["serve", PLAIN_UPSTREAM, "--policies", str(policies), "--journal", f"sqlite:///{tmp_path}/up.db"]
+    async with serve_cli_http(upstream_args, env={**env, "MCP_DURABLE_TOKENS": "up-secret=proxy"}) as upstream:
+        proxy_env = {**env, "MCP_DURABLE_TOKENS": TOKENS, "MCP_DURABLE_UPSTREAM_TOKEN": "up-secret"}
+        args = proxy_cli(["--upstream-url", upstream.url], f"sqlite:///{tmp_path}/proxy.db")
+        async with serve_cli_http(args, env=proxy_env) as proxy, client_as(proxy.url, "tokA", "legacy") as alice:
+            ok = await alice.call_tool("plain", {"text": "x"})
+        without = {**proxy_env, "MCP_DURABLE_UPSTREAM_TOKEN": ""}
+        async with serve_cli_http(args, env=without) as proxy, client_as(proxy.url, "tokA", "legacy") as alice:
+            refused = await alice.call_tool("plain", {"text": "x"}, meta=key_meta("k"))
+    assert not ok.is_error and Counter(env["COUNTER_FILE"]).count("plain") == 1
+    assert refused.is_error and refused.structured_content["error"] == "upstream_unavailable"
+    assert "up-secret" not in json.dumps(wire(refused))
+    # A stdio upstream's environment: server-everything's get-env shows what the child got.
+    everything = ["--upstream-command", shlex.join(package_bin(EVERYTHING))]
+    args = proxy_cli(everything, f"sqlite:///{tmp_path}/proxy2.db")
+    async with serve_cli_http(args, env=proxy_env) as proxy, client_as(proxy.url, "tokA", "legacy") as alice:
+        shown = json.dumps(wire(await alice.call_tool("get-env", {})))
+    assert "PATH" in shown  # the child did get an environment
+    assert "tokA" not in shown and "up-secret" not in shown and "MCP_DURABLE_TOKENS" not in shown
