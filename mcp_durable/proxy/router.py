@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import (
@@ -32,6 +32,7 @@ from mcp_types import (
 )
 
 logger = logging.getLogger(__name__)
+_R = TypeVar("_R", CreateMessageResult, ElicitResult)
 
 
 class Router:
@@ -60,23 +61,18 @@ class Router:
         return next(iter(self._in_flight.values()))
 
     async def sampling(self, context: Any, params: CreateMessageRequestParams) -> CreateMessageResult | ErrorData:
-        target = self._target()
-        if target is None:
-            return self._unroutable("sampling/createMessage")
-        result: CreateMessageResult = await target.session.send_request(
-            CreateMessageRequest(params=params), CreateMessageResult,
-            metadata=ServerMessageMetadata(related_request_id=target.request_id),
-        )  # fmt: skip
-        return result
+        return await self._forward(CreateMessageRequest(params=params), CreateMessageResult)
 
     async def elicitation(self, context: Any, params: ElicitRequestParams) -> ElicitResult | ErrorData:
+        return await self._forward(ElicitRequest(params=params), ElicitResult)
+
+    async def _forward(self, request: Any, result_type: type[_R]) -> _R | ErrorData:
+        """Send the upstream's request to the client of the call in flight; its answer goes back."""
         target = self._target()
         if target is None:
-            return self._unroutable("elicitation/create")
-        result: ElicitResult = await target.session.send_request(
-            ElicitRequest(params=params), ElicitResult,
-            metadata=ServerMessageMetadata(related_request_id=target.request_id),
-        )  # fmt: skip
+            return self._unroutable(request.method)
+        result: _R = await target.session.send_request(
+            request, result_type, metadata=ServerMessageMetadata(related_request_id=target.request_id))
         return result
 
     async def logging(self, params: LoggingMessageNotificationParams) -> None:

@@ -4,31 +4,18 @@ admin resource and cannot call an admin tool."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import orjson
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcp_durable import KEY_META
-from tests.helpers import serve_http
+from tests.helpers import client_as, serve_http
 
 COUNTING = "tests/server/servers/counting.py:make_server"
 ENV = {"MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops", "MCP_DURABLE_ADMINS": "ops"}
-
-
-@asynccontextmanager
-async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=60.0)) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
-            yield client
 
 
 async def read(client: Any, uri: str) -> Any:
