@@ -148,11 +148,14 @@ class ProxyServer(DurableServer):
     ) -> CallToolResult | InputRequiredResult:
         if self._tool_manager.get_tool(name) is not None:
             return await MCPServer.call_tool(self, name, arguments, context)  # an admin tool of ours
+        policy = self.policies.get(name)
         try:
             await self._client()  # before any claim: an unreachable upstream journals nothing
+            if policy is not None:
+                await self.upstream.ready()
         except UpstreamUnavailableError as exc:
             return refusal(exc)
-        policy = self.policies.get(name)
+        policy = self.policies.get(name)  # refreshed if the upstream was reconnected
         request = _request_context(context)
         if policy is None:
             with self.router.call(request):

@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 
 #: How long `client()` waits for the upstream to start and answer `initialize`.
 DEFAULT_CONNECT_TIMEOUT = 30.0
+#: Seconds without an answer from an HTTP upstream after which `ready()` pings it first.
+QUIET_BEFORE_PING = 1.0
 
 
 class UpstreamLost(Exception):
@@ -166,6 +168,7 @@ class Upstream:
         self._lock = anyio.Lock()
         self._stop = anyio.Event()
         self.connects = 0
+        self._last_ok = -math.inf  # when the upstream last answered (anyio clock)
         #: The upstream's tools as last listed (refreshed on every connect).
         self.tools: dict[str, Tool] = {}
 
@@ -183,8 +186,8 @@ class Upstream:
             try:
                 await self._hold_one()
             except Exception as exc:  # noqa: BLE001 - reported to every waiting caller
-                logger.warning("upstream %s: %s", self.spec.describe(), exc)
-                self._error = exc
+                self._error = _leaf(exc)
+                logger.warning("upstream %s: %s", self.spec.describe(), _reason(self._error))
             finally:
                 self._live = None
                 self._announce()
@@ -257,9 +260,32 @@ class Upstream:
                 await changed.wait()
             live = self._live
             if live is None or live.ended.is_set():
-                reason = str(self._error) if self._error else "no connection"
-                raise UpstreamUnavailableError(self.spec.describe(), reason or type(self._error).__name__)
+                reason = _reason(self._error) if self._error else "no connection"
+                raise UpstreamUnavailableError(self.spec.describe(), reason)
+            self._last_ok = anyio.current_time()
             return live.client
+
+    async def ready(self) -> Client:
+        """`client()`, checked alive first when it may have died unseen; before a durable call.
+
+        A stdio upstream's death is seen at once (its output ends). An HTTP upstream's is not:
+        its session has no stream that ends, and a call sent to a dead one fails exactly like a
+        call the upstream died in (in doubt). So after `QUIET_BEFORE_PING` seconds without an
+        answer from it, a ping comes first: a dead upstream is then reconnected, or refused
+        with `UpstreamUnavailableError` before anything is claimed. A death inside that second
+        still leaves the call in doubt, the conservative answer.
+        """
+        client = await self.client()
+        if self.spec.url is None or anyio.current_time() - self._last_ok < QUIET_BEFORE_PING:
+            return client
+        try:
+            with anyio.fail_after(self.spec.connect_timeout):
+                await client.send_ping()
+        except Exception:  # noqa: BLE001 - any failure: the session is not usable
+            self.lost()
+            client = await self.client()
+        self._last_ok = anyio.current_time()
+        return client
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None, progress: Any = None
@@ -280,8 +306,21 @@ class Upstream:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self.lost()
             raise UpstreamLost(f"the upstream connection broke during the call ({type(exc).__name__})") from exc
+        self._last_ok = anyio.current_time()
         assert isinstance(result, CallToolResult | InputRequiredResult)
         return result
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The first real error inside (nested) exception groups: what the operator must read."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 async def _all_tools(client: Client) -> list[Tool]:

@@ -20,9 +20,10 @@ from mcp import Client
 
 from mcp_durable.journal import CallState, create_journal
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
+from mcp_durable.proxy.upstream import QUIET_BEFORE_PING
 from mcp_durable.policy_file import parse_policies
 from tests.helpers import free_port, serve_cli_http
-from tests.proxy.upstreams import key_meta, plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
+from tests.proxy.upstreams import PLAIN_UPSTREAM, key_meta, plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
 WAIT = 30.0
@@ -173,3 +174,28 @@ async def test_an_unreachable_upstream_gives_a_clear_error_and_journals_nothing(
     assert answer.structured_content["error"] == "upstream_unavailable"
     assert "cannot be reached" in answer.content[0].text  # type: ignore[union-attr]
     assert await _records(journal) == []
+
+
+async def test_an_http_upstream_that_died_while_idle_is_refused_as_unavailable_and_reconnected_when_back(
+    tmp_path: Path,
+) -> None:
+    env = upstream_env(tmp_path)
+    counter = Counter(env["COUNTER_FILE"])
+    journal = f"sqlite:///{tmp_path}/proxy.db"
+    async with plain_http_upstream(env) as upstream:
+        port = upstream.port
+        proxy = ProxyServer(UpstreamSpec(url=upstream.url, connect_timeout=10), journal=journal)
+        async with Client(proxy, mode="legacy") as client:
+            first = await client.call_tool("record", {"text": "a"})
+            upstream.kill()
+            # Quiet for longer than QUIET_BEFORE_PING, so the proxy checks the session before
+            # the next durable call (an ordering, not a timed assertion).
+            await anyio.sleep(QUIET_BEFORE_PING + 0.2)
+            refused = await client.call_tool("record", {"text": "b"})
+            async with serve_cli_http(["serve", PLAIN_UPSTREAM], env=env, port=port):
+                back = await client.call_tool("record", {"text": "c"})
+    assert not first.is_error and not back.is_error
+    assert refused.is_error and refused.structured_content["error"] == "upstream_unavailable"
+    assert "ConnectError" in refused.structured_content["message"]
+    assert counter.count("record") == 2
+    assert sorted(r.state for r in await _records(journal)) == [CallState.COMPLETED, CallState.COMPLETED]
