@@ -115,12 +115,14 @@ async def test_a_proxy_killed_mid_call_reaches_exactly_one_effect_under_retry_wi
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_and_is_restarted(tmp_path: Path, mode: str) -> None:
+async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_operator_resolves_it(
+    tmp_path: Path, mode: str
+) -> None:
     env = upstream_env(tmp_path)
     counter = Counter(env["COUNTER_FILE"])
     journal = f"sqlite:///{tmp_path}/proxy.db"
     proxy = ProxyServer(plain_stdio_spec(env), parse_policies('[tools.gated]\nin_doubt = "refuse"\n'),
-                        journal=journal)  # fmt: skip
+                        journal=journal, admin_principals=["local"])  # fmt: skip
     async with Client(proxy, mode=mode) as client:  # type: ignore[arg-type]
         outcome: list[Any] = []
         async with anyio.create_task_group() as tg:
@@ -136,9 +138,19 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_and_is_resta
         # The proxy restarted its stdio upstream and keeps serving.
         fine = await client.call_tool("record", {"text": "after"})
         assert not fine.is_error and counter.count("record") == 1
-    assert counter.count("gated") == 1 and counter.count("gated.done") == 0
+        states = {r.identity.tool: r.state for r in await _records(journal)}
+        assert states == {"gated": CallState.IN_DOUBT, "record": CallState.COMPLETED}
+        assert counter.count("gated") == 1 and counter.count("gated.done") == 0
+        # An operator, through the proxy's own admin tool, finds the effect did not happen.
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"journal_resolve", "journal_purge_expired"} <= tools
+        resolved = await client.call_tool("journal_resolve", {"tool": "gated", "key": "g-1", "resolution": "not_applied"})
+        assert not resolved.is_error, resolved
+        counter.open_gate()
+        rerun = await client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1"))
+    assert not rerun.is_error and counter.count("gated") == 2 and counter.count("gated.done") == 1
     states = {r.identity.tool: r.state for r in await _records(journal)}
-    assert states == {"gated": CallState.IN_DOUBT, "record": CallState.COMPLETED}
+    assert states == {"gated": CallState.COMPLETED, "record": CallState.COMPLETED}
 
 
 async def test_an_http_upstream_killed_mid_call_leaves_the_call_in_doubt(tmp_path: Path) -> None:
