@@ -9,11 +9,24 @@ import json
 import shlex
 from pathlib import Path
 
+import anyio
 import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import CreateMessageResult, TextContent
 
+from mcp_durable.proxy import ProxyServer
 from tests.helpers import client_as, serve_cli_http, wire
 from tests.node_peers import package_bin
-from tests.proxy.upstreams import EVERYTHING, PLAIN_UPSTREAM, key_meta, plain_http_upstream, proxy_cli, upstream_env
+from tests.proxy.upstreams import (
+    EVERYTHING,
+    PLAIN_UPSTREAM,
+    key_meta,
+    plain_http_upstream,
+    plain_stdio_spec,
+    proxy_cli,
+    upstream_env,
+)
 from tests.server.servers.counting import Counter
 
 TOKENS = "tokA=alice,tokB=bob"
@@ -74,3 +87,33 @@ async def test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_up
         shown = json.dumps(wire(await alice.call_tool("get-env", {})))
     assert "PATH" in shown  # the child did get an environment
     assert "tokA" not in shown and "up-secret" not in shown and "MCP_DURABLE_TOKENS" not in shown
+
+
+async def test_an_upstream_request_never_reaches_a_client_other_than_the_caller(tmp_path: Path) -> None:
+    """Sampling from the upstream goes to the client of the call in flight; while calls of two
+    clients are in flight it is refused rather than sent to either."""
+    env = upstream_env(tmp_path)
+    counter = Counter(env["COUNTER_FILE"])
+    asked: dict[str, list[str]] = {"a": [], "b": []}
+
+    def sampler(name: str):  # type: ignore[no-untyped-def]
+        async def on_sampling(context: object, params: object) -> CreateMessageResult:
+            asked[name].append(params.messages[0].content.text)  # type: ignore[attr-defined]
+            return CreateMessageResult(role="assistant", content=TextContent(type="text", text=f"from {name}"),
+                                       model="m")  # fmt: skip
+
+        return on_sampling
+
+    proxy = ProxyServer(plain_stdio_spec(env), journal="memory://")
+    async with Client(proxy, mode="legacy", sampling_callback=sampler("a")) as a, \
+            Client(proxy, mode="legacy", sampling_callback=sampler("b")) as b:  # fmt: skip
+        alone = await b.call_tool("ask_client", {"prompt": "alone?"})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.call_tool, "gated", {"text": "hold"})
+            while counter.count("gated") == 0:
+                await anyio.sleep(0.02)
+            with pytest.raises(MCPError, match="cannot route sampling/createMessage"):
+                await b.call_tool("ask_client", {"prompt": "crowded?"})  # the upstream's error, passed on
+            counter.open_gate()
+    assert wire(alone)["content"][0]["text"] == "from b"
+    assert asked == {"a": [], "b": ["alone?"]}

@@ -13,6 +13,7 @@ server: uvicorn, no journal), over stdio the same way, or made durable in proces
   ledger row (the effect) and then waits for the gate; a call with a key already in the ledger
   returns that row without a new effect.
 - `progress(steps)`: reports `steps` progress notifications.
+- `ask_client(prompt)`: a sampling request to the calling client; returns the answer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
+from mcp_types import SamplingMessage, TextContent, ToolAnnotations
 
 from tests.server.servers.counting import ENV_COUNTER, Counter
 
@@ -104,6 +105,15 @@ async def progress(steps: int, ctx: Context[Any, Any]) -> str:
     for i in range(1, steps + 1):
         await ctx.report_progress(i, steps, f"step {i}")
     return f"done {steps}"
+
+
+@server.tool()
+async def ask_client(prompt: str, ctx: Context[Any, Any]) -> str:
+    """Asks the calling client's model (sampling) and returns its answer."""
+    result = await ctx.session.create_message(
+        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))], max_tokens=10)
+    content = result.content
+    return content.text if isinstance(content, TextContent) else str(content)
 
 
 @server.resource("plain://greeting", mime_type="text/plain")
