@@ -60,7 +60,7 @@ from .steps import DurableCall, bind, load_steps, unbind
 
 logger = logging.getLogger(__name__)
 
-LOCAL_PRINCIPAL = "local"
+LOCAL_PRINCIPAL = keys.LOCAL_PRINCIPAL
 
 #: The instances of this process started on each journal object. On a single-writer journal the
 #: only live owners are these (the writer lock keeps other processes out), so a PENDING record

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 
@@ -21,6 +22,8 @@ from .policy import ToolPolicy
 
 KEY_META = "mcp-durable/idempotency-key"
 MAX_KEY_LENGTH = 255
+#: The principal of a call with no authenticated identity (stdio, in-memory).
+LOCAL_PRINCIPAL = "local"
 
 
 def canonical_json(value: Any) -> bytes:
@@ -108,3 +111,49 @@ def resolve_key(
         # == _hashed("sha256", arguments)
         return "sha256:" + (fingerprint_hex or fingerprint(arguments, canonical=canonical))
     return None
+
+
+# -- scoped keys: what a tool passes downstream ------------------------------------------------------
+
+#: Prefixes of the keys we derive ourselves (`sha256:<hex>` from the whole arguments,
+#: `fields:<hex>` from several key fields): a `local` key with one of them stays as it is.
+_DERIVED_PREFIXES = ("sha256:", "fields:")
+#: The prefix of a scoped key too long to show whole (its SHA-256).
+_HASHED_SCOPED = "scoped-sha256"
+#: Principal spellings that would read as one of the prefixes above; escaped (first character
+#: percent-encoded) so that no principal's scoped key can look like a derived or hashed key.
+_RESERVED = frozenset({"sha256", "fields", _HASHED_SCOPED})
+#: Printable ASCII except `%` (the escape) and `:` (the separator): kept as they are in a principal.
+_PRINCIPAL_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in "%:")
+
+
+def _principal_part(principal: str) -> str:
+    """`principal` percent-encoded so it holds no `:` and only printable ASCII (injective)."""
+    part = quote(principal, safe=_PRINCIPAL_SAFE)
+    if part in _RESERVED:
+        part = f"%{ord(part[0]):02X}{part[1:]}"
+    return part
+
+
+def scoped_key(principal: str, key: str) -> str:
+    """The key scoped by principal: an injective function of `(principal, key)`, printable ASCII
+    of at most 255 characters, for a downstream system several principals share.
+
+    - `local` (stdio, in-memory) with a key holding no `:`, or one of our derived keys
+      (`sha256:…`, `fields:…`): the key itself;
+    - otherwise `P:key`, where `P` is the principal with `%`, `:`, non-printable and non-ASCII
+      characters percent-encoded (so the first `:` always ends it: `a` + `b:K1` gives `a:b:K1`,
+      `a:b` + `K1` gives `a%3Ab:K1`), and a principal spelled like a prefix above has its first
+      character encoded;
+    - over 255 characters: `scoped-sha256:` + the SHA-256 (hex) of that `P:key`.
+
+    Two pairs never give one string: a result without `:`, or starting `sha256:` / `fields:`,
+    is a `local` key; any other holds the (decodable) principal before its first `:`, or is a
+    hash, whose prefix no principal's part can spell.
+    """
+    if principal == LOCAL_PRINCIPAL and (":" not in key or key.startswith(_DERIVED_PREFIXES)):
+        return key
+    scoped = f"{_principal_part(principal)}:{key}"
+    if len(scoped) <= MAX_KEY_LENGTH:
+        return scoped
+    return f"{_HASHED_SCOPED}:" + hashlib.sha256(scoped.encode()).hexdigest()
