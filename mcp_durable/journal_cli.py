@@ -289,13 +289,13 @@ async def _compact(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from .journal.transfer import export_journal, totals
+    from .journal.transfer import export_journal, open_export_file, totals
 
     journal = await _open(args)
     try:
         calls, entries = await totals(journal)
         target = Path(args.file)
-        with target.open("wb") as out, _progress("export", calls + entries) as bar:
+        with open_export_file(target) as out, _progress("export", calls + entries) as bar:
             task = bar.add_task(f"export to {target}", total=calls + entries)
             counts = await export_journal(journal, out, lambda n: bar.advance(task, n))
     finally:
