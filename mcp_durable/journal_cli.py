@@ -24,7 +24,7 @@ import anyio
 import orjson
 
 from .errors import ConfigError, DurableError, JournalError
-from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url
+from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -144,7 +144,7 @@ async def _stats(args: argparse.Namespace) -> int:
     rows = [[name, body[name]] for name in ("backend", "calls", "entries", "size_bytes", "oldest_record_at")]
     rows += [[f"state {state}", n] for state, n in sorted(stats.calls_by_state.items())]
     rows += [[f"tool {tool}", n] for tool, n in sorted(stats.calls_by_tool.items())]
-    _table(f"journal {_url(args, read_only=False)}", ["what", "value"], rows)
+    _table(f"journal {display_url(_url(args, read_only=False))}", ["what", "value"], rows)
     return 0
 
 

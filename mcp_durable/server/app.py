@@ -121,7 +121,7 @@ class DurableServer(MCPServer[Any]):
             # Serve anyway (full disk, read-only directory, locked database): every durable call
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
-            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), exc)
+            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), display_url(str(exc)))
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -135,7 +135,7 @@ class DurableServer(MCPServer[Any]):
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning("journal %s: the stop could not be journaled: %s", display_url(self.journal.url), exc)
+                    logger.warning("journal %s: the stop could not be journaled: %s", display_url(self.journal.url), display_url(str(exc)))
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
