@@ -62,7 +62,9 @@ class DurableServer(MCPServer[Any]):
     the identity records are scoped by. `clock` is injected into the engine for tests. `tokens`
     (`{bearer_token: principal}`, default `$MCP_DURABLE_TOKENS`) turns on bearer auth on HTTP.
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
-    (`mcp_durable.limits`); `None` lifts a limit.
+    (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
+    durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
+    refused (`non_finite_argument`).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class DurableServer(MCPServer[Any]):
         admin_principals: Collection[str] = (),
         max_argument_bytes: int | None = limits.DEFAULT_MAX_ARGUMENT_BYTES,
         max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
+        max_argument_depth: int | None = limits.DEFAULT_MAX_ARGUMENT_DEPTH,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -101,6 +104,7 @@ class DurableServer(MCPServer[Any]):
         # Size limits of what a durable call journals (see mcp_durable/limits.py; None = no limit).
         self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
         self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
+        self.max_argument_depth = limits.check_limit("max_argument_depth", max_argument_depth)
         self.policies: dict[str, ToolPolicy] = {}
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
@@ -204,11 +208,18 @@ class DurableServer(MCPServer[Any]):
         if policy is None or tool is None:
             return await super().call_tool(name, arguments, context)
         try:
+            # What JSON cannot journal is refused before validation (a too-deep value fails
+            # obscurely inside it) and checked again on what validation made of the arguments
+            # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
+            limits.check_argument_values(name, arguments, self.max_argument_depth)
             # Validate first: a call with bad arguments is refused before any claim, so a
             # corrected retry with the same key still runs (validation errors are not saved).
             model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
+            limits.check_argument_values(name, model, None)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
+        except DurableError as exc:
+            return refusal(exc)  # nothing claimed: a corrected retry with the same key runs
         validated = model.model_dump(mode="json", by_alias=True)
         try:
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
