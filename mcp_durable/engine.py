@@ -41,6 +41,7 @@ import os
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -130,6 +131,8 @@ class Engine:
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
+        #: `orphans_found` by principal: what `journal://recovery` shows each principal of its own.
+        self.orphans_by_principal: Counter[str] = Counter()
         #: Identities this instance is inside a call for right now, counted: from the moment a
         #: claim or take-over is sent until the outcome is persisted (or released). A record
         #: this instance owns is alive while it is in here, whatever its lease says (a stalled
@@ -208,6 +211,7 @@ class Engine:
                 doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
                 if await self.journal.swap(record.version, doubted):
                     found += 1
+                    self.orphans_by_principal[record.identity.principal] += 1
                     await self.notify_changed(doubted)
 
     # -- operators ----------------------------------------------------------------------------------
