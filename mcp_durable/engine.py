@@ -89,7 +89,10 @@ class CallOutcome:
 
     `value` is the tool's own result object on a run (None on a replay); `payload` the stored JSON
     bytes (None for an unkeyed call, which is not journaled); `replayed` whether it came from
-    the journal; `reconciled` whether a reconcile hook supplied it.
+    the journal without this call running anything; `reconciled` whether a reconcile hook
+    supplied it; `superseded` whether this call ran the tool (or its hook) but another outcome
+    was recorded for the key first — its owner's lease was taken over, or an operator resolved
+    it — so the answer is the recorded outcome, not this run's (`replayed` is False: it ran).
     """
 
     key: str | None
@@ -99,6 +102,7 @@ class CallOutcome:
     first_completed_at: float | None
     reconciled: bool = False
     attempt: int = 1
+    superseded: bool = False
 
 
 Runner = Callable[[DurableCall | None], Awaitable[ToolOutcome]]
@@ -477,7 +481,7 @@ class Engine:
         outcome = encode(found)
         done, ours = await self._persist(claimed, policy, outcome)
         if not ours:
-            return _replay(done)
+            return _superseded(done)
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, reconciled=True,
                            attempt=done.attempts)  # fmt: skip
@@ -511,7 +515,7 @@ class Engine:
                                first_completed_at=None, attempt=record.attempts)  # fmt: skip
         done, ours = await self._persist(record, policy, outcome)
         if not ours:
-            return _replay(done)  # an operator resolved it meanwhile: the journal's answer stands
+            return _superseded(done)  # resolved or taken over meanwhile: the journal's answer stands
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
 
@@ -573,6 +577,21 @@ def _live_owners(journal: Journal) -> set[str]:
 def _rebase(record: CallRecord, current: CallRecord) -> CallRecord:
     """`record`'s content as the successor of `current` (for a swap against `current`)."""
     return dataclasses.replace(record, version=current.version + 1)
+
+
+def _superseded(record: CallRecord) -> CallOutcome:
+    """The recorded outcome, for a run whose own outcome lost the record to another (see `CallOutcome`).
+
+        owner A ── claims ── runs … paused past its lease …………………… finishes ── swap fails ─▶ superseded
+        owner B ─────────────────── takes over ── runs ── records ──┘
+    """
+    logger.warning(
+        "call %s/%s ran here but another outcome was recorded first (the lease was taken over or an "
+        "operator resolved it); answering with the recorded one", record.identity.tool, record.identity.key,
+    )  # fmt: skip
+    return CallOutcome(record.identity.key, None, record.result, replayed=False,
+                       first_completed_at=record.completed_at, attempt=record.attempts,
+                       superseded=True)  # fmt: skip
 
 
 def _replay(record: CallRecord) -> CallOutcome:
