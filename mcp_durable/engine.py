@@ -294,7 +294,7 @@ class Engine:
             await self.start()
         # Serialised and hashed once: the key (when derived), the fingerprint and the record.
         args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
-        fingerprint = keys.fingerprint(arguments, canonical=args_json)
+        fingerprint = keys.policy_fingerprint(policy, arguments, canonical=args_json)
         key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
         if key is None:
             # No key from any source on a tool not registered idempotent: nothing to deduplicate.

@@ -1,11 +1,13 @@
 """Idempotency keys: resolution, validation, canonical JSON and fingerprints. Pure, no I/O.
 
 Resolution order for a call (DESIGN.md §2):
-  1. the caller's key in `_meta["mcp-durable/idempotency-key"]`;
+  1. the caller's key in `_meta["mcp-durable/idempotency-key"]`, else under the policy's
+     `key_meta` names, in order;
   2. the tool's declared key argument (e.g. `idempotency_key`), when the caller filled it;
   3. the tool's key fields (e.g. `order_id`) or key function over the arguments;
   4. for a tool registered idempotent: derived from the whole canonical argument object.
-A call that reaches none of these has no key (`None`): it runs, but is not deduplicated.
+A call that reaches none of these has no key (`None`): it runs, but is not deduplicated. An
+interactive tool (`ToolPolicy.interactive`) stops after 2: its key is never derived.
 """
 
 from __future__ import annotations
@@ -55,6 +57,14 @@ def validate_key(tool: str, key: object) -> str:
     return key
 
 
+def policy_fingerprint(policy: ToolPolicy, arguments: Mapping[str, Any], *, canonical: bytes | None = None) -> str:
+    """The fingerprint of a call under `policy`: of the arguments `policy.fingerprinted` keeps
+    (all of them by default, when `canonical` may be given as for `fingerprint`)."""
+    if policy.fingerprints_all_arguments:
+        return fingerprint(arguments, canonical=canonical)
+    return fingerprint(policy.fingerprinted(arguments))
+
+
 def _hashed(prefix: str, value: Any) -> str:
     return f"{prefix}:" + hashlib.sha256(canonical_json(value)).hexdigest()
 
@@ -90,26 +100,33 @@ def resolve_key(
 
     `canonical` is `canonical_json(arguments)` when the caller has computed it already (a
     derived key is its SHA-256, like the fingerprint, so it is not serialised twice), and
-    `fingerprint_hex` is `fingerprint(arguments)` when the caller has that (not hashed twice).
+    `fingerprint_hex` is `policy_fingerprint(policy, arguments)` when the caller has that (a key
+    derived from all arguments is the fingerprint: `fingerprint_fields` shape both alike).
 
     Raises `MissingKeyError` when the policy requires a caller key and none was sent, and
     `InvalidKeyError` for a key that is not 1–255 printable ASCII characters.
     """
-    if meta is not None and KEY_META in meta:
-        return validate_key(tool, meta[KEY_META])
+    if meta is not None:
+        if KEY_META in meta:
+            return validate_key(tool, meta[KEY_META])
+        for name in policy.key_meta:  # other protocols' names, in the order the policy gives
+            if name in meta:
+                return validate_key(tool, meta[name])
     if policy.key_argument is not None:
         supplied = arguments.get(policy.key_argument)
         if supplied is not None:
             return validate_key(tool, supplied)
     if policy.key == "required":
         raise MissingKeyError(tool)
+    if policy.interactive:
+        return None  # never derived: see ToolPolicy.interactive
     if policy.key_fn is not None:
         return validate_key(tool, policy.key_fn(dict(arguments)))
     if policy.key_fields:
         return _key_from_fields(policy, tool, arguments)
     if policy.idempotent:
         # == _hashed("sha256", arguments)
-        return "sha256:" + (fingerprint_hex or fingerprint(arguments, canonical=canonical))
+        return "sha256:" + (fingerprint_hex or policy_fingerprint(policy, arguments, canonical=canonical))
     return None
 
 

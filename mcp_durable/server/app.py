@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from .. import limits
 from ..engine import LOCAL_PRINCIPAL, Engine, ToolOutcome
-from ..errors import DurableError, JournalError
+from ..errors import ConfigError, DurableError, JournalError
 from ..journal import Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
@@ -162,7 +162,7 @@ class DurableServer(MCPServer[Any]):
     ) -> None:
         """Register a tool; with `durable=` it runs once per key (see `ToolPolicy`)."""
         policy = as_policy(durable)
-        if policy is not None and policy.idempotent:
+        if policy is not None and policy.advertised_idempotent:
             # The hint is now a guarantee: advertise it.
             base = annotations or ToolAnnotations()
             annotations = base.model_copy(update={"idempotent_hint": True})
@@ -172,6 +172,12 @@ class DurableServer(MCPServer[Any]):
         )  # fmt: skip
         tool_name = name or fn.__name__
         if policy is not None:
+            try:
+                _check_fingerprint_names(tool_name, policy, self._tool_manager.get_tool(tool_name))
+            except ConfigError:
+                self.remove_tool(tool_name)  # never left registered without its durability
+                raise
+            _warn_if_interactive_undeclared(tool_name, policy, fn)
             self.policies[tool_name] = policy
         else:
             self.policies.pop(tool_name, None)
@@ -270,6 +276,42 @@ class DurableServer(MCPServer[Any]):
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
         return answer(outcome)
+
+
+def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:
+    """`ConfigError` unless every name in `fingerprint_fields` / `fingerprint_exclude` is an argument
+    of the tool (a typo would silently fingerprint nothing, or everything)."""
+    named = (policy.fingerprint_fields or ()) + policy.fingerprint_exclude
+    if not named or tool is None:
+        return
+    fields = tool.fn_metadata.arg_model.model_fields
+    known = set(fields) | {field.alias for field in fields.values() if field.alias}
+    unknown = [argument for argument in named if argument not in known]
+    if unknown:
+        raise ConfigError(f"tool {name!r} has no argument(s) {', '.join(map(repr, unknown))} "
+                          f"(fingerprint_fields / fingerprint_exclude); its arguments: {', '.join(sorted(known))}")  # fmt: skip
+
+
+def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[..., Any]) -> None:
+    """Log a warning for a tool whose parameters the SDK resolves from the client (`Resolve`:
+    elicitation, sampling, roots) under a policy that may derive its key: such a key replays one
+    session's answers to another. (A tool calling `ctx.elicit` itself cannot be seen from here.)"""
+    if policy.interactive or policy.key == "required":
+        return
+    try:
+        from mcp.server.mcpserver.resolve import find_resolved_parameters
+    except ImportError:  # pragma: no cover - an SDK without resolvers
+        return
+    try:
+        resolved = find_resolved_parameters(fn)
+    except Exception:  # noqa: BLE001 - the SDK reports a bad signature itself
+        return
+    if resolved:
+        logger.warning(
+            "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
+            "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
+            name, ", ".join(sorted(resolved)),
+        )  # fmt: skip
 
 
 def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
