@@ -96,3 +96,19 @@ def test_serve_masks_the_password_in_its_banner_and_in_the_journal_unavailable_w
     text = log.read_text(errors="replace")
     assert "mcp-durable: serving" in text and "postgres:***@" in text  # banner and warning, masked
     _assert_no_secret(text)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        _with_secrets("postgresql://postgres@127.0.0.1/db?pool_timeout=1&connect_timeout=1", port=free_port()),
+        _with_secrets("postgress://postgres@127.0.0.1/db"),  # a misspelt scheme: the error quotes the URL
+    ],
+    ids=["unreachable", "unknown-scheme"],
+)
+def test_journal_errors_that_quote_the_url_never_print_its_password(url: str) -> None:
+    proc = subprocess.run([*serve_command(), "journal", "--journal", url, "stats"],
+                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    _assert_no_secret(proc.stdout + proc.stderr)
