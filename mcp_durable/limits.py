@@ -129,7 +129,6 @@ def result_payload(tool: str, dump: Callable[[], bytes], limit: int | None) -> b
 
 
 _Trail = tuple["_Trail", object] | None  # (parent trail, key): a path built only when reported
-_SCALARS = (str, int, bool, type(None))
 
 
 def _pointer(trail: _Trail) -> str:
@@ -143,15 +142,19 @@ def _pointer(trail: _Trail) -> str:
 
 def _children(value: Any) -> Any:
     """The (key, child) pairs of a container, or None for a leaf."""
+    kind = type(value)
+    if kind is dict:  # the raw JSON arguments, at once
+        return value.items()
+    if kind is list:
+        return enumerate(value)
+    if hasattr(kind, "__pydantic_fields__") and hasattr(value, "__dict__"):
+        return vars(value).items()  # a pydantic model (the validated arguments): its fields' values
     if isinstance(value, Mapping):
         return value.items()
     if isinstance(value, list | tuple | set | frozenset):
         return enumerate(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
-    fields = getattr(type(value), "model_fields", None)  # a pydantic model (the validated arguments)
-    if isinstance(fields, Mapping):
-        return ((name, getattr(value, name)) for name in fields)
     return None
 
 
@@ -161,17 +164,20 @@ def check_argument_values(tool: str, arguments: Any, max_depth: int | None) -> N
     naming the first NaN or infinite number found (by JSON Pointer). Walks without recursion,
     so any depth is safe to check; takes the raw JSON value or the validated arguments model."""
     stack: list[tuple[Any, int, _Trail]] = [(arguments, 1, None)]
+    push = stack.append
     while stack:
         value, depth, trail = stack.pop()
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                raise NonFiniteArgumentError(tool, _pointer(trail))
-            continue
-        if isinstance(value, _SCALARS):
-            continue
         children = _children(value)
         if children is None:
             continue
         if max_depth is not None and depth > max_depth:
             raise ArgumentsTooDeepError(tool, max_depth)
-        stack.extend((child, depth + 1, (trail, key)) for key, child in children)
+        for key, child in children:
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:  # most leaves, at once
+                continue
+            if isinstance(child, float):
+                if not math.isfinite(child):
+                    raise NonFiniteArgumentError(tool, _pointer((trail, key)))
+                continue
+            push((child, depth + 1, (trail, key)))
