@@ -52,9 +52,13 @@ async def test_principals_and_keys_with_colons_never_share_a_downstream_key(tmp_
             first = await a.call_tool("refund", {"order_id": "O-A"}, meta={KEY_META: "b:K1"})
         async with _as(url, "tok-ab", mode) as ab:
             second = await ab.call_tool("refund", {"order_id": "O-AB"}, meta={KEY_META: "K1"})
+        # The `local` principal (in-memory) with the key spelling principal `a:b`'s scoped key.
+        async with Client(server, mode=mode) as local:  # type: ignore[arg-type]
+            third = await local.call_tool("refund", {"order_id": "O-LOCAL"}, meta={KEY_META: "a:b:K1"})
     assert first.structured_content is not None and second.structured_content is not None
     # Before the fix both were `a:b:K1`: the second principal got the first one's refund back.
     assert second.structured_content["refunded"] == "O-AB"
     assert first.structured_content["refunded"] == "O-A"
-    assert sorted(provider.refunds.values()) == ["O-A", "O-AB"]
+    assert third.structured_content is not None and third.structured_content["refunded"] == "O-LOCAL"
+    assert sorted(provider.refunds.values()) == ["O-A", "O-AB", "O-LOCAL"]
     assert first.structured_content["downstream_key"] != second.structured_content["downstream_key"]
