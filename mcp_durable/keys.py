@@ -135,11 +135,12 @@ def resolve_key(
 #: Prefixes of the keys we derive ourselves (`sha256:<hex>` from the whole arguments,
 #: `fields:<hex>` from several key fields): a `local` key with one of them stays as it is.
 _DERIVED_PREFIXES = ("sha256:", "fields:")
-#: The prefix of a scoped key too long to show whole (its SHA-256).
+#: The prefixes of a scoped key and of a step key too long to show whole (their SHA-256).
 _HASHED_SCOPED = "scoped-sha256"
+_HASHED_STEP = "step-sha256"
 #: Principal spellings that would read as one of the prefixes above; escaped (first character
 #: percent-encoded) so that no principal's scoped key can look like a derived or hashed key.
-_RESERVED = frozenset({"sha256", "fields", _HASHED_SCOPED})
+_RESERVED = frozenset({"sha256", "fields", _HASHED_SCOPED, _HASHED_STEP})
 #: Printable ASCII except `%` (the escape) and `:` (the separator): kept as they are in a principal.
 _PRINCIPAL_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in "%:")
 
@@ -174,3 +175,21 @@ def scoped_key(principal: str, key: str) -> str:
     if len(scoped) <= MAX_KEY_LENGTH:
         return scoped
     return f"{_HASHED_SCOPED}:" + hashlib.sha256(scoped.encode()).hexdigest()
+
+
+def step_key(principal: str, key: str, name: str) -> str:
+    """A downstream key for the durable step `name` of the call `(principal, key)`:
+    `scoped_key/name`, with `%`, `/` and `:` in the name percent-encoded (other printable ASCII
+    kept: `"buy label"` stays as it is), hashed as `step-sha256:…` when over 255 characters or
+    not printable ASCII. No two principals' step keys meet: the encoded name adds no `:`, so a
+    `local` step key has one only where its scoped key has, and the principal part before the
+    first `:` still names the principal. (Within one principal, a step key can equal the scoped
+    key of a call whose key ends in `/name`.)"""
+    scoped = f"{scoped_key(principal, key)}/{quote(name, safe=_STEP_SAFE)}"
+    if len(scoped) <= MAX_KEY_LENGTH and scoped.isascii() and scoped.isprintable():
+        return scoped
+    return f"{_HASHED_STEP}:" + hashlib.sha256(scoped.encode()).hexdigest()
+
+
+#: Printable ASCII except `%` (the escape), `/` (the separator) and `:` (the principal's separator).
+_STEP_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in "%/:")

@@ -83,3 +83,29 @@ def test_common_scoped_keys_are_unchanged_from_earlier_releases() -> None:
     assert scoped_key(LOCAL_PRINCIPAL, "O-1") == "O-1"
     assert scoped_key(LOCAL_PRINCIPAL, "sha256:" + "ab" * 32) == "sha256:" + "ab" * 32
     assert scoped_key(LOCAL_PRINCIPAL, "fields:" + "cd" * 32) == "fields:" + "cd" * 32
+
+
+STEP_NAMES = st.lists(st.one_of(PRINTABLE, SEPARATORS), min_size=1, max_size=20).map("".join)
+
+
+@given(PRINCIPALS, KEYS, STEP_NAMES)
+def test_every_step_key_decodes_back_to_its_principal_key_and_step_name(principal: str, key: str, name: str) -> None:
+    from mcp_durable.keys import step_key
+
+    stepped = step_key(principal, key, name)
+    assert len(stepped) <= MAX_KEY_LENGTH and stepped.isascii() and stepped.isprintable()
+    if stepped.startswith("step-sha256:"):
+        return
+    scoped, _, encoded_name = stepped.rpartition("/")
+    assert unquote(encoded_name) == name
+    assert scoped == scoped_key(principal, key) and _decode(scoped) in ((principal, key), None)
+
+
+def test_step_keys_of_two_principals_never_meet_even_with_separators_in_step_names() -> None:
+    from mcp_durable.keys import step_key
+
+    # Before: `local` key `alice` + step `x:K` gave `alice/x:K`, principal `alice/x`'s scoped key for `K`.
+    assert step_key(LOCAL_PRINCIPAL, "alice", "x:K") != scoped_key("alice/x", "K")
+    assert step_key("a", "K/x", "y") != step_key("a", "K", "x/y")
+    assert step_key("alice", "O-1", "buy label") == "alice:O-1/buy label"  # the common case is unchanged
+    assert step_key(LOCAL_PRINCIPAL, "O-1", "notify") == "O-1/notify"
