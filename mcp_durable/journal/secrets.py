@@ -21,7 +21,9 @@ MASK = "***"
 
 #: `scheme://user:password@`: the password is everything between the first `:` of the user info
 #: and the last `@` before the host (a password may hold `@`; the host part never does).
-_USERINFO = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):(?P<secret>[^/?#\s]*)@(?=[^@/?#\s]*(?:[/?#\s]|$))")
+_USERINFO = re.compile(
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*):(?P<secret>[^/?#\s]*)@(?=[^@/?#\s]*(?:[/?#\s]|$))"
+)
 #: `name=value` where the name says it is a secret; the value ends at `&`, `;`, `#` or space.
 _PARAMETER = re.compile(
     r"(?P<head>(?<![A-Za-z0-9_.-])(?:[A-Za-z0-9_.-]*(?:password|passwd|secret|token|api_?key)[A-Za-z0-9_.-]*|pwd)=)"

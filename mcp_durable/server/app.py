@@ -125,7 +125,8 @@ class DurableServer(MCPServer[Any]):
             # Serve anyway (full disk, read-only directory, locked database): every durable call
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
-            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), display_url(str(exc)))
+            logger.warning("journal %s unavailable at start: %s",
+                           display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -139,7 +140,8 @@ class DurableServer(MCPServer[Any]):
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning("journal %s: the stop could not be journaled: %s", display_url(self.journal.url), display_url(str(exc)))
+                    logger.warning("journal %s: the stop could not be journaled: %s",
+                                   display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -288,8 +290,10 @@ def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:
     known = set(fields) | {field.alias for field in fields.values() if field.alias}
     unknown = [argument for argument in named if argument not in known]
     if unknown:
-        raise ConfigError(f"tool {name!r} has no argument(s) {', '.join(map(repr, unknown))} "
-                          f"(fingerprint_fields / fingerprint_exclude); its arguments: {', '.join(sorted(known))}")  # fmt: skip
+        raise ConfigError(
+            f"tool {name!r} has no argument(s) {', '.join(map(repr, unknown))} (fingerprint_fields / "
+            f"fingerprint_exclude); its arguments: {', '.join(sorted(known))}"
+        )
 
 
 def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[..., Any]) -> None:
