@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from .engine import CallOutcome, Engine, ToolOutcome
 from .errors import (
+    ArgumentsTooDeepError,
     ConfigError,
     DeterminismError,
     DurableError,
@@ -24,6 +25,7 @@ from .errors import (
     JournalLockedError,
     KeyReuseError,
     MissingKeyError,
+    NonFiniteArgumentError,
 )
 from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry, create_journal
 from .keys import KEY_META
@@ -48,6 +50,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "KEY_META",
     "NOT_APPLIED",
+    "ArgumentsTooDeepError",
     "CallIdentity",
     "CallOutcome",
     "CallRecord",
@@ -68,6 +71,7 @@ __all__ = [
     "JournalLockedError",
     "KeyReuseError",
     "MissingKeyError",
+    "NonFiniteArgumentError",
     "ToolOutcome",
     "ToolPolicy",
     "create_journal",

@@ -41,6 +41,7 @@ import os
 import time
 import uuid
 import weakref
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ from .steps import DurableCall, bind, load_steps, unbind
 
 logger = logging.getLogger(__name__)
 
-LOCAL_PRINCIPAL = "local"
+LOCAL_PRINCIPAL = keys.LOCAL_PRINCIPAL
 
 #: The instances of this process started on each journal object. On a single-writer journal the
 #: only live owners are these (the writer lock keeps other processes out), so a PENDING record
@@ -88,7 +89,10 @@ class CallOutcome:
 
     `value` is the tool's own result object on a run (None on a replay); `payload` the stored JSON
     bytes (None for an unkeyed call, which is not journaled); `replayed` whether it came from
-    the journal; `reconciled` whether a reconcile hook supplied it.
+    the journal without this call running anything; `reconciled` whether a reconcile hook
+    supplied it; `superseded` whether this call ran the tool (or its hook) but another outcome
+    was recorded for the key first — its owner's lease was taken over, or an operator resolved
+    it — so the answer is the recorded outcome, not this run's (`replayed` is False: it ran).
     """
 
     key: str | None
@@ -98,6 +102,7 @@ class CallOutcome:
     first_completed_at: float | None
     reconciled: bool = False
     attempt: int = 1
+    superseded: bool = False
 
 
 Runner = Callable[[DurableCall | None], Awaitable[ToolOutcome]]
@@ -130,6 +135,8 @@ class Engine:
         self._opened = False
         self._open_lock = anyio.Lock()
         self.orphans_found = 0
+        #: `orphans_found` by principal: what `journal://recovery` shows each principal of its own.
+        self.orphans_by_principal: Counter[str] = Counter()
         #: Identities this instance is inside a call for right now, counted: from the moment a
         #: claim or take-over is sent until the outcome is persisted (or released). A record
         #: this instance owns is alive while it is in here, whatever its lease says (a stalled
@@ -208,6 +215,7 @@ class Engine:
                 doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
                 if await self.journal.swap(record.version, doubted):
                     found += 1
+                    self.orphans_by_principal[record.identity.principal] += 1
                     await self.notify_changed(doubted)
 
     # -- operators ----------------------------------------------------------------------------------
@@ -286,7 +294,7 @@ class Engine:
             await self.start()
         # Serialised and hashed once: the key (when derived), the fingerprint and the record.
         args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
-        fingerprint = keys.fingerprint(arguments, canonical=args_json)
+        fingerprint = keys.policy_fingerprint(policy, arguments, canonical=args_json)
         key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
         if key is None:
             # No key from any source on a tool not registered idempotent: nothing to deduplicate.
@@ -473,7 +481,7 @@ class Engine:
         outcome = encode(found)
         done, ours = await self._persist(claimed, policy, outcome)
         if not ours:
-            return _replay(done)
+            return _superseded(done)
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, reconciled=True,
                            attempt=done.attempts)  # fmt: skip
@@ -512,7 +520,7 @@ class Engine:
                                first_completed_at=None, attempt=record.attempts)  # fmt: skip
         done, ours = await self._persist(record, policy, outcome)
         if not ours:
-            return _replay(done)  # an operator resolved it meanwhile: the journal's answer stands
+            return _superseded(done)  # resolved or taken over meanwhile: the journal's answer stands
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
 
@@ -585,6 +593,21 @@ def _live_owners(journal: Journal) -> set[str]:
 def _rebase(record: CallRecord, current: CallRecord) -> CallRecord:
     """`record`'s content as the successor of `current` (for a swap against `current`)."""
     return dataclasses.replace(record, version=current.version + 1)
+
+
+def _superseded(record: CallRecord) -> CallOutcome:
+    """The recorded outcome, for a run whose own outcome lost the record to another (see `CallOutcome`).
+
+        owner A ── claims ── runs … paused past its lease …………………… finishes ── swap fails ─▶ superseded
+        owner B ─────────────────── takes over ── runs ── records ──┘
+    """
+    logger.warning(
+        "call %s/%s ran here but another outcome was recorded first (the lease was taken over or an "
+        "operator resolved it); answering with the recorded one", record.identity.tool, record.identity.key,
+    )  # fmt: skip
+    return CallOutcome(record.identity.key, None, record.result, replayed=False,
+                       first_completed_at=record.completed_at, attempt=record.attempts,
+                       superseded=True)  # fmt: skip
 
 
 def _replay(record: CallRecord) -> CallOutcome:

@@ -8,6 +8,8 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 ├── KeyReuseError            .tool .key                 (code key_reuse: same key, other arguments)
 ├── InProgressError          .tool .key .retry_after    (code in_progress)
 ├── InDoubtError             .tool .key .attempts       (code in_doubt)
+├── NonFiniteArgumentError   .tool .argument            (code non_finite_argument: NaN, ±Infinity, 1e400)
+├── ArgumentsTooDeepError    .tool .limit               (code arguments_too_deep: nesting over the limit)
 ├── DeterminismError         .step_index .expected .got (a durable step differs from the journal)
 ├── OperatorError            an operator action that does not apply (no such record, not in doubt)
 ├── UpstreamUnavailableError .upstream: the proxy's upstream server cannot be reached (code upstream_unavailable)
@@ -125,6 +127,43 @@ class InDoubtError(DurableError):
 
     def details(self) -> dict[str, object]:
         return {"tool": self.tool, "key": self.key, "attempts": self.attempts}
+
+
+class NonFiniteArgumentError(DurableError):
+    """A durable call's argument is NaN, Infinity or -Infinity (or a number beyond a 64-bit float,
+    like `1e400`, read as infinite). Refused before any claim: JSON has no such numbers, so the
+    journal would record `null` and the fingerprint would equal a call that sent `null`."""
+
+    code = "non_finite_argument"
+
+    def __init__(self, tool: str, argument: str) -> None:
+        super().__init__(
+            f"argument {argument} of tool {tool!r} is not a finite number (NaN, Infinity, or too large "
+            "for a 64-bit float): it cannot be fingerprinted or journaled; send a finite number"
+        )
+        self.tool = tool
+        self.argument = argument
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "argument": self.argument}
+
+
+class ArgumentsTooDeepError(DurableError):
+    """A durable call's arguments nest objects and arrays deeper than the server's limit
+    (`max_argument_depth`). Refused before any claim."""
+
+    code = "arguments_too_deep"
+
+    def __init__(self, tool: str, limit: int) -> None:
+        super().__init__(
+            f"the arguments of tool {tool!r} nest objects and arrays more than {limit} levels deep "
+            f"(the arguments object is level 1); the limit is {limit} (max_argument_depth)"
+        )
+        self.tool = tool
+        self.limit = limit
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "limit": self.limit}
 
 
 class DeterminismError(DurableError):

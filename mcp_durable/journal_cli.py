@@ -24,7 +24,7 @@ import anyio
 import orjson
 
 from .errors import ConfigError, DurableError, JournalError
-from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url
+from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -144,7 +144,7 @@ async def _stats(args: argparse.Namespace) -> int:
     rows = [[name, body[name]] for name in ("backend", "calls", "entries", "size_bytes", "oldest_record_at")]
     rows += [[f"state {state}", n] for state, n in sorted(stats.calls_by_state.items())]
     rows += [[f"tool {tool}", n] for tool, n in sorted(stats.calls_by_tool.items())]
-    _table(f"journal {_url(args, read_only=False)}", ["what", "value"], rows)
+    _table(f"journal {display_url(_url(args, read_only=False))}", ["what", "value"], rows)
     return 0
 
 
@@ -289,13 +289,13 @@ async def _compact(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from .journal.transfer import export_journal, totals
+    from .journal.transfer import export_journal, open_export_file, totals
 
     journal = await _open(args)
     try:
         calls, entries = await totals(journal)
         target = Path(args.file)
-        with target.open("wb") as out, _progress("export", calls + entries) as bar:
+        with open_export_file(target) as out, _progress("export", calls + entries) as bar:
             task = bar.add_task(f"export to {target}", total=calls + entries)
             counts = await export_journal(journal, out, lambda n: bar.advance(task, n))
     finally:

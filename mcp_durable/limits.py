@@ -22,18 +22,32 @@ Defaults, and why:
   persisted and replayed instead, like any other persisted exception.
 
 `None` disables a limit.
+
+What a durable call's arguments may hold is checked too, before any claim, each with its own
+refusal code (a `DurableError`, answered like every other refusal):
+- depth: `DEFAULT_MAX_ARGUMENT_DEPTH` = 64 levels of nested objects and arrays (the arguments
+  object is level 1): `arguments_too_deep`. Real tool arguments nest a few levels; without a
+  limit, a few hundred levels fail deep inside serialisation with a message naming nothing. The
+  SDK's own JSON parser refuses a request nested about 250 levels deep (the whole message, the
+  JSON-RPC envelope included) with a `-32700` parse error before any server code sees it.
+- finiteness: NaN, Infinity, -Infinity, and numbers beyond a 64-bit float (`1e400`, read as
+  infinite) are refused with `non_finite_argument`: JSON cannot hold them, so the journal would
+  store `null` and the fingerprint would equal a call that sent `null`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ArgumentsTooDeepError, ConfigError, NonFiniteArgumentError
 from .keys import canonical_json
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 DEFAULT_MAX_RESULT_BYTES = 16 << 20
+DEFAULT_MAX_ARGUMENT_DEPTH = 64
 
 
 class LimitExceeded(ValueError):
@@ -112,3 +126,58 @@ def result_payload(tool: str, dump: Callable[[], bytes], limit: int | None) -> b
     except (TypeError, ValueError) as exc:  # orjson's and pydantic's serialisation errors
         raise unserialisable_result(tool, exc) from exc
     return check_result(tool, payload, limit)
+
+
+_Trail = tuple["_Trail", object] | None  # (parent trail, key): a path built only when reported
+
+
+def _pointer(trail: _Trail) -> str:
+    """The JSON Pointer (RFC 6901) of a trail: `/items/2/price`."""
+    parts: list[str] = []
+    while trail is not None:
+        trail, key = trail
+        parts.append(str(key).replace("~", "~0").replace("/", "~1"))
+    return "/" + "/".join(reversed(parts))
+
+
+def _children(value: Any) -> Any:
+    """The (key, child) pairs of a container, or None for a leaf."""
+    kind = type(value)
+    if kind is dict:  # the raw JSON arguments, at once
+        return value.items()
+    if kind is list:
+        return enumerate(value)
+    if hasattr(kind, "__pydantic_fields__") and hasattr(value, "__dict__"):
+        return vars(value).items()  # a pydantic model (the validated arguments): its fields' values
+    if isinstance(value, Mapping):
+        return value.items()
+    if isinstance(value, list | tuple | set | frozenset):
+        return enumerate(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return ((f.name, getattr(value, f.name)) for f in dataclasses.fields(value))
+    return None
+
+
+def check_argument_values(tool: str, arguments: Any, max_depth: int | None) -> None:
+    """Raise `ArgumentsTooDeepError` if `arguments` nests objects and arrays deeper than
+    `max_depth` (None: no limit; `arguments` itself is level 1), or `NonFiniteArgumentError`
+    naming the first NaN or infinite number found (by JSON Pointer). Walks without recursion,
+    so any depth is safe to check; takes the raw JSON value or the validated arguments model."""
+    stack: list[tuple[Any, int, _Trail]] = [(arguments, 1, None)]
+    push = stack.append
+    while stack:
+        value, depth, trail = stack.pop()
+        children = _children(value)
+        if children is None:
+            continue
+        if max_depth is not None and depth > max_depth:
+            raise ArgumentsTooDeepError(tool, max_depth)
+        for key, child in children:
+            kind = type(child)
+            if kind is str or kind is int or kind is bool or child is None:  # most leaves, at once
+                continue
+            if isinstance(child, float):
+                if not math.isfinite(child):
+                    raise NonFiniteArgumentError(tool, _pointer((trail, key)))
+                continue
+            push((child, depth + 1, (trail, key)))

@@ -57,6 +57,16 @@ class ToolPolicy:
     - `max_attempts`: after this many attempts an in-doubt call is parked for an operator.
     - `retention`: seconds a completed or failed record is kept (`None` = forever).
     - `sensitive`: argument names masked in resources and CLI output (`"*result*"` masks the result).
+    - `fingerprint_fields` / `fingerprint_exclude`: the arguments the fingerprint (and a key
+      derived from all arguments) is made of: only the named ones, or all but the named ones
+      (e.g. a free-text `reason` an agent rewords on a retry). At most one of the two.
+    - `key_meta`: more `_meta` names a caller's key is read from, in order, after our own
+      `mcp-durable/idempotency-key` (e.g. `("idempotency_key",)`, the agentic-commerce binding's).
+    - `interactive`: the tool asks its user (elicitation) or a model (sampling) while it runs, so
+      its arguments are not its whole input: its key comes only from the caller (`_meta` or
+      `key_argument`), never derived, and a call without one runs undeduplicated (or is refused
+      with `missing_key` under `key="required"`). Derived keys would replay one session's
+      answers to another session.
     """
 
     key: KeyMode = "auto"
@@ -73,6 +83,10 @@ class ToolPolicy:
     max_attempts: int = 5
     retention: float | None = DEFAULT_RETENTION
     sensitive: tuple[str, ...] = field(default=())
+    fingerprint_fields: tuple[str, ...] | None = None
+    fingerprint_exclude: tuple[str, ...] = field(default=())
+    key_meta: tuple[str, ...] = field(default=())
+    interactive: bool = False
 
     def __post_init__(self) -> None:
         if self.key not in ("auto", "required"):
@@ -107,6 +121,46 @@ class ToolPolicy:
             object.__setattr__(self, "key_fields", tuple(self.key_fields))
         if not isinstance(self.sensitive, tuple):
             object.__setattr__(self, "sensitive", tuple(self.sensitive))
+        self._check_fingerprint_and_key_sources()
+
+    def _check_fingerprint_and_key_sources(self) -> None:
+        for name in ("fingerprint_fields", "fingerprint_exclude", "key_meta"):
+            value = getattr(self, name)
+            if isinstance(value, str):  # a bare string is one name
+                value = (value,)
+            if value is not None:
+                value = tuple(value)
+                if not all(isinstance(item, str) and item for item in value):
+                    raise ConfigError(f"{name} must be a sequence of names, not {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        if self.fingerprint_fields is not None and self.fingerprint_exclude:
+            raise ConfigError("give fingerprint_fields or fingerprint_exclude, not both")
+        if self.fingerprint_fields is not None and not self.fingerprint_fields:
+            raise ConfigError("fingerprint_fields must name at least one argument (or be None)")
+        if self.interactive and (self.key_fields is not None or self.key_fn is not None):
+            raise ConfigError(
+                "an interactive tool cannot derive its key (key_fields, key_fn): its input includes the "
+                "answers it elicits, so a derived key would replay one session's answers to another; "
+                "take the key from the caller (_meta or key_argument)"
+            )
+
+    def fingerprinted(self, arguments: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The arguments the fingerprint is made of (`fingerprint_fields` / `fingerprint_exclude`)."""
+        if self.fingerprint_fields is not None:
+            return {name: value for name, value in arguments.items() if name in self.fingerprint_fields}
+        if self.fingerprint_exclude:
+            return {name: value for name, value in arguments.items() if name not in self.fingerprint_exclude}
+        return arguments
+
+    @property
+    def fingerprints_all_arguments(self) -> bool:
+        return self.fingerprint_fields is None and not self.fingerprint_exclude
+
+    @property
+    def advertised_idempotent(self) -> bool:
+        """Whether the tool advertises `idempotentHint: true`: registered idempotent, and not
+        interactive (an interactive call without a caller key is not deduplicated)."""
+        return self.idempotent and not self.interactive
 
     @property
     def in_doubt_policy(self) -> InDoubtPolicy:

@@ -19,7 +19,6 @@ run one after another (their position is their identity); do not run them concur
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -30,6 +29,7 @@ import anyio.from_thread
 from .errors import DeterminismError
 from .journal.base import Journal
 from .journal.model import CallIdentity, JournalEntry
+from .keys import scoped_key, step_key
 
 STEP_ENTRY = "step"
 
@@ -79,26 +79,16 @@ class DurableCall:
 
     @property
     def scoped_key(self) -> str:
-        """The key scoped by principal, for a downstream system shared by several principals.
-
-        Equal to `key` for the `local` principal; else `principal:key` (hashed when that is over
-        255 characters), so two callers' equal keys never deduplicate into each other downstream.
-        """
-        principal = self.identity.principal
-        if principal == "local":
-            return self.identity.key
-        scoped = f"{principal}:{self.identity.key}"
-        if len(scoped) <= 255:
-            return scoped
-        return "sha256:" + hashlib.sha256(scoped.encode()).hexdigest()
+        """The key scoped by principal, for a downstream system shared by several principals:
+        `keys.scoped_key(principal, key)`, so two callers' keys never deduplicate into each other
+        downstream (the bare key for `local`, `principal:key` otherwise; see there)."""
+        return scoped_key(self.identity.principal, self.identity.key)
 
     def step_key(self, name: str) -> str:
-        """A downstream idempotency key for one step of this call: `scoped_key/name` (hashed
-        when over 255 characters). Stable across retries of the call."""
-        scoped = f"{self.scoped_key}/{name}"
-        if len(scoped) <= 255 and all(" " <= c <= "~" for c in scoped):
-            return scoped
-        return "sha256:" + hashlib.sha256(scoped.encode()).hexdigest()
+        """A downstream idempotency key for one step of this call: `scoped_key/name`
+        (`keys.step_key`: separators in the name encoded, hashed when over 255 characters).
+        Stable across retries of the call."""
+        return step_key(self.identity.principal, self.identity.key, name)
 
     @property
     def process_id(self) -> str:

@@ -11,6 +11,7 @@ import os
 from ..errors import ConfigError
 from .base import CallCursor, Journal
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from .secrets import display_url
 
 ENV_JOURNAL = "MCP_DURABLE_JOURNAL"
 DEFAULT_JOURNAL_URL = "file://.mcp-durable/journal"
@@ -19,19 +20,6 @@ DEFAULT_JOURNAL_URL = "file://.mcp-durable/journal"
 def default_journal_url() -> str:
     """The journal URL to use when none is given: `$MCP_DURABLE_JOURNAL`, else the embedded default."""
     return os.environ.get(ENV_JOURNAL) or DEFAULT_JOURNAL_URL
-
-
-def display_url(url: str) -> str:
-    """`url` safe to print or log: a password in it (`postgresql://user:secret@host/db`) is masked."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, tail = rest.partition("/")
-    userinfo, at, host = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}{slash}{tail}"
 
 
 def create_journal(url: str | None = None) -> Journal:
@@ -61,7 +49,7 @@ def create_journal(url: str | None = None) -> Journal:
             ) from exc
         return PostgresJournal.from_url(url)
     raise ConfigError(
-        f"unknown journal URL {url!r}: use file://DIR, sqlite:///PATH, postgresql://… or memory://"
+        f"unknown journal URL {display_url(url)!r}: use file://DIR, sqlite:///PATH, postgresql://… or memory://"
     )
 
 

@@ -24,6 +24,7 @@ import orjson
 from ..errors import ConfigError, DurableError
 from .base import Problem, VerifyReport
 from .model import CallState
+from .secrets import display_url
 
 Progress = Callable[[int, int | None], None]  # (done, total or None when unknown)
 _STATES = frozenset(state.value for state in CallState)
@@ -139,7 +140,7 @@ async def _verify_through_api(url: str, progress: Progress | None) -> VerifyRepo
                 reason = _bad_json(record.result, "result") or _bad_json(record.arguments, "arguments")
                 if reason:
                     i = record.identity
-                    problems.append(Problem(f"{url} ({i.principal} {i.tool}/{i.key})", -1, reason))
+                    problems.append(Problem(f"{display_url(url)} ({i.principal} {i.tool}/{i.key})", -1, reason))
                 if progress is not None:
                     progress(records, None)
             async for _entry in iter_entries(journal):

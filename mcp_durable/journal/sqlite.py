@@ -33,6 +33,7 @@ import orjson
 from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from .secrets import display_url
 
 T = TypeVar("T")
 
@@ -120,7 +121,7 @@ class SQLiteJournal:
         # sqlite:///relative/path and sqlite:////absolute/path, as SQLAlchemy spells them.
         path = path[1:] if path.startswith("/") else path
         if not path:
-            raise ConfigError(f"sqlite journal URL needs a path: {url!r} (e.g. sqlite:///journal.db)")
+            raise ConfigError(f"sqlite journal URL needs a path: {display_url(url)!r} (e.g. sqlite:///journal.db)")
         params = {k: v[-1] for k, v in parse_qs(query).items()}
         single = params.get("single_writer", "0").lower() in ("1", "true", "yes", "on")
         return cls(path, synchronous=params.get("synchronous", "FULL"), url=url, single_writer=single)

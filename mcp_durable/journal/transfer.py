@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 import orjson
@@ -128,6 +130,25 @@ async def totals(journal: Journal) -> tuple[int, int]:
     """How many call records and entries `journal` holds (for progress bars)."""
     stats = await journal.stats()
     return sum(stats.calls_by_state.values()), stats.entries
+
+
+EXPORT_FILE_MODE = 0o600  # like the journal's own files: every record's arguments and results
+
+
+def open_export_file(path: str | os.PathLike[str]) -> IO[bytes]:
+    """Open `path` to write an export into, readable by its owner only (0600, whatever the umask).
+
+    An export holds every record's arguments and results, so it gets the journal's own file
+    mode. A file that already exists is truncated and has its mode narrowed before any byte is
+    written (`O_CREAT`'s mode applies only to a new file).
+    """
+    fd = os.open(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, EXPORT_FILE_MODE)
+    try:
+        os.fchmod(fd, EXPORT_FILE_MODE)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 async def export_journal(journal: Journal, out: IO[bytes], progress: Progress | None = None) -> TransferCounts:

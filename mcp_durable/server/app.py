@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from .. import limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
-from ..errors import DurableError, JournalError
+from ..errors import ConfigError, DurableError, JournalError
 from ..journal import Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
@@ -62,7 +62,9 @@ class DurableServer(MCPServer[Any]):
     the identity records are scoped by. `clock` is injected into the engine for tests. `tokens`
     (`{bearer_token: principal}`, default `$MCP_DURABLE_TOKENS`) turns on bearer auth on HTTP.
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
-    (`mcp_durable.limits`); `None` lifts a limit.
+    (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
+    durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
+    refused (`non_finite_argument`).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class DurableServer(MCPServer[Any]):
         admin_principals: Collection[str] = (),
         max_argument_bytes: int | None = limits.DEFAULT_MAX_ARGUMENT_BYTES,
         max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
+        max_argument_depth: int | None = limits.DEFAULT_MAX_ARGUMENT_DEPTH,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -101,6 +104,7 @@ class DurableServer(MCPServer[Any]):
         # Size limits of what a durable call journals (see mcp_durable/limits.py; None = no limit).
         self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
         self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
+        self.max_argument_depth = limits.check_limit("max_argument_depth", max_argument_depth)
         self.policies: dict[str, ToolPolicy] = {}
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
@@ -121,7 +125,8 @@ class DurableServer(MCPServer[Any]):
             # Serve anyway (full disk, read-only directory, locked database): every durable call
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
-            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), exc)
+            logger.warning("journal %s unavailable at start: %s",
+                           display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -135,7 +140,8 @@ class DurableServer(MCPServer[Any]):
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning("journal %s: the stop could not be journaled: %s", display_url(self.journal.url), exc)
+                    logger.warning("journal %s: the stop could not be journaled: %s",
+                                   display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -158,7 +164,7 @@ class DurableServer(MCPServer[Any]):
     ) -> None:
         """Register a tool; with `durable=` it runs once per key (see `ToolPolicy`)."""
         policy = as_policy(durable)
-        if policy is not None and policy.idempotent:
+        if policy is not None and policy.advertised_idempotent:
             # The hint is now a guarantee: advertise it.
             base = annotations or ToolAnnotations()
             annotations = base.model_copy(update={"idempotent_hint": True})
@@ -168,6 +174,12 @@ class DurableServer(MCPServer[Any]):
         )  # fmt: skip
         tool_name = name or fn.__name__
         if policy is not None:
+            try:
+                _check_fingerprint_names(tool_name, policy, self._tool_manager.get_tool(tool_name))
+            except ConfigError:
+                self.remove_tool(tool_name)  # never left registered without its durability
+                raise
+            _warn_if_interactive_undeclared(tool_name, policy, fn)
             self.policies[tool_name] = policy
         else:
             self.policies.pop(tool_name, None)
@@ -204,11 +216,18 @@ class DurableServer(MCPServer[Any]):
         if policy is None or tool is None:
             return await super().call_tool(name, arguments, context)
         try:
+            # What JSON cannot journal is refused before validation (a too-deep value fails
+            # obscurely inside it) and checked again on what validation made of the arguments
+            # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
+            limits.check_argument_values(name, arguments, self.max_argument_depth)
             # Validate first: a call with bad arguments is refused before any claim, so a
             # corrected retry with the same key still runs (validation errors are not saved).
             model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
+            limits.check_argument_values(name, model, None)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
+        except DurableError as exc:
+            return refusal(exc)  # nothing claimed: a corrected retry with the same key runs
         validated = model.model_dump(mode="json", by_alias=True)
         try:
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
@@ -286,6 +305,44 @@ class DurableServer(MCPServer[Any]):
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
         return answer(outcome)
+
+
+def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:
+    """`ConfigError` unless every name in `fingerprint_fields` / `fingerprint_exclude` is an argument
+    of the tool (a typo would silently fingerprint nothing, or everything)."""
+    named = (policy.fingerprint_fields or ()) + policy.fingerprint_exclude
+    if not named or tool is None:
+        return
+    fields = tool.fn_metadata.arg_model.model_fields
+    known = set(fields) | {field.alias for field in fields.values() if field.alias}
+    unknown = [argument for argument in named if argument not in known]
+    if unknown:
+        raise ConfigError(
+            f"tool {name!r} has no argument(s) {', '.join(map(repr, unknown))} (fingerprint_fields / "
+            f"fingerprint_exclude); its arguments: {', '.join(sorted(known))}"
+        )
+
+
+def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[..., Any]) -> None:
+    """Log a warning for a tool whose parameters the SDK resolves from the client (`Resolve`:
+    elicitation, sampling, roots) under a policy that may derive its key: such a key replays one
+    session's answers to another. (A tool calling `ctx.elicit` itself cannot be seen from here.)"""
+    if policy.interactive or policy.key == "required":
+        return
+    try:
+        from mcp.server.mcpserver.resolve import find_resolved_parameters
+    except ImportError:  # pragma: no cover - an SDK without resolvers
+        return
+    try:
+        resolved = find_resolved_parameters(fn)
+    except Exception:  # noqa: BLE001 - the SDK reports a bad signature itself
+        return
+    if resolved:
+        logger.warning(
+            "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
+            "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
+            name, ", ".join(sorted(resolved)),
+        )  # fmt: skip
 
 
 def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:

@@ -8,6 +8,9 @@ Which values are sensitive is per tool (`ToolPolicy.sensitive`): argument names 
 masked wherever they appear at the top level of the arguments and anywhere in the result's
 `structuredContent`; the name `"*result*"` masks the whole result. A server journals its tools'
 sensitive names (see `SensitiveNames`) so the CLI, which only has a journal URL, masks the same.
+
+Journal URLs are masked elsewhere, below the face (no `mcp` import): `journal.display_url`
+(`mcp_durable/journal/secrets.py`) is the one function every printed or logged URL goes through.
 """
 
 from __future__ import annotations

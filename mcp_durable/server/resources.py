@@ -3,7 +3,7 @@
 | URI | what | who |
 |---|---|---|
 | `journal://stats` | counts by state and tool, backend, size, oldest record, retention | own records; admins all |
-| `journal://recovery` | what the last start found: snapshot, entries replayed, time, bytes truncated, in doubt | anyone |
+| `journal://recovery` | what the last start found: snapshot, entries replayed, time, bytes truncated, in doubt | anyone; the in-doubt count is the principal's own (admins: all) |
 | `journal://calls{?tool,state,limit,cursor}` | records newest first, `next_cursor` to page on | own; admins all |
 | `journal://calls/{tool}/{key}` | one record (admins add `?principal=P` for another's) | own; admins all |
 | `journal://in-doubt` | records in doubt (and pending ones whose lease ran out) | own; admins all |
@@ -199,7 +199,12 @@ class JournalResources:
         await self._ready()
         engine = self.server.engine
         report = self.server.journal.recovery
+        principal = self.principal()
+        admin = self.is_admin(principal)
+        # The journal-wide count would show other principals' activity: each sees its own.
+        in_doubt = engine.orphans_found if admin else engine.orphans_by_principal.get(principal, 0)
         body: dict[str, Any] = {
+            "scope": "all" if admin else "principal",
             "backend": report.backend if report else None,
             "snapshot_used": report.snapshot_used if report else None,
             "records_loaded": report.records_loaded if report else 0,
@@ -208,7 +213,7 @@ class JournalResources:
             "bytes_truncated": report.bytes_truncated if report else 0,
             "truncated_to": report.truncated_to if report else None,
             "problems": list(report.problems) if report else [],
-            "calls_found_in_doubt": engine.orphans_found,
+            "calls_found_in_doubt": in_doubt,
             "previous_lifecycle_state": engine.previous_lifecycle_state,
             "clean_previous_stop": engine.previous_lifecycle_state in (None, "stopped"),
             "started_at": iso(engine.started_at),

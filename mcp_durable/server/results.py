@@ -20,6 +20,9 @@ META_REPLAYED = "mcp-durable/replayed"
 META_FIRST_COMPLETED = "mcp-durable/first-completed-at"
 META_RECONCILED = "mcp-durable/reconciled"
 META_ATTEMPT = "mcp-durable/attempt"
+#: This call ran the tool, but another outcome was recorded for the key first (its lease was
+#: taken over, or an operator resolved it): the result is the recorded one (engine.CallOutcome).
+META_SUPERSEDED = "mcp-durable/superseded"
 
 
 @lru_cache(maxsize=4096)  # a replayed key shows the same completion time on every repeat
@@ -83,6 +86,8 @@ def _answer(result: CallToolResult, outcome: CallOutcome) -> CallToolResult:
         meta[META_FIRST_COMPLETED] = iso_time(outcome.first_completed_at)
     if outcome.reconciled:
         meta[META_RECONCILED] = True
+    if outcome.superseded:
+        meta[META_SUPERSEDED] = True
     return _with_meta(result, meta)
 
 

@@ -339,3 +339,19 @@ async def test_reading_commands_work_while_a_server_holds_the_file_journal(tmp_p
         await anyio.to_thread.run_sync(lambda: run("journal", "--journal", url, "verify"))
         locked = await anyio.to_thread.run_sync(lambda: run("journal", "--journal", url, "compact", check=1))
         assert "locked" in locked.stderr
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_export_writes_a_file_only_its_owner_can_read_under_the_usual_umask(
+    sqlite_url: str, tmp_path: Path, existing: bool
+) -> None:
+    target = tmp_path / "export.jsonl"
+    if existing:  # an older export left world-readable is narrowed, not kept 0644
+        target.write_bytes(b"old")
+        target.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_DURABLE_")}
+    proc = subprocess.run([*serve_command(), "journal", "--journal", sqlite_url, "export", str(target)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120, umask=0o022)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert oct(target.stat().st_mode & 0o777) == oct(0o600)
+    assert target.read_bytes().startswith(b'{"type":"header"')

@@ -85,6 +85,18 @@ async def test_principals_tools_and_keys_are_separate_identities(journal: Journa
     assert await journal.get(CallIdentity("carol", "refund", "k")) is None
 
 
+async def test_identities_whose_parts_hold_separators_never_collide(journal: Journal) -> None:
+    # Each part is stored on its own: no joining of principal, tool and key into one string.
+    triples = [("a", "refund", "b:K1"), ("a:b", "refund", "K1"), ("a", "refund:b", "K1"), ("a/b", "refund", "K1"),
+               ("a", "b/refund", "K1"), ("a", "refund", "b/K1"), ("a", "refund", 'b","K1')]  # fmt: skip
+    for principal, tool, key in triples:
+        won, _ = await journal.claim(pending(key, tool=tool, principal=principal, owner=principal + tool + key), T0)
+        assert won, (principal, tool, key)
+    for principal, tool, key in triples:
+        stored = await journal.get(CallIdentity(principal, tool, key))
+        assert stored is not None and stored.owner == principal + tool + key
+
+
 async def test_listing_is_newest_first_and_pages_without_gaps_or_repeats(journal: Journal) -> None:
     for i in range(25):
         await journal.claim(pending(f"k{i:02d}", created=T0 + i), T0 + i)

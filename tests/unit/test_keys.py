@@ -174,3 +174,39 @@ def test_the_fingerprint_changes_with_any_value_and_keeps_list_order() -> None:
     assert fingerprint({"a": [1, 2]}) != fingerprint({"a": [2, 1]})
     assert fingerprint({"a": 1}) != fingerprint({"a": "1"})
     assert fingerprint({"a": None}) != fingerprint({})
+
+
+# -- other `_meta` names, fingerprint fields, interactive tools --------------------------------------
+
+
+def test_other_meta_names_are_read_in_order_after_our_own() -> None:
+    from mcp_durable.keys import resolve_key
+
+    policy = ToolPolicy(key_meta=("idempotency_key", "idempotencyKey"))
+    args = {"text": "a"}
+    assert resolve_key(policy, "t", args, {"idempotency_key": "theirs", "idempotencyKey": "later"}) == "theirs"
+    assert resolve_key(policy, "t", args, {"idempotencyKey": "later"}) == "later"
+    assert resolve_key(policy, "t", args, {KEY_META: "ours", "idempotency_key": "theirs"}) == "ours"
+    assert resolve_key(ToolPolicy(), "t", args, {"idempotency_key": "ignored"}).startswith("sha256:")  # type: ignore[union-attr]
+    with pytest.raises(InvalidKeyError):
+        resolve_key(policy, "t", args, {"idempotency_key": "bad\nkey"})
+
+
+def test_a_derived_key_and_the_fingerprint_leave_out_excluded_arguments() -> None:
+    from mcp_durable.keys import policy_fingerprint
+
+    policy = ToolPolicy(fingerprint_exclude=("reason",))
+    one = {"order_id": "O-1", "reason": "customer asked"}
+    two = {"order_id": "O-1", "reason": "the customer asked for it"}
+    assert policy_fingerprint(policy, one) == policy_fingerprint(policy, two) == fingerprint({"order_id": "O-1"})
+    assert resolve_key(policy, "t", one, None) == resolve_key(policy, "t", two, None)
+    assert policy_fingerprint(ToolPolicy(), one) != policy_fingerprint(ToolPolicy(), two)
+
+
+def test_an_interactive_tool_takes_its_key_only_from_the_caller() -> None:
+    policy = ToolPolicy(interactive=True, key_argument="ref")
+    assert resolve_key(policy, "t", {"dest": "X"}, None) is None  # never derived from the arguments
+    assert resolve_key(policy, "t", {"dest": "X"}, {KEY_META: "k"}) == "k"
+    assert resolve_key(policy, "t", {"dest": "X", "ref": "r"}, None) == "r"
+    with pytest.raises(MissingKeyError):
+        resolve_key(ToolPolicy(interactive=True, key="required"), "t", {"dest": "X"}, None)

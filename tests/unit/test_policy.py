@@ -90,3 +90,41 @@ def test_as_policy_normalises_the_durable_argument() -> None:
         as_policy("yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         as_policy({"wait": 1})  # type: ignore[arg-type]
+
+
+# -- fingerprint fields, key `_meta` names, interactive tools ----------------------------------------
+
+
+def test_fingerprint_names_and_key_meta_names_are_stored_as_tuples() -> None:
+    assert ToolPolicy(fingerprint_fields="order_id").fingerprint_fields == ("order_id",)  # type: ignore[arg-type]
+    assert ToolPolicy(fingerprint_exclude=["reason"]).fingerprint_exclude == ("reason",)  # type: ignore[arg-type]
+    assert ToolPolicy(key_meta="idempotency_key").key_meta == ("idempotency_key",)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"fingerprint_fields": ("a",), "fingerprint_exclude": ("b",)},
+        {"fingerprint_fields": ()},
+        {"fingerprint_exclude": ("",)},
+        {"key_meta": (5,)},
+        {"interactive": True, "key_fields": ("order_id",)},
+        {"interactive": True, "key_fn": lambda arguments: "k"},
+    ],
+    ids=["both", "no-fields", "empty-name", "not-a-name", "interactive-fields", "interactive-fn"],
+)
+def test_contradictory_fingerprint_and_key_settings_are_refused(settings: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        ToolPolicy(**settings)
+
+
+def test_the_fingerprinted_arguments_are_the_named_ones_or_all_but_the_excluded() -> None:
+    arguments = {"order_id": "O-1", "amount_cents": 5, "reason": "typo"}
+    assert ToolPolicy().fingerprinted(arguments) is arguments
+    assert ToolPolicy(fingerprint_fields=("order_id",)).fingerprinted(arguments) == {"order_id": "O-1"}
+    assert ToolPolicy(fingerprint_exclude=("reason",)).fingerprinted(arguments) == {"order_id": "O-1",
+                                                                                  "amount_cents": 5}  # fmt: skip
+
+
+def test_an_interactive_tool_does_not_advertise_idempotence() -> None:
+    assert ToolPolicy().advertised_idempotent and not ToolPolicy(interactive=True).advertised_idempotent

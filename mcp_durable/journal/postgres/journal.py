@@ -37,6 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 from ...errors import JournalError
 from ..base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from ..secrets import display_url
 from .listener import Listener
 from .schema import migrate, quote_ident
 from .settings import PostgresSettings
@@ -138,9 +139,9 @@ class PostgresJournal:
             ) from exc
         except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
             self._check_pool()
-            raise JournalError(f"postgres journal unavailable: {exc}") from exc
+            raise JournalError(f"postgres journal unavailable: {display_url(str(exc))}") from exc
         except psycopg.Error as exc:
-            raise JournalError(f"postgres journal error: {exc}") from exc
+            raise JournalError(f"postgres journal error: {display_url(str(exc))}") from exc
 
     def _check_pool(self) -> None:
         # After a lost connection the other idle ones are likely dead too (a database restart):
@@ -195,7 +196,7 @@ class PostgresJournal:
                 applied = await migrate(conn, s.schema, s.channel)
         except (psycopg.Error, OSError) as exc:
             await pool.close()
-            raise JournalError(f"cannot open postgres journal (schema {s.schema!r}): {exc}") from exc
+            raise JournalError(f"cannot open postgres journal (schema {s.schema!r}): {display_url(str(exc))}") from exc
         except BaseException:
             await pool.close()
             raise

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ...errors import ConfigError
+from ..secrets import display_url
 
 DEFAULT_SCHEMA = "mcp_durable"
 #: Postgres identifiers are at most 63 bytes; the schema also names the NOTIFY channel
@@ -66,7 +67,7 @@ class PostgresSettings:
     def from_url(cls, url: str) -> PostgresSettings:
         parts = urlsplit(url)
         if parts.scheme.lower() not in ("postgres", "postgresql"):
-            raise ConfigError(f"not a Postgres URL: {url!r}")
+            raise ConfigError(f"not a Postgres URL: {display_url(url)!r}")
         ours: dict[str, str] = {}
         theirs: list[tuple[str, str]] = []
         for name, value in parse_qsl(parts.query, keep_blank_values=True):
