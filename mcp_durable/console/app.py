@@ -297,8 +297,11 @@ class ChangeStream(Response):
     """
 
     def __init__(self, changes: AsyncIterator[str]) -> None:
-        super().__init__(media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        super().__init__()
         self.changes = changes
+        # No content-length: the body never ends while the client stays.
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
+                            (b"x-accel-buffering", b"no")]  # fmt: skip
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
@@ -317,13 +320,16 @@ class ChangeStream(Response):
                 await anyio.sleep(PING_SECONDS)
                 await emit(b": ping\n\n")
 
-        async with anyio.create_task_group() as tasks:
-            await emit(b"retry: 3000\n\n")
-            tasks.start_soon(forward)
-            tasks.start_soon(ping)
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            tasks.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tasks:
+                await emit(b"retry: 3000\n\n")
+                tasks.start_soon(forward)
+                tasks.start_soon(ping)
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tasks.cancel_scope.cancel()
+        except* OSError:  # the client went away mid-send: nothing left to tell it
+            pass
 
 
 def _text(value: Any) -> str:
