@@ -105,7 +105,7 @@ async def run(settings: Settings) -> CaseResult:
         ["server", "requests/s", "/ plain"],
     )
     table.add("plain MCPServer", rate(plain), ratio(1.0))
-    for name, journal in urls.items():
+    for index, (name, journal) in enumerate(urls.items()):
         counter = itertools.count(1)
         async with http_server("durable", journal) as url:
             rates = await _measure(url, {"miss": fresh_arguments(counter), "replay": lambda: {"n": 0}},
@@ -113,6 +113,13 @@ async def run(settings: Settings) -> CaseResult:
         for kind in ("miss", "replay"):
             value = median(rates[kind])
             table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain))
+        if index == 0:  # the console mounted and nobody looking: the same server, the same run
+            async with http_server("console", journal) as url:
+                with_console = await _measure(url, {"miss": fresh_arguments(counter)}, total, reps)
+            value = median(with_console["miss"])
+            table.add(f"durable, {name} journal, miss, console mounted", rate(value), ratio(value / plain))
+            table.notes.append(f"console mounted, nobody looking: {value / median(rates['miss']):.2f}x the misses "
+                               "of the same server without it (same run)")  # fmt: skip
     table.notes.append(
         f"uvicorn in a separate process; {total:,} calls per measurement, median of {reps}; "
         "miss = a new key per call (fsync on), replay = one key repeated. Both servers freeze their "
