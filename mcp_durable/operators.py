@@ -101,9 +101,9 @@ async def forget(engine: Engine, identity: CallIdentity, *, by: str = "", note: 
 async def _undecided(engine: Engine, identity: CallIdentity) -> tuple[CallRecord, float]:
     """The record an operator may act on, and now; `OperatorError` when there is none."""
     record = await engine.journal.get(identity)
-    if record is None:
-        raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
     now = engine.clock()
+    if record is None or record.is_expired(now):  # an expired (e.g. forgotten) record is no call any more
+        raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
     dead_pending = record.state == CallState.PENDING and not engine.owner_alive(record, now)
     if record.state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
         raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}, not in doubt")
