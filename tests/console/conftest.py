@@ -28,16 +28,24 @@ def _missing(what: str) -> None:
 
 
 @pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    """A headless Debian chromium under Playwright, closed after the test."""
+def chromium() -> str:
+    """The path of Debian's chromium, with Playwright importable (else skip; under CI, fail)."""
     try:
-        from playwright.async_api import async_playwright
+        import playwright.async_api  # noqa: F401
     except ImportError:
         _missing("the playwright package (pip install -e '.[dev]'; never `playwright install`)")
     if not Path(CHROMIUM).exists():
         _missing(f"Debian's chromium at {CHROMIUM} (apt-get install -y chromium)")
+    return CHROMIUM
+
+
+@pytest.fixture
+async def browser(chromium: str) -> AsyncIterator[Any]:
+    """A headless Debian chromium under Playwright, closed after the test."""
+    from playwright.async_api import async_playwright
+
     async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        launched = await playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             yield launched
         finally:
