@@ -96,9 +96,6 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"mcp-durable: serving {args.target} over stdio; journal {journal}{frozen}", file=sys.stderr)
         server.run("stdio")
         return 0
-    import anyio
-    import uvicorn
-
     from .server.auth import point_auth_at
 
     base_url = f"http://{args.host}:{args.port}"
@@ -119,6 +116,13 @@ def _serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    return _run_uvicorn(app, args)
+
+
+def _run_uvicorn(app: Any, args: argparse.Namespace) -> int:
+    import anyio
+    import uvicorn
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     anyio.run(uvicorn.Server(config).serve)
     return 0
@@ -140,9 +144,6 @@ def _mount_console(app: Any, server: Any, base_url: str) -> str:
 
 
 def _console(args: argparse.Namespace) -> int:
-    import anyio
-    import uvicorn
-
     from .engine import LOCAL_PRINCIPAL
     from .server.admin import admins_from_env
     from .server.app import default_principal
@@ -165,9 +166,7 @@ def _console(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
-    anyio.run(uvicorn.Server(config).serve)
-    return 0
+    return _run_uvicorn(app, args)
 
 
 def _demo_crash(args: argparse.Namespace) -> int:

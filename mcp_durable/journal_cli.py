@@ -130,6 +130,17 @@ async def _find(journal: Journal, tool: str, key: str, principal: str | None) ->
     return [record async for record in iter_calls(journal, tool=tool) if record.identity.key == key]
 
 
+async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:
+    """The one record an operator command acts on (`args.tool`, `args.key`, `args.principal`)."""
+    records = await _find(journal, args.tool, args.key, args.principal)
+    if not records:
+        raise DurableError(f"no call {args.tool}/{args.key}")
+    if len(records) > 1:
+        owners = ", ".join(r.identity.principal for r in records)
+        raise UsageError(f"{args.tool}/{args.key} exists for several principals ({owners}): pass --principal")
+    return records[0]
+
+
 # -- commands ---------------------------------------------------------------------------------------
 
 
@@ -348,15 +359,10 @@ async def _resolve(args: argparse.Namespace) -> int:
         raise UsageError("resolving as completed needs --result JSON (what repeats of the key will replay)")
     journal = await _open(args, read_only=False)
     try:
-        records = await _find(journal, args.tool, args.key, args.principal)
-        if not records:
-            raise DurableError(f"no call {args.tool}/{args.key}")
-        if len(records) > 1:
-            owners = ", ".join(r.identity.principal for r in records)
-            raise UsageError(f"{args.tool}/{args.key} exists for several principals ({owners}): pass --principal")
+        record = await _one_record(journal, args)
         payload = None if args.resolution == "not_applied" else operator_payload(
             result, failed=args.resolution == "failed", note=args.note)  # fmt: skip
-        resolved = await Engine(journal).resolve(records[0].identity, args.resolution, payload=payload,
+        resolved = await Engine(journal).resolve(record.identity, args.resolution, payload=payload,
                                                  note=args.note or "mcp-durable journal resolve",
                                                  by=_operator())  # fmt: skip
         sensitive = await _sensitive(journal)
@@ -377,13 +383,8 @@ async def _forget(args: argparse.Namespace) -> int:
 
     journal = await _open(args, read_only=False)
     try:
-        records = await _find(journal, args.tool, args.key, args.principal)
-        if not records:
-            raise DurableError(f"no call {args.tool}/{args.key}")
-        if len(records) > 1:
-            owners = ", ".join(r.identity.principal for r in records)
-            raise UsageError(f"{args.tool}/{args.key} exists for several principals ({owners}): pass --principal")
-        forgotten = await Engine(journal).forget(records[0].identity, by=_operator(), note=args.note)
+        record = await _one_record(journal, args)
+        forgotten = await Engine(journal).forget(record.identity, by=_operator(), note=args.note)
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()

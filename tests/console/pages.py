@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import ServedHttp, serve_http
+import anyio
+
+from tests.helpers import REPO, ServedHttp, free_port, serve_command, serve_http
 
 COUNTING = "tests/server/servers/counting.py:make_server"
 TOKENS = {"alice": "tok-alice-4f1c", "bob": "tok-bob-9a2e", "ops": "tok-ops-77d0"}
@@ -52,3 +57,31 @@ async def table_counts(page: Any, table: str, attribute: str) -> dict[str, int]:
 
 async def listed_keys(page: Any) -> list[str]:
     return [str(await row.get_attribute("data-key")) for row in await page.query_selector_all("#calls tbody tr[data-key]")]
+
+
+@asynccontextmanager
+async def standalone_console(journal: str) -> AsyncIterator[str]:
+    """`mcp-durable console --journal JOURNAL` (tokens and admins as above) on a free port; yields
+    its base URL (`http://127.0.0.1:P/console`) once it listens."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="console-", suffix=".log", delete=False)  # noqa: SIM115
+    console = subprocess.Popen([*serve_command(), "console", "--journal", journal, "--port", str(port)],
+                               cwd=REPO, env={**os.environ, **ENV}, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+    try:
+        with anyio.fail_after(30):
+            while True:
+                assert console.poll() is None, Path(log.name).read_text()
+                try:
+                    stream = await anyio.connect_tcp("127.0.0.1", port)
+                except OSError:
+                    await anyio.sleep(0.05)
+                    continue
+                await stream.aclose()
+                break
+        yield f"http://127.0.0.1:{port}/console"
+    finally:
+        console.terminate()
+        console.wait(timeout=10)
+        log.close()
+        Path(log.name).unlink(missing_ok=True)

@@ -3,9 +3,6 @@ on its own beside a running server."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +11,10 @@ import pytest
 
 from mcp_durable import KEY_META
 from mcp_durable.demo.outbox import Outbox
-from tests.console.pages import ENV, TOKENS, console_url, counting_server, listed_keys, signed_in
+from tests.cli.test_journal_cli import populate
+from tests.console.pages import ENV, TOKENS, console_url, counting_server, listed_keys, signed_in, standalone_console
 from tests.crash.crash_servers.hooks import CrashPlan
-from tests.helpers import REPO, free_port, serve_command, serve_http
+from tests.helpers import serve_http
 from tests.server.test_resources_http import client_as, read
 
 DANGER = "tests/crash/crash_servers/danger.py:make_server"
@@ -119,22 +117,7 @@ async def test_the_console_on_its_own_reads_a_file_journal_beside_its_running_se
     async with counting_server(tmp_path, journal) as served:
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
             await alice.call_tool("record", {"text": "x"}, meta={KEY_META: "beside-1"})
-        port = free_port()
-        log = tempfile.NamedTemporaryFile(prefix="console-", suffix=".log", delete=False)  # noqa: SIM115
-        console = subprocess.Popen([*serve_command(), "console", "--journal", journal, "--port", str(port)],
-                                   cwd=REPO, env={**os.environ, **ENV}, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
-        try:
-            base = f"http://127.0.0.1:{port}/console"
-            for _ in range(300):
-                try:
-                    stream = await anyio.connect_tcp("127.0.0.1", port)
-                except OSError:
-                    assert console.poll() is None, Path(log.name).read_text()
-                    await anyio.sleep(0.05)
-                    continue
-                await stream.aclose()
-                break
+        async with standalone_console(journal) as base:
             ops = await signed_in(browser, base, "ops")
             await ops.goto(f"{base}/calls")
             assert await listed_keys(ops) == ["beside-1"]
@@ -147,8 +130,31 @@ async def test_the_console_on_its_own_reads_a_file_journal_beside_its_running_se
             await ops.click("a:text('beside-1')")
             assert await ops.query_selector("#actions") is None  # read-only beside the writer
             assert TOKENS["ops"] not in await ops.content()
-        finally:
-            console.terminate()
-            console.wait(timeout=10)
-            log.close()
-            Path(log.name).unlink(missing_ok=True)
+
+
+async def test_the_console_on_its_own_masks_sensitive_values_and_resolves_on_a_shared_sqlite_journal(
+    browser: Any, tmp_path: Path
+) -> None:
+    journal = f"sqlite:///{tmp_path}/journal.db"
+    await populate(journal)  # refunds whose `card` is sensitive, and a `local` call in doubt
+    async with standalone_console(journal) as base:
+        ops = await signed_in(browser, base, "ops")
+        await ops.goto(f"{base}/call?principal=local&tool=refund&key=r%2F1")
+        page = await ops.inner_text("main")
+        assert "[redacted]" in await ops.inner_text("#arguments") and "4111-0000" not in page
+        assert "4111-0000" not in await ops.content()
+        await ops.goto(f"{base}/in-doubt")
+        await ops.locator("#in-doubt tr[data-key='ghost'] a:text('resolve as not applied')").click()
+        await ops.fill("input[name=note]", "no refund at the provider")
+        await ops.click("#confirm button[type=submit]")
+        assert "Done: resolve as not applied" in await ops.inner_text("#done")
+        assert "console:ops" in await ops.inner_text("#audit")
+    from mcp_durable.journal import CallIdentity, CallState, create_journal
+
+    store = create_journal(journal)
+    await store.open()
+    try:
+        record = await store.get(CallIdentity("local", "refund", "ghost"))
+    finally:
+        await store.aclose()
+    assert record is not None and record.state == CallState.RELEASED
