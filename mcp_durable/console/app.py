@@ -110,6 +110,9 @@ class Console:
                 return await handler(request, viewer)
             except ValueError as exc:
                 return self.render(request, "error.html", status=400, viewer=viewer, message=str(exc))
+            except DurableError as exc:  # e.g. the journal cannot be read right now
+                return self.render(request, "error.html", status=503, viewer=viewer,
+                                   message=f"The journal is unavailable: {exc.message}")  # fmt: skip
 
         return endpoint
 

@@ -93,9 +93,10 @@ class Sessions:
         """`(token, csrf, session id)` of an authenticated request, or None (refuse it).
 
         A bearer header wins over a cookie; an invalid one is refused even with a good cookie.
+        Without a verifier (no auth configured) headers are ignored, as the MCP endpoint does.
         """
         header = request.headers.get("authorization", "")
-        if header.lower().startswith("bearer "):
+        if self.verifier is not None and header.lower().startswith("bearer "):
             bearer = header[7:].strip()
             access = await self.verify(bearer)
             if access is None:
