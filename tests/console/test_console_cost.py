@@ -48,3 +48,34 @@ async def test_the_console_watches_changes_only_while_a_live_page_is_open(tmp_pa
                 while watchers():  # the stream's end unsubscribes it
                     await anyio.sleep(0.01)
         assert server.engine.listeners == listeners
+
+
+async def test_a_live_stream_carries_only_the_changes_its_principal_may_see(tmp_path: Path) -> None:
+    from tests.console.pages import TOKENS, console_url, counting_server
+    from tests.server.test_resources_http import client_as
+
+    async def first_change(stream: object) -> str:
+        with anyio.fail_after(20):
+            async for line in stream:  # type: ignore[attr-defined]
+                if line.startswith("data: journal://calls/"):
+                    return str(line[len("data: "):])
+        raise AssertionError("the stream ended")
+
+    async with counting_server(tmp_path) as served:
+        base = console_url(served)
+        async with httpx2.AsyncClient(timeout=30) as http:
+            def headers(who: str) -> dict[str, str]:
+                return {"Authorization": f"Bearer {TOKENS[who]}"}
+
+            async with http.stream("GET", f"{base}/events", headers=headers("bob")) as bob_events, \
+                    http.stream("GET", f"{base}/events", headers=headers("ops")) as ops_events:  # fmt: skip
+                bob_lines, ops_lines = bob_events.aiter_lines(), ops_events.aiter_lines()
+                assert await bob_lines.__anext__() == "retry: 3000"
+                assert await ops_lines.__anext__() == "retry: 3000"
+                async with client_as(served.url, TOKENS["alice"], "auto") as alice:
+                    await alice.call_tool("record", {"text": "a"}, meta={KEY_META: "alices"})
+                async with client_as(served.url, TOKENS["bob"], "auto") as bob:
+                    await bob.call_tool("record", {"text": "b"}, meta={KEY_META: "bobs"})
+                # Events arrive in order: bob's first is his own call; alice's never reached him.
+                assert await first_change(bob_lines) == "journal://calls/record/bobs"
+                assert await first_change(ops_lines) == "journal://calls/record/alices"  # an admin hears all
