@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 
 from mcp_durable import KEY_META
@@ -16,6 +17,10 @@ from tests.console.pages import ENV, TOKENS, console_url, counting_server, liste
 from tests.crash.crash_servers.hooks import CrashPlan
 from tests.helpers import serve_http
 from tests.server.test_resources_http import client_as, read
+
+def bearer(principal: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKENS[principal]}"}
+
 
 DANGER = "tests/crash/crash_servers/danger.py:make_server"
 MAIL = {"to": "customer@example.com", "subject": "Your refund", "body": "It is on its way."}
@@ -130,6 +135,10 @@ async def test_the_console_on_its_own_reads_a_file_journal_beside_its_running_se
             await ops.click("a:text('beside-1')")
             assert await ops.query_selector("#actions") is None  # read-only beside the writer
             assert TOKENS["ops"] not in await ops.content()
+            async with httpx2.AsyncClient() as http:  # the same DNS-rebinding rule as the MCP endpoint
+                rebound = await http.get(f"{base}/", headers={"Host": "evil.example", **bearer("ops")})
+                assert rebound.status_code == 421
+                assert (await http.get(f"{base}/", headers=bearer("ops"))).status_code == 200
 
 
 async def test_the_console_on_its_own_masks_sensitive_values_and_resolves_on_a_shared_sqlite_journal(

@@ -178,3 +178,15 @@ async def test_a_post_without_the_csrf_token_or_from_another_origin_is_refused(b
         async with httpx2.AsyncClient() as http:
             rebound = await http.get(base + "/", headers={"Host": "evil.example", "Authorization": f"Bearer {TOKENS['ops']}"})
             assert rebound.status_code == 421
+
+
+async def test_serve_without_the_console_has_no_console(tmp_path: Path) -> None:
+    from tests.console.pages import COUNTING, ENV
+    from tests.helpers import serve_http
+
+    env = {**ENV, "COUNTER_FILE": str(tmp_path / "counter")}
+    async with serve_http(COUNTING, journal=f"file://{tmp_path}/j", env=env, extra_args=["--no-console"]) as served:
+        async with httpx2.AsyncClient() as http:
+            shown = await http.get(console_url(served) + "/", headers={"Authorization": f"Bearer {TOKENS['ops']}"})
+        assert shown.status_code == 404
+        assert "console: off (--no-console)" in served.stderr()
