@@ -7,7 +7,7 @@ PORT ?= 8000
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench bench-quick crash-trials clean
+.PHONY: run test bench bench-quick crash-trials clean console-screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks --quick
+
+# The console screenshots in docs/img/ (docs/console.md): a real server, Debian's headless chromium.
+console-screenshots: $(STAMP)
+	$(BIN)/python docs/console_screenshots.py
 
 clean:
 	rm -rf $(VENV) .mcp-durable .pytest_cache

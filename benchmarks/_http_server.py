@@ -1,4 +1,7 @@
-"""The server side of case 5: `python -m benchmarks._http_server plain|durable [JOURNAL_URL]`.
+"""The server side of case 5: `python -m benchmarks._http_server plain|durable|console [JOURNAL_URL]`.
+
+`console` is the durable server with the operator console mounted at /console, as `mcp-durable
+serve --transport http` mounts it, and nobody looking at it.
 
 Serves the no-op tool over streamable HTTP with uvicorn on 127.0.0.1, on a port the kernel
 picks; prints `PORT <n>` on stdout once the socket is bound and listening, then serves until
@@ -22,6 +25,10 @@ def main() -> None:
     kind = sys.argv[1]
     server = plain_server() if kind == "plain" else durable_server(sys.argv[2])
     app = server.streamable_http_app(streamable_http_path="/mcp")
+    if kind == "console":
+        from mcp_durable.console import mount_console
+
+        mount_console(app, server)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

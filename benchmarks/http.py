@@ -91,6 +91,26 @@ async def _measure(url: str, variants: dict[str, Callable[[], dict[str, int]]], 
     return rates
 
 
+async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[float, float, list[float]]:
+    """Misses/s of the durable server without and with the console mounted (nobody looking at it),
+    and the per-pair ratios. Both servers run at once, each on its own fresh journal, and are
+    measured alternately (ABBA), so a change of the machine's load touches both sides of a pair."""
+    pairs = settings.pick(4, 8)
+    fresh = fresh_arguments(itertools.count(1))
+    async with AsyncExitStack() as stack:
+        urls = [await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind]))
+                for server in ("durable", "console")]  # fmt: skip
+        sides = [[await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)] for url in urls]
+        for clients in sides:
+            await _rate(clients, fresh, 2 * CLIENTS)  # warm-up
+        rates: list[list[float]] = [[], []]
+        for pair in range(pairs):
+            for side in ((0, 1) if pair % 2 == 0 else (1, 0)):
+                rates[side].append(await _rate(sides[side], fresh, total))
+    ratios = [b / a for a, b in zip(rates[0], rates[1], strict=True)]
+    return median(rates[0]), median(rates[1]), ratios
+
+
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("http")
     total = settings.pick(48, 480)
@@ -105,7 +125,7 @@ async def run(settings: Settings) -> CaseResult:
         ["server", "requests/s", "/ plain"],
     )
     table.add("plain MCPServer", rate(plain), ratio(1.0))
-    for name, journal in urls.items():
+    for index, (name, journal) in enumerate(urls.items()):
         counter = itertools.count(1)
         async with http_server("durable", journal) as url:
             rates = await _measure(url, {"miss": fresh_arguments(counter), "replay": lambda: {"n": 0}},
@@ -113,6 +133,15 @@ async def run(settings: Settings) -> CaseResult:
         for kind in ("miss", "replay"):
             value = median(rates[kind])
             table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain))
+        if index == 0:  # the console mounted and nobody looking, against the same server without it
+            without, with_console, ratios = await _console_cost(settings, name, total)
+            table.add(f"durable, {name} journal, miss, console mounted", rate(with_console),
+                      ratio(with_console / plain))  # fmt: skip
+            table.notes.append(
+                f"console mounted, nobody looking: {median(ratios):.2f}x the misses of the same server without it "
+                f"(median of {len(ratios)} alternating pairs, both servers up at once: {rate(with_console)} "
+                f"against {rate(without)}; ratios {', '.join(f'{r:.2f}' for r in ratios)})"
+            )
     table.notes.append(
         f"uvicorn in a separate process; {total:,} calls per measurement, median of {reps}; "
         "miss = a new key per call (fsync on), replay = one key repeated. Both servers freeze their "

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from .errors import ConfigError, DurableError
-from .journal import ENV_JOURNAL, create_journal, display_url
+from .journal import ENV_JOURNAL, create_journal, default_journal_url, display_url
 
 
 def load_target(target: str) -> Any:
@@ -117,9 +117,6 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
         print(f"mcp-durable: serving {label} over stdio; journal {journal}{frozen}", file=sys.stderr)
         server.run("stdio")
         return 0
-    import anyio
-    import uvicorn
-
     from .server.auth import point_auth_at
 
     base_url = f"http://{args.host}:{args.port}"
@@ -127,17 +124,26 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
     # host= lets the SDK choose DNS-rebinding protection for it: on for loopback, as it should be.
     app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless, host=args.host)
     url = f"{base_url}/mcp"
+    console = _mount_console(app, server, base_url) if not args.no_console else "off (--no-console)"
     heap = "collected as usual (--no-gc-freeze)" if args.no_gc_freeze else (
         f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
     print(
         f"mcp-durable: serving {label} over streamable HTTP at {url}\n"
         f"  journal: {journal}\n"
         f"  heap:    {heap}\n"
+        f"  console: {console}\n"
         f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
         f"  e.g.:    npx @modelcontextprotocol/inspector --cli {url} --transport http --method tools/list",
         file=sys.stderr,
         flush=True,
     )
+    return _run_uvicorn(app, args)
+
+
+def _run_uvicorn(app: Any, args: argparse.Namespace) -> int:
+    import anyio
+    import uvicorn
+
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
     anyio.run(uvicorn.Server(config).serve)
     return 0
@@ -153,6 +159,49 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning")
     parser.add_argument("--no-gc-freeze", action="store_true",
                         help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)")
+    parser.add_argument("--no-console", action="store_true",
+                        help="do not mount the operator console at /console (http)")
+
+
+def _mount_console(app: Any, server: Any, base_url: str) -> str:
+    """Mount the operator console at /console when it can be (a DurableServer, Jinja2 installed)."""
+    from .server import DurableServer
+
+    if not isinstance(server, DurableServer):
+        return "off (a plain MCPServer has no journal)"
+    try:
+        from .console import mount_console
+
+        mount_console(app, server)
+    except (ImportError, ConfigError):
+        return "off (pip install 'mcp-durable[console]' for the operator console)"
+    return f"{base_url}/console/ (the MCP bearer tokens sign in; --no-console to turn it off)"
+
+
+def _console(args: argparse.Namespace) -> int:
+    from .engine import LOCAL_PRINCIPAL
+    from .server.admin import admins_from_env
+    from .server.app import default_principal
+    from .server.auth import StaticTokenVerifier, tokens_from_env
+
+    try:
+        from .console import JournalSource, standalone_app
+    except ImportError as exc:
+        raise ConfigError("the console needs Jinja2: pip install 'mcp-durable[console]'") from exc
+    tokens = tokens_from_env()
+    verifier = StaticTokenVerifier(tokens) if tokens else None
+    source = JournalSource(args.journal or default_journal_url(), verifier=verifier, admins=admins_from_env(),
+                           principal_of=default_principal)  # fmt: skip
+    app = standalone_app(source, args.host)
+    signin = "a bearer token of $MCP_DURABLE_TOKENS" if tokens else f"none configured: everyone is {LOCAL_PRINCIPAL!r}"
+    print(
+        f"mcp-durable: console at http://{args.host}:{args.port}/console/\n"
+        f"  journal: {source.journal_url}\n"
+        f"  sign in: {signin}; admins: {', '.join(sorted(source.admins)) or 'none ($MCP_DURABLE_ADMINS)'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return _run_uvicorn(app, args)
 
 
 def _demo_crash(args: argparse.Namespace) -> int:
@@ -192,6 +241,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .proxy.cli import add_proxy_command
 
     add_proxy_command(commands)
+
+    console = commands.add_parser("console", help="the operator console on its own, beside a running server")
+    console.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
+    console.add_argument("--host", default="127.0.0.1")
+    console.add_argument("--port", type=int, default=8001)
+    console.add_argument("--log-level", default="warning")
+    console.set_defaults(handler=_console)
 
     demo = commands.add_parser("demo", help="run a demonstration").add_subparsers(dest="demo", required=True)
     crash = demo.add_parser("crash", help="kill -9 a refund server mid-batch: plain MCPServer vs mcp-durable")

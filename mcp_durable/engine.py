@@ -228,10 +228,17 @@ class Engine:
         payload: bytes | None = None,
         note: str = "",
         retention: float | None = DEFAULT_RETENTION,
+        by: str = "",
     ) -> CallRecord:
         """An operator's verdict on an in-doubt (or released) call: see `operators.resolve`."""
         await self.start()
-        return await operators.resolve(self, identity, resolution, payload=payload, note=note, retention=retention)
+        return await operators.resolve(self, identity, resolution, payload=payload, note=note, retention=retention,
+                                       by=by)  # fmt: skip
+
+    async def forget(self, identity: CallIdentity, *, by: str = "", note: str = "") -> CallRecord:
+        """Forget an in-doubt (or released) call so its key runs anew: see `operators.forget`."""
+        await self.start()
+        return await operators.forget(self, identity, by=by, note=note)
 
     async def purge_expired(self) -> int:
         """Drop records whose retention has ended; returns how many."""

@@ -1,7 +1,7 @@
 """`mcp-durable journal …`: inspect and operate a journal from the shell.
 
     mcp-durable journal [--journal URL] [--json] stats | list | show | tail | verify | compact
-                                                 | export FILE | import FILE | resolve
+                                                 | export FILE | import FILE | resolve | forget
 
 Data goes to stdout (rich tables, or with `--json` one JSON object per line), messages and
 progress to stderr. Exit 0 ok, 1 a `DurableError` (or a corrupt journal for `verify`), 2 a usage
@@ -36,11 +36,17 @@ class UsageError(Exception):
 # -- plumbing ---------------------------------------------------------------------------------------
 
 
+def read_only_url(url: str) -> str:
+    """`url` as a reader beside a running server opens it: a file journal read-only (`?mode=ro`),
+    so the writer's lock is never taken to read; SQLite and Postgres serve readers anyway."""
+    if url.lower().startswith("file:") and "mode=" not in url:
+        url += ("&" if "?" in url else "?") + "mode=ro"
+    return url
+
+
 def _url(args: argparse.Namespace, *, read_only: bool) -> str:
     url = getattr(args, "journal_url", None) or default_journal_url()
-    if read_only and url.lower().startswith("file:") and "mode=" not in url:
-        url += ("&" if "?" in url else "?") + "mode=ro"  # never take the writer's lock to read
-    return url
+    return read_only_url(url) if read_only else url
 
 
 async def _open(args: argparse.Namespace, *, read_only: bool = True) -> Journal:
@@ -122,6 +128,17 @@ async def _find(journal: Journal, tool: str, key: str, principal: str | None) ->
     from .journal.transfer import iter_calls
 
     return [record async for record in iter_calls(journal, tool=tool) if record.identity.key == key]
+
+
+async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:
+    """The one record an operator command acts on (`args.tool`, `args.key`, `args.principal`)."""
+    records = await _find(journal, args.tool, args.key, args.principal)
+    if not records:
+        raise DurableError(f"no call {args.tool}/{args.key}")
+    if len(records) > 1:
+        owners = ", ".join(r.identity.principal for r in records)
+        raise UsageError(f"{args.tool}/{args.key} exists for several principals ({owners}): pass --principal")
+    return records[0]
 
 
 # -- commands ---------------------------------------------------------------------------------------
@@ -342,16 +359,12 @@ async def _resolve(args: argparse.Namespace) -> int:
         raise UsageError("resolving as completed needs --result JSON (what repeats of the key will replay)")
     journal = await _open(args, read_only=False)
     try:
-        records = await _find(journal, args.tool, args.key, args.principal)
-        if not records:
-            raise DurableError(f"no call {args.tool}/{args.key}")
-        if len(records) > 1:
-            owners = ", ".join(r.identity.principal for r in records)
-            raise UsageError(f"{args.tool}/{args.key} exists for several principals ({owners}): pass --principal")
+        record = await _one_record(journal, args)
         payload = None if args.resolution == "not_applied" else operator_payload(
             result, failed=args.resolution == "failed", note=args.note)  # fmt: skip
-        resolved = await Engine(journal).resolve(records[0].identity, args.resolution, payload=payload,
-                                                 note=args.note or "mcp-durable journal resolve")  # fmt: skip
+        resolved = await Engine(journal).resolve(record.identity, args.resolution, payload=payload,
+                                                 note=args.note or "mcp-durable journal resolve",
+                                                 by=_operator())  # fmt: skip
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()
@@ -362,6 +375,34 @@ async def _resolve(args: argparse.Namespace) -> int:
         _say(f"resolved {resolved.identity.principal} {args.tool}/{args.key} as {args.resolution}: "
              f"now {resolved.state.value}")  # fmt: skip
     return 0
+
+
+async def _forget(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    from .server.redact import record_view
+
+    journal = await _open(args, read_only=False)
+    try:
+        record = await _one_record(journal, args)
+        forgotten = await Engine(journal).forget(record.identity, by=_operator(), note=args.note)
+        sensitive = await _sensitive(journal)
+    finally:
+        await journal.aclose()
+    if _wants_json(args):
+        _emit_json(record_view(forgotten, sensitive.get(args.tool, ())))
+    else:
+        _say(f"forgot {forgotten.identity.principal} {args.tool}/{args.key}: the next call with this key runs anew")
+    return 0
+
+
+def _operator() -> str:
+    """Who acts from the shell, for the audit entry: the OS user."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):
+        return "cli"
 
 
 # -- the parser -------------------------------------------------------------------------------------
@@ -417,6 +458,11 @@ def add_journal_commands(subparsers: Any) -> None:
     resolve.add_argument("--result", help="the JSON result repeats will replay (completed, failed)")
     resolve.add_argument("--principal", help="whose record (needed when several principals used the key)")
     resolve.add_argument("--note", default="", help="why, kept in the record's error field")
+    forget = command("forget", _forget, "forget a call in doubt: the next call with its key runs anew")
+    forget.add_argument("tool")
+    forget.add_argument("key")
+    forget.add_argument("--principal", help="whose record (needed when several principals used the key)")
+    forget.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
 
 
-__all__ = ["ConfigError", "JournalError", "UsageError", "add_journal_commands"]
+__all__ = ["ConfigError", "JournalError", "UsageError", "add_journal_commands", "read_only_url"]

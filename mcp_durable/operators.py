@@ -1,25 +1,34 @@
-"""Operator actions on the journal: resolving an in-doubt call.
+"""Operator actions on the journal: resolving an in-doubt call, forgetting one.
 
 An in-doubt call is one whose owner died inside the danger window: nobody knows whether its side
 effect happened. Policies settle most of them (retry, reconcile); `refuse` and parked calls wait
 for a person, who checks the downstream system and records the verdict here. The CLI
-(`mcp-durable journal resolve`) and the admin tool (`journal_resolve`) both call this.
+(`mcp-durable journal resolve`), the admin tool (`journal_resolve`) and the console all call this.
+
+`forget` is the other verdict: the record is dropped from the key's history (it expires at
+once), so the next call with the key runs as a new call, with any arguments, its durable steps
+not replayed. Every action journals an audit entry (who, what, why) as an entry of the process
+`AUDIT_PROCESS`, which the console shows on the call's page.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from .errors import OperatorError
-from .journal.model import CallIdentity, CallRecord, CallState
+from .journal.base import Journal
+from .journal.model import CallIdentity, CallRecord, CallState, JournalEntry
 from .policy import DEFAULT_RETENTION
 
 if TYPE_CHECKING:
     from .engine import Engine
 
 RESOLUTIONS = ("completed", "failed", "not_applied")
+#: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
+AUDIT_PROCESS = "mcp-durable/operator-actions"
+AUDIT_ENTRY = "operator_action"
 
 
 async def resolve(
@@ -30,6 +39,7 @@ async def resolve(
     payload: bytes | None = None,
     note: str = "",
     retention: float | None = DEFAULT_RETENTION,
+    by: str = "",
 ) -> CallRecord:
     """Record an operator's verdict on an in-doubt (or released, or dead-owner pending) call.
 
@@ -37,7 +47,7 @@ async def resolve(
     `"failed"` (replay `payload`, an error result, from now on) or `"not_applied"` (the effect
     did not happen: the next call with this key runs). Raises `OperatorError` when there is no
     such record, it is not in doubt, or the payload is missing or not JSON. A call still running
-    (its owner alive) cannot be resolved.
+    (its owner alive) cannot be resolved. `by` names the operator in the audit entry.
     """
     if resolution not in RESOLUTIONS:
         raise OperatorError(f"resolution must be completed, failed or not_applied, not {resolution!r}")
@@ -50,13 +60,7 @@ async def resolve(
             raise OperatorError(f"the result to replay must be JSON: {exc}") from exc
     suffix = f": {note}" if note else ""
     while True:
-        record = await engine.journal.get(identity)
-        if record is None:
-            raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
-        now = engine.clock()
-        dead_pending = record.state == CallState.PENDING and not engine.owner_alive(record, now)
-        if record.state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
-            raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}, not in doubt")
+        record, now = await _undecided(engine, identity)
         expires = None if retention is None else now + retention
         if resolution == "not_applied":
             resolved = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
@@ -69,5 +73,54 @@ async def resolve(
         # A lost swap means the record moved meanwhile (a retry took it over, another operator):
         # re-read and judge again.
         if await engine.journal.swap(record.version, resolved):
+            await _audit(engine, record, resolved, f"resolve {resolution}", by=by, note=note)
             await engine.notify_changed(resolved)
             return resolved
+
+
+async def forget(engine: Engine, identity: CallIdentity, *, by: str = "", note: str = "") -> CallRecord:
+    """Forget an in-doubt (or released, or dead-owner pending) call: the key may run again.
+
+    The record becomes RELEASED and expires now, so the next call with the key claims it as a
+    new call (a new run, any arguments, no durable step replayed) and a purge drops it. Use it
+    when the effect did not happen and the call should not be resumed, or when a caller must be
+    free to reuse the key with other arguments. Raises `OperatorError` like `resolve`. `by` and
+    `note` (who, why) are journaled in the audit entry.
+    """
+    suffix = f": {note}" if note else ""
+    while True:
+        record, now = await _undecided(engine, identity)
+        forgotten = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
+                                  expires_at=now, error=f"forgotten by an operator{suffix}")  # fmt: skip
+        if await engine.journal.swap(record.version, forgotten):
+            await _audit(engine, record, forgotten, "forget", by=by, note=note)
+            await engine.notify_changed(forgotten)
+            return forgotten
+
+
+async def _undecided(engine: Engine, identity: CallIdentity) -> tuple[CallRecord, float]:
+    """The record an operator may act on, and now; `OperatorError` when there is none."""
+    record = await engine.journal.get(identity)
+    now = engine.clock()
+    if record is None or record.is_expired(now):  # an expired (e.g. forgotten) record is no call any more
+        raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+    dead_pending = record.state == CallState.PENDING and not engine.owner_alive(record, now)
+    if record.state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
+        raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}, not in doubt")
+    return record, now
+
+
+async def _audit(engine: Engine, before: CallRecord, after: CallRecord, action: str, *, by: str, note: str) -> None:
+    """Journal who did what to which call, and why (after the change itself is durable)."""
+    i = before.identity
+    data: dict[str, Any] = {"action": action, "principal": i.principal, "tool": i.tool, "key": i.key,
+                            "run_id": before.run_id, "from": before.state.value, "to": after.state.value,
+                            "by": by or "operator", "note": note}  # fmt: skip
+    await engine.journal.append(AUDIT_PROCESS, AUDIT_ENTRY, data, after.updated_at)
+
+
+async def audit_entries(journal: Journal, identity: CallIdentity) -> list[JournalEntry]:
+    """The audit entries of operator actions on the call `identity`, oldest first."""
+    entries = await journal.entries(process_id=AUDIT_PROCESS)
+    return [e for e in entries if e.entry_type == AUDIT_ENTRY and (e.data.get("principal"), e.data.get("tool"),
+            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]  # fmt: skip

@@ -10,7 +10,11 @@ in memory it is `local`, which may be configured as an admin.
   `result` is what repeats of the key replay from now on), `failed` (replay an error result) or
   `not_applied` (the effect did not happen: the next call with the key runs). `principal` names
   whose record (default: the caller's own).
+- `journal_forget(tool, key, principal=None, note="")`: forget a call in doubt, via
+  `Engine.forget`: its record expires now, so the next call with the key runs as a new call.
 - `journal_purge_expired()`: drop records whose retention has ended (`Engine.purge_expired`).
+
+Each action journals an audit entry naming the admin who acted and the note (`operators.py`).
 """
 
 from __future__ import annotations
@@ -101,7 +105,20 @@ def register_admin_tools(server: DurableServer) -> bool:
                 result, failed=resolution == "failed", note=note
             )  # fmt: skip
             record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
-                                                 note=note or f"by {caller}", retention=_retention(server, tool))  # fmt: skip
+                                                 note=note or f"by {caller}", retention=_retention(server, tool),
+                                                 by=caller)  # fmt: skip
+        except DurableError as exc:
+            raise ToolError(f"{exc.code}: {exc.message}") from None
+        policy = server.policies.get(tool)
+        return record_view(record, policy.sensitive if policy else ())
+
+    async def journal_forget(
+        tool: str, key: str, ctx: Context[Any, Any], principal: str | None = None, note: str = ""
+    ) -> dict[str, Any]:
+        """Forget a call in doubt: its record expires now, so the next call with the key runs anew."""
+        caller = require_admin(ctx)
+        try:
+            record = await server.engine.forget(CallIdentity(principal or caller, tool, key), by=caller, note=note)
         except DurableError as exc:
             raise ToolError(f"{exc.code}: {exc.message}") from None
         policy = server.policies.get(tool)
@@ -117,6 +134,7 @@ def register_admin_tools(server: DurableServer) -> bool:
 
     operator = ToolAnnotations(destructive_hint=True, idempotent_hint=False, read_only_hint=False)
     server.add_tool(journal_resolve, name="journal_resolve", annotations=operator)
+    server.add_tool(journal_forget, name="journal_forget", annotations=operator)
     server.add_tool(journal_purge_expired, name="journal_purge_expired",
                     annotations=operator.model_copy(update={"idempotent_hint": True}))  # fmt: skip
     return True

@@ -109,7 +109,7 @@ class DurableServer(MCPServer[Any]):
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals)
-        register_journal_resources(self)
+        self.journal_views = register_journal_resources(self)
 
     @property
     def journal(self) -> Journal:

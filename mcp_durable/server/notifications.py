@@ -145,6 +145,23 @@ class JournalNotifier:
             self._forward = forward
             subscribe_scoped(self._from_other_replica)
 
+    def watch(self, principal: str, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        """Deliver the change events `principal` may see to `listener` (its own records' changes;
+        every change for an admin) until the returned callable is called.
+
+        The same events, on the same bus, as the `subscriptions/listen` streams (the console's
+        live updates use it). `listener` is called synchronously inside the engine's change
+        listener: it must not block or raise. While nobody watches or listens, a change costs
+        nothing here (see `on_change`).
+        """
+        if self._bus is None:
+            self._bus = PrincipalBus(self.server._subscriptions, self._is_admin)
+        token = _LISTENER.set(principal)
+        try:
+            return self._bus.subscribe(listener)
+        finally:
+            _LISTENER.reset(token)
+
     def _from_other_replica(self, event: ServerEvent, principal: str | None) -> None:
         """A change made on another replica: announce it here under the same principal rule."""
         if principal is None or not isinstance(event, ResourceUpdated):

@@ -23,7 +23,7 @@ import orjson
 from mcp.shared.uri_template import UriTemplate
 
 from ..journal.base import Journal
-from ..journal.model import CallRecord
+from ..journal.model import CallRecord, JournalEntry
 
 MASK = "[redacted]"
 RESULT_MARK = "*result*"
@@ -161,6 +161,22 @@ def record_view(record: CallRecord, sensitive: Collection[str] = ()) -> dict[str
         }
     )
     return view
+
+
+def steps_view(record: CallRecord, steps: Collection[JournalEntry], sensitive: Collection[str] = ()) -> list[dict[str, Any]]:
+    """A call's durable steps as they may be shown: index, name, time and result, the result
+    masked like the call's result (sensitive names anywhere, the arguments' secret values)."""
+    secrets = sensitive_values(_json_or_text(record.arguments), sensitive)
+    hidden = RESULT_MARK in sensitive
+    return [
+        {
+            "index": step.data.get("index"),
+            "name": step.data.get("name"),
+            "at": iso(step.ts),
+            "result": MASK if hidden else scrub(_mask_deep(step.data.get("result"), sensitive), secrets),
+        }
+        for step in steps
+    ]
 
 
 class SensitiveNames:

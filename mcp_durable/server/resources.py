@@ -34,14 +34,17 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import UriTemplate
 from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
 
-from ..journal.base import CallCursor
+from ..journal.base import CallCursor, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
+from ..journal.transfer import iter_calls
 from ..policy import DEFAULT_RETENTION
 from .redact import SensitiveNames, iso, record_summary, record_uri, record_view
 
 if TYPE_CHECKING:
+    from ..engine import Engine
     from .app import DurableServer
+    from .notifications import JournalNotifier
 
 JSON = "application/json"
 STATS_URI = "journal://stats"
@@ -51,7 +54,6 @@ PROCESS_TEMPLATE = UriTemplate.parse("journal://processes/{process_id}")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_IN_DOUBT = 1000
-_PAGE = 1000
 
 #: The request being served by `resources/read` (static resources get no `Context` from the SDK,
 #: but the principal may depend on the request): set by the read wrapper installed below.
@@ -106,12 +108,97 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
 
 
+async def stats_body(journal: Journal, principal: str | None) -> dict[str, Any]:
+    """The counts of `journal://stats` (without retention): journal-wide for `principal=None`
+    (an admin), else counted over that principal's own records. The console shows the same."""
+    if principal is None:
+        stats = await journal.stats()
+        return {
+            "scope": "all",
+            "backend": stats.backend,
+            "calls": sum(stats.calls_by_state.values()),
+            "calls_by_state": stats.calls_by_state,
+            "calls_by_tool": stats.calls_by_tool,
+            "entries": stats.entries,
+            "size_bytes": stats.size_bytes,
+            "oldest_record_at": iso(stats.oldest_record_at),
+        }
+    # Journal-wide counts would show other principals' activity: count this one's records.
+    by_state: Counter[str] = Counter()
+    by_tool: Counter[str] = Counter()
+    oldest: float | None = None
+    async for record in iter_calls(journal, principal=principal):
+        by_state[record.state.value] += 1
+        by_tool[record.identity.tool] += 1
+        oldest = record.created_at if oldest is None else min(oldest, record.created_at)
+    return {
+        "scope": "principal",
+        "principal": principal,
+        "backend": journal.recovery.backend if journal.recovery else None,
+        "calls": sum(by_state.values()),
+        "calls_by_state": dict(by_state),
+        "calls_by_tool": dict(by_tool),
+        "oldest_record_at": iso(oldest),
+    }
+
+
+async def in_doubt_records(journal: Journal, principal: str | None, now: float) -> list[CallRecord]:
+    """The calls of `journal://in-doubt`: IN_DOUBT records, then PENDING ones whose lease ran out
+    (owner gone), of `principal` (None: everyone's); at most `MAX_IN_DOUBT + 1` (one more tells
+    the list was cut)."""
+    found: list[CallRecord] = []
+    async for record in iter_calls(journal, principal=principal, state=CallState.IN_DOUBT):
+        found.append(record)
+        if len(found) > MAX_IN_DOUBT:
+            return found
+    async for record in iter_calls(journal, principal=principal, state=CallState.PENDING):
+        if len(found) > MAX_IN_DOUBT:
+            break
+        if record.lease_until is None or record.lease_until <= now:
+            found.append(record)
+    return found
+
+
+def recovery_body(report: RecoveryReport | None, engine: Engine | None, scope: str | None = None) -> dict[str, Any]:
+    """What `journal://recovery` shows: the journal's open (`report`) and, with the engine that
+    started on it, the calls it found in doubt and the lifecycle the previous boot left.
+
+    `scope` is the principal whose in-doubt calls are counted (None: every principal's, for admins).
+    """
+    body: dict[str, Any] = {
+        "scope": "all" if scope is None else "principal",
+        "backend": report.backend if report else None,
+        "snapshot_used": report.snapshot_used if report else None,
+        "records_loaded": report.records_loaded if report else 0,
+        "entries_replayed": report.entries_replayed if report else 0,
+        "journal_open_s": report.duration_s if report else None,
+        "bytes_truncated": report.bytes_truncated if report else 0,
+        "truncated_to": report.truncated_to if report else None,
+        "problems": list(report.problems) if report else [],
+    }
+    if engine is not None:
+        body.update({
+            "calls_found_in_doubt": (
+                engine.orphans_found if scope is None else engine.orphans_by_principal.get(scope, 0)
+            ),
+            "previous_lifecycle_state": engine.previous_lifecycle_state,
+            "clean_previous_stop": engine.previous_lifecycle_state in (None, "stopped"),
+            "started_at": iso(engine.started_at),
+            "start_duration_s": engine.start_duration_s,
+            "instance_id": engine.instance_id,
+            "process_id": engine.process_id,
+        })  # fmt: skip
+    return body
+
+
 class JournalResources:
     """The resource functions, bound to one `DurableServer`; every read is scoped by principal."""
 
     def __init__(self, server: DurableServer) -> None:
         self.server = server
         self._journaled_sensitive: dict[str, tuple[str, ...]] | None = None
+        #: Announces record changes (set by `register_journal_resources`); the console watches it.
+        self.notifier: JournalNotifier | None = None
 
     # -- who is asking ------------------------------------------------------------------------------
 
@@ -139,17 +226,6 @@ class JournalResources:
     async def _ready(self) -> None:
         await self.server.engine.start()
 
-    async def _own_records(self, principal: str | None, **filters: Any) -> Any:
-        """Every record of `principal` (None: all) matching `filters`, page by page."""
-        cursor: CallCursor | None = None
-        while True:
-            batch = await self.server.journal.list_calls(principal=principal, limit=_PAGE, cursor=cursor, **filters)
-            for record in batch:
-                yield record
-            if len(batch) < _PAGE:
-                return
-            cursor = CallCursor.after(batch[-1])
-
     # -- resources ----------------------------------------------------------------------------------
 
     async def stats(self) -> str:
@@ -161,67 +237,17 @@ class JournalResources:
             "default_s": DEFAULT_RETENTION,
             "by_tool": {tool: policy.retention for tool, policy in sorted(self.server.policies.items())},
         }
-        if self.is_admin(principal):
-            stats = await journal.stats()
-            body: dict[str, Any] = {
-                "scope": "all",
-                "backend": stats.backend,
-                "calls": sum(stats.calls_by_state.values()),
-                "calls_by_state": stats.calls_by_state,
-                "calls_by_tool": stats.calls_by_tool,
-                "entries": stats.entries,
-                "size_bytes": stats.size_bytes,
-                "oldest_record_at": iso(stats.oldest_record_at),
-            }
-        else:
-            # Journal-wide counts would show other principals' activity: count this one's records.
-            by_state: Counter[str] = Counter()
-            by_tool: Counter[str] = Counter()
-            oldest: float | None = None
-            async for record in self._own_records(principal):
-                by_state[record.state.value] += 1
-                by_tool[record.identity.tool] += 1
-                oldest = record.created_at if oldest is None else min(oldest, record.created_at)
-            body = {
-                "scope": "principal",
-                "principal": principal,
-                "backend": journal.recovery.backend if journal.recovery else None,
-                "calls": sum(by_state.values()),
-                "calls_by_state": dict(by_state),
-                "calls_by_tool": dict(by_tool),
-                "oldest_record_at": iso(oldest),
-            }
+        body = await stats_body(journal, None if self.is_admin(principal) else principal)
         body["retention"] = retention
         return _dumps(body)
 
     async def recovery(self) -> str:
         """What the last start found and did: journal recovery, calls found in doubt, lifecycle."""
         await self._ready()
-        engine = self.server.engine
-        report = self.server.journal.recovery
         principal = self.principal()
-        admin = self.is_admin(principal)
-        # The journal-wide count would show other principals' activity: each sees its own.
-        in_doubt = engine.orphans_found if admin else engine.orphans_by_principal.get(principal, 0)
-        body: dict[str, Any] = {
-            "scope": "all" if admin else "principal",
-            "backend": report.backend if report else None,
-            "snapshot_used": report.snapshot_used if report else None,
-            "records_loaded": report.records_loaded if report else 0,
-            "entries_replayed": report.entries_replayed if report else 0,
-            "journal_open_s": report.duration_s if report else None,
-            "bytes_truncated": report.bytes_truncated if report else 0,
-            "truncated_to": report.truncated_to if report else None,
-            "problems": list(report.problems) if report else [],
-            "calls_found_in_doubt": in_doubt,
-            "previous_lifecycle_state": engine.previous_lifecycle_state,
-            "clean_previous_stop": engine.previous_lifecycle_state in (None, "stopped"),
-            "started_at": iso(engine.started_at),
-            "start_duration_s": engine.start_duration_s,
-            "instance_id": engine.instance_id,
-            "process_id": engine.process_id,
-        }
-        return _dumps(body)
+        # The journal-wide in-doubt count would show other principals' activity: each sees its own.
+        scope = None if self.is_admin(principal) else principal
+        return _dumps(recovery_body(self.server.journal.recovery, self.server.engine, scope))
 
     async def calls(
         self, tool: str | None = None, state: str | None = None, limit: str | None = None, cursor: str | None = None
@@ -267,17 +293,7 @@ class JournalResources:
         await self._ready()
         principal = self.principal()
         scope = None if self.is_admin(principal) else principal
-        now = self.server.engine.clock()
-        found: list[CallRecord] = []
-        async for record in self._own_records(scope, state=CallState.IN_DOUBT):
-            found.append(record)
-            if len(found) > MAX_IN_DOUBT:
-                break
-        async for record in self._own_records(scope, state=CallState.PENDING):
-            if len(found) > MAX_IN_DOUBT:
-                break
-            if record.lease_until is None or record.lease_until <= now:
-                found.append(record)
+        found = await in_doubt_records(self.server.journal, scope, self.server.engine.clock())
         shown = found[:MAX_IN_DOUBT]
         calls = []
         for record in shown:
@@ -359,7 +375,8 @@ def register_journal_resources(server: DurableServer) -> JournalResources:
     add("journal://processes/{process_id}", name="journal-process", mime_type=JSON,
         description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)  # fmt: skip
     _install_read_context(server)
-    JournalNotifier(server).install()
+    views.notifier = JournalNotifier(server)
+    views.notifier.install()
     register_admin_tools(server)
     return views
 

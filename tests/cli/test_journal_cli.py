@@ -325,6 +325,30 @@ def test_resolve_settles_a_call_in_doubt_and_errors_have_exit_codes_without_trac
     assert result.meta is not None and result.meta["mcp-durable/replayed"] is True
 
 
+def test_forget_lets_a_call_in_doubt_run_anew_with_other_arguments_and_leaves_an_audit_entry(sqlite_url: str) -> None:
+    j = ("journal", "--journal", sqlite_url)
+    run(*j, "forget", "refund", "never", check=1)
+    (forgotten,) = json_lines(run(*j, "forget", "refund", "ghost", "--note", "card declined upstream", "--json"))
+    assert forgotten["state"] == "released" and forgotten["arguments"]["card"] == "[redacted]"
+    assert "no call refund/ghost" in run(*j, "forget", "refund", "ghost", check=1).stderr  # forgotten already
+    (entry,) = [e for e in json_lines(run(*j, "tail", "--json")) if e["process_id"] == "mcp-durable/operator-actions"]
+    assert entry["data"]["action"] == "forget" and entry["data"]["by"].startswith("cli")
+    assert entry["data"]["note"] == "card declined upstream" and entry["data"]["key"] == "ghost"
+
+    async def anew() -> Any:
+        server = DurableServer("cli", journal=sqlite_url)
+
+        @server.tool(durable=ToolPolicy(key_fields=("order_id",), sensitive=("card",)))
+        def refund(order_id: str, card: str) -> dict[str, Any]:
+            return {"order_id": order_id, "ran": True}
+
+        async with Client(server, mode="legacy") as client:  # another card: not key_reuse, a new call
+            return await client.call_tool("refund", {"order_id": "ghost", "card": "5500-0000"})
+
+    result = anyio.run(anew)
+    assert result.structured_content == {"order_id": "ghost", "ran": True}
+
+
 @pytest.mark.skipif(not file_journal_available(), reason="the file journal is not built yet")
 async def test_reading_commands_work_while_a_server_holds_the_file_journal(tmp_path: Path) -> None:
     from tests.helpers import serve_http

@@ -65,6 +65,15 @@ ELSEWHERE: dict[str, str] = {
     r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_model\.py":
         "tests/hardening/test_engine_model.py::"
         "test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_identical",
+    # The operator console, mounted by `serve` and on its own: its browser tests start both forms.
+    r"re:MCP_DURABLE_TOKENS=\S+ MCP_DURABLE_ADMINS=\S+ mcp-durable serve tools/payments\.py --transport http ":
+        "tests/console/test_console_pages.py::"
+        "test_the_overview_shows_the_figures_of_journal_stats_read_through_an_mcp_client",
+    r"re:MCP_DURABLE_TOKENS=\S+ MCP_DURABLE_ADMINS=\S+ mcp-durable console --journal ":
+        "tests/console/test_console_in_doubt.py::"
+        "test_the_console_on_its_own_reads_a_file_journal_beside_its_running_server",
+    "make console-screenshots": "tests/console/test_console_screenshots.py::"
+        "test_the_screenshot_command_captures_the_overview_and_a_call_page",
     # SIGKILLs servers over many trials: the crash test runs the same experiment (3 trials).
     "mcp-durable demo crash --trials 3": "tests/crash/test_danger_window_demo.py::"
         "test_the_crash_demo_shows_the_plain_server_duplicating_in_the_danger_window_and_mcp_durable_never",

@@ -137,3 +137,33 @@ async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(t
         assert "journal_resolve" in {t.name for t in (await client.list_tools()).tools}
         entries = await client.read_resource("journal://entries")
         assert '"server/counting"' in entries.contents[0].text  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_journals_who_and_why(mode: str) -> None:
+    from mcp_durable.operators import audit_entries
+
+    ran: list[str] = []
+    async with journal_with_a_call_in_doubt() as journal:
+        identity = CallIdentity("local", "ship", "o-1")
+        refused = build(journal, ran, admins=("ops",))
+        async with Client(refused, mode=mode) as client:  # type: ignore[arg-type]
+            denied = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1"})
+        assert denied.is_error and "forbidden" in denied.content[0].text  # type: ignore[union-attr]
+        assert await audit_entries(journal, identity) == []
+
+        server = build(journal, ran, admins=("local",))
+        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+            forgotten = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1",
+                                                                  "note": "never shipped"})  # fmt: skip
+            assert not forgotten.is_error, forgotten
+            assert forgotten.structured_content["state"] == "released"  # type: ignore[index]
+            after = await client.call_tool("ship", {"order_id": "o-1"})
+            again = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1"})
+        assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
+        assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        record = await journal.get(identity)
+        assert record is not None and record.run_id != "r"  # a new call: a new run, no step replayed
+        (audit,) = await audit_entries(journal, identity)
+        assert audit.data["action"] == "forget" and audit.data["by"] == "local"
+        assert audit.data["note"] == "never shipped" and (audit.data["from"], audit.data["to"]) == ("in_doubt", "released")
