@@ -33,7 +33,7 @@ from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
-from .results import answer, dump_result, refusal
+from .results import OutputSchemas, answer, dump_result, refusal
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
@@ -102,6 +102,8 @@ class DurableServer(MCPServer[Any]):
         self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
         self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
         self.policies: dict[str, ToolPolicy] = {}
+        #: Compiled output schemas: a refusal is `structuredContent` only where it fits (results.py).
+        self.output_schemas = OutputSchemas()
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals)
@@ -196,13 +198,27 @@ class DurableServer(MCPServer[Any]):
 
     # -- the call ---------------------------------------------------------------------------------
 
+    def refuse(self, tool: str, error: DurableError, key: str | None = None, text: str | None = None) -> CallToolResult:
+        """`error` as the refusal result of a call of `tool` (see `results.refusal`), valid against
+        the tool's output schema."""
+        registered = self._tool_manager.get_tool(tool)
+        schema = registered.output_schema if registered is not None else None
+        return refusal(error, key, fits=lambda body: self.output_schemas.accepts(tool, schema, body), text=text)
+
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         policy = self.policies.get(name)
         tool = self._tool_manager.get_tool(name)
         if policy is None or tool is None:
-            return await super().call_tool(name, arguments, context)
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                # A tool of ours (the admin tools) refusing with a DurableError: the same
+                # machine-readable refusal as a durable call's.
+                if isinstance(exc.__cause__, DurableError):
+                    return self.refuse(name, exc.__cause__)
+                raise
         try:
             # Validate first: a call with bad arguments is refused before any claim, so a
             # corrected retry with the same key still runs (validation errors are not saved).
@@ -213,9 +229,8 @@ class DurableServer(MCPServer[Any]):
         try:
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
-            raise ToolError(exc.message) from exc  # a bad request: the SDK's own error, before any claim
+            return self.refuse(name, exc)  # a bad request (too_large, not_serialisable), before any claim
         meta = _request_meta(context)
-        key_hint: str | None = None
 
         async def run(call: DurableCall | None) -> ToolOutcome:
             try:
@@ -235,8 +250,7 @@ class DurableServer(MCPServer[Any]):
             except limits.LimitExceeded as exc:
                 if policy.exceptions != "persist":
                     raise  # the engine releases the claim; answered below
-                text = limits.outcome_text(exc, released=False)
-                result = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+                result = self.refuse(name, exc, text=limits.outcome_text(exc, released=False))
                 payload = dump_result(result)
             return ToolOutcome(result, payload, is_error=bool(result.is_error))
 
@@ -250,12 +264,16 @@ class DurableServer(MCPServer[Any]):
                 tool=name, policy=policy, arguments=validated, meta=meta, run=run, encode=encode,
                 principal=self.principal_of(context), canonical=canonical,
             )  # fmt: skip
-        except DurableError as exc:
-            key_hint = getattr(exc, "key", None)
-            return refusal(exc, key_hint)
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
-            text = limits.outcome_text(exc, released=True)
-            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
+        except DurableError as exc:
+            return self.refuse(name, exc, getattr(exc, "key", None))
+        except ToolError as exc:
+            # A DurableError inside the tool (e.g. the journal failing under a durable step),
+            # wrapped by the SDK: answered with its code, not as an anonymous crash.
+            if isinstance(exc.__cause__, DurableError):
+                return self.refuse(name, exc.__cause__, getattr(exc.__cause__, "key", None))
+            raise
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
         return answer(outcome)
