@@ -14,16 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from mcp_types import CallToolResult, TextContent
 
 from ..engine import CallOutcome
 from ..errors import DurableError
-
-if TYPE_CHECKING:
-    from jsonschema import Validator
 
 META_KEY = "mcp-durable/key"
 META_REPLAYED = "mcp-durable/replayed"
@@ -106,7 +103,8 @@ class OutputSchemas:
     """
 
     def __init__(self) -> None:
-        self._validators: dict[str, tuple[dict[str, Any], Validator | None]] = {}
+        # Values: (the schema object, its compiled jsonschema validator or None if invalid).
+        self._validators: dict[str, tuple[dict[str, Any], Any]] = {}
 
     def accepts(self, tool: str, schema: dict[str, Any] | None, value: Any) -> bool:
         """True when `value` is valid structured content for a tool declaring `schema` (None: any)."""
@@ -117,13 +115,13 @@ class OutputSchemas:
             cached = (schema, _compile(schema))
             self._validators[tool] = cached
         validator = cached[1]
-        return validator is not None and validator.is_valid(value)
+        return validator is not None and bool(validator.is_valid(value))
 
 
-def _compile(schema: dict[str, Any]) -> Validator | None:
+def _compile(schema: dict[str, Any]) -> Any:
     # As the MCP Python client compiles it: `$ref`s resolve within the document only. Imported
     # here, as the SDK does: jsonschema costs start-up time and only refusals need it.
-    from jsonschema.validators import validator_for
+    from jsonschema.validators import validator_for  # type: ignore[import-untyped]  # no stubs
     from referencing import Registry
 
     cls = validator_for(schema)
@@ -131,8 +129,7 @@ def _compile(schema: dict[str, Any]) -> Validator | None:
         cls.check_schema(schema)
     except Exception:  # noqa: BLE001 - any invalid schema: never claim a value fits it
         return None
-    validator: Validator = cls(schema, registry=Registry())
-    return validator
+    return cls(schema, registry=Registry())
 
 
 def refusal_body(error: DurableError) -> dict[str, Any]:
