@@ -81,15 +81,17 @@ def freeze_startup_heap() -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if args.journal:
-        os.environ[ENV_JOURNAL] = args.journal  # modules that build their server at import see it
     server = load_target(args.target)
     # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
     logging.getLogger().setLevel(args.log_level.upper())
     from .server import DurableServer
 
-    if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
-        server.engine.journal = create_journal(args.journal)
+    if isinstance(server, DurableServer) and args.journal:
+        # Handed to the server explicitly (not through the environment): whatever journal the
+        # module built its server with, every part of the engine (calls, leases, lifecycle)
+        # runs on this one. Nothing is opened before the server starts, so the module's own
+        # journal is never touched.
+        server.use_journal(create_journal(args.journal))
     journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
     if args.transport == "stdio":
         frozen = "" if args.no_gc_freeze else f"; {freeze_startup_heap():,} start-up objects frozen"

@@ -50,7 +50,7 @@ import anyio
 import orjson
 
 from . import keys, operators
-from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError
+from .errors import ConfigError, DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
@@ -150,6 +150,18 @@ class Engine:
         self.start_duration_s: float | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
+
+    def use_journal(self, journal: Journal) -> None:
+        """Run on `journal` instead of the one given at construction; only before `start()`.
+
+        Everything that reads or writes the journal (calls, lease renewal, the lifecycle, the
+        single-writer owner set) goes to this one: the lease keeper is rebuilt on it, so no
+        part of the engine keeps the old journal. Raises `ConfigError` once started.
+        """
+        if self._opened:
+            raise ConfigError("the journal cannot be replaced once the engine has started")
+        self.journal = journal
+        self.leases = LeaseKeeper(journal, self.instance_id, self.clock)
 
     async def start(self) -> None:
         """Open the journal (once) and mark calls orphaned by a previous boot as in doubt."""

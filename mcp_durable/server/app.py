@@ -113,6 +113,15 @@ class DurableServer(MCPServer[Any]):
     def journal(self) -> Journal:
         return self.engine.journal
 
+    def use_journal(self, journal: str | Journal) -> None:
+        """Serve on `journal` (a URL or a `Journal`) instead of the one given at construction.
+
+        For `mcp-durable serve --journal URL`, whose target module may have built its server with
+        a journal of its own: the engine (calls, leases, lifecycle) then uses this one only. Only
+        before the server starts; raises `ConfigError` after.
+        """
+        self.engine.use_journal(create_journal(journal) if isinstance(journal, str) else journal)
+
     @asynccontextmanager
     async def _durable_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[Any]:
         # Entered once per stdio/in-memory connection and once by the HTTP session manager:
