@@ -33,7 +33,17 @@ from .steps import DurableCall, current_call, current_key
 if TYPE_CHECKING:  # the class for type checkers; at run time it is loaded on first use (below)
     from .server import DurableServer
 
-__version__ = "0.1.0"
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcp-durable")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0.0.0+unknown"
+
+
+#: The installed distribution's version (what `serverInfo.version` reports by default).
+__version__ = _package_version()
 
 
 def __getattr__(name: str) -> object:

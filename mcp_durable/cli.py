@@ -19,6 +19,10 @@ from typing import Any
 from .errors import ConfigError, DurableError
 from .journal import ENV_JOURNAL, create_journal, display_url
 
+#: The MCP Inspector the serve banner names: pinned, so the command works as printed (an
+#: unpinned `npx` resolves whatever is newest, whose CLI may differ). The docs pin the same one.
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
 
 def load_target(target: str) -> Any:
     """Import TARGET (`module`, `module:attr`, `path/to/file.py[:attr]`) and return its MCP server."""
@@ -115,7 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"  journal: {journal}\n"
         f"  heap:    {heap}\n"
         f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
-        f"  e.g.:    npx @modelcontextprotocol/inspector --cli {url} --transport http --method tools/list",
+        f"  e.g.:    npx -y {INSPECTOR} --cli {url} --transport http --method tools/list",
         file=sys.stderr,
         flush=True,
     )

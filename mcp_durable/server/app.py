@@ -87,6 +87,11 @@ class DurableServer(MCPServer[Any]):
             kwargs.update(token_auth_kwargs(tokens))
         self._user_lifespan = lifespan
         self._lifespan_users = 0
+        if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
+            # serverInfo.version: the server's own when given, else this package's (not "").
+            from .. import __version__
+
+            kwargs["version"] = __version__
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
