@@ -56,6 +56,7 @@ from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
+from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ class Engine:
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
         self.leases = LeaseKeeper(journal, self.instance_id, clock)
         self.listeners: list[ChangeListener] = []
+        #: Recent run durations per tool: the `retry_after` of an `in_progress` refusal (runtimes.py).
+        self.run_times = RunTimes()
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
         self._finals: dict[CallIdentity, tuple[CallRecord, CallOutcome]] = {}
         self._opened = False
@@ -361,7 +364,8 @@ class Engine:
             if self.owner_alive(record, now):
                 remaining = deadline - anyio.current_time()
                 if remaining <= 0:
-                    retry_after = max(0.1, min(policy.lease, (record.lease_until or now) - now))
+                    lease_left = min(policy.lease, (record.lease_until or now) - now)
+                    retry_after = self.run_times.retry_after(identity.tool, now - record.updated_at, lease_left)
                     raise InProgressError(identity.tool, identity.key, retry_after)
                 # Latch on: sleep until the record changes (or a lease check is due), re-read.
                 lease_left = max(0.01, (record.lease_until or now) - now)
@@ -498,6 +502,7 @@ class Engine:
                            await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
         token = bind(call)
         failure: BaseException | None = None
+        began = self.clock()
         try:
             async with self._lease_kept(identity, policy):
                 try:
@@ -506,6 +511,8 @@ class Engine:
                     failure = exc
         finally:
             unbind(token)
+        if failure is None and outcome.final:
+            self.run_times.record(identity.tool, self.clock() - began)
         if failure is not None:
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
