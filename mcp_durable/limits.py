@@ -80,8 +80,9 @@ def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
 def outcome_text(error: LimitExceeded, *, released: bool) -> str:
     """What the caller reads when a result could not be journaled (`released`: a retry runs again)."""
     if released:
-        return f"{error.message}. The call was not journaled: its claim was released and a retry runs the tool again"
-    return f"{error.message}. This error is journaled and replayed for the key"
+        return (f"{error.code}: {error.message}. The call was not journaled: its claim was released and a retry "
+                "runs the tool again")  # fmt: skip
+    return f"{error.code}: {error.message}. This error is journaled and replayed for the key"
 
 
 def unserialisable_result(tool: str, exc: BaseException) -> LimitExceeded:
