@@ -16,6 +16,7 @@ from .errors import (
     ConfigError,
     DeterminismError,
     DurableError,
+    ForbiddenError,
     InDoubtError,
     InProgressError,
     InvalidKeyError,
@@ -23,7 +24,10 @@ from .errors import (
     JournalError,
     JournalLockedError,
     KeyReuseError,
+    LimitExceededError,
     MissingKeyError,
+    NotSerialisableError,
+    TooLargeError,
 )
 from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry, create_journal
 from .keys import KEY_META
@@ -68,6 +72,7 @@ __all__ = [
     "DurableError",
     "DurableServer",
     "Engine",
+    "ForbiddenError",
     "InDoubtError",
     "InProgressError",
     "InvalidKeyError",
@@ -77,8 +82,11 @@ __all__ = [
     "JournalError",
     "JournalLockedError",
     "KeyReuseError",
+    "LimitExceededError",
     "MissingKeyError",
+    "NotSerialisableError",
     "ToolOutcome",
+    "TooLargeError",
     "ToolPolicy",
     "create_journal",
     "current_call",
