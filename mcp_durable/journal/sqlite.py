@@ -167,7 +167,7 @@ class SQLiteJournal:
             conn = self._conn
             try:
                 return await anyio.to_thread.run_sync(fn, conn)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:  # the driver's and the files' faults alike
                 raise JournalError(f"sqlite journal {self.path}: {exc}") from exc
 
     @staticmethod
