@@ -17,6 +17,7 @@ from .errors import (
     ConfigError,
     DeterminismError,
     DurableError,
+    ForbiddenError,
     InDoubtError,
     InProgressError,
     InvalidKeyError,
@@ -24,8 +25,11 @@ from .errors import (
     JournalError,
     JournalLockedError,
     KeyReuseError,
+    LimitExceededError,
     MissingKeyError,
     NonFiniteArgumentError,
+    NotSerialisableError,
+    TooLargeError,
 )
 from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry, create_journal
 from .keys import KEY_META
@@ -35,7 +39,17 @@ from .steps import DurableCall, current_call, current_key
 if TYPE_CHECKING:  # the class for type checkers; at run time it is loaded on first use (below)
     from .server import DurableServer
 
-__version__ = "0.1.0"
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mcp-durable")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0.0.0+unknown"
+
+
+#: The installed distribution's version (what `serverInfo.version` reports by default).
+__version__ = _package_version()
 
 
 def __getattr__(name: str) -> object:
@@ -61,6 +75,7 @@ __all__ = [
     "DurableError",
     "DurableServer",
     "Engine",
+    "ForbiddenError",
     "InDoubtError",
     "InProgressError",
     "InvalidKeyError",
@@ -70,9 +85,12 @@ __all__ = [
     "JournalError",
     "JournalLockedError",
     "KeyReuseError",
+    "LimitExceededError",
     "MissingKeyError",
     "NonFiniteArgumentError",
+    "NotSerialisableError",
     "ToolOutcome",
+    "TooLargeError",
     "ToolPolicy",
     "create_journal",
     "current_call",

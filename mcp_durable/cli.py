@@ -19,6 +19,10 @@ from typing import Any
 from .errors import ConfigError, DurableError
 from .journal import ENV_JOURNAL, create_journal, default_journal_url, display_url
 
+#: The MCP Inspector the serve banner names: pinned, so the command works as printed (an
+#: unpinned `npx` resolves whatever is newest, whose CLI may differ). The docs pin the same one.
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
 
 def load_target(target: str) -> Any:
     """Import TARGET (`module`, `module:attr`, `path/to/file.py[:attr]`) and return its MCP server."""
@@ -81,8 +85,6 @@ def freeze_startup_heap() -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if args.journal:
-        os.environ[ENV_JOURNAL] = args.journal  # modules that build their server at import see it
     server = load_target(args.target)
     # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
     logging.getLogger().setLevel(args.log_level.upper())
@@ -91,7 +93,11 @@ def _serve(args: argparse.Namespace) -> int:
     if args.policies:
         server = _with_policies(server, args.policies, args.journal)
     if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
-        server.engine.journal = create_journal(args.journal)
+        # Handed to the server explicitly (not through the environment): whatever journal the
+        # module built its server with, every part of the engine (calls, leases, lifecycle)
+        # runs on this one. Nothing is opened before the server starts, so the module's own
+        # journal is never touched.
+        server.use_journal(create_journal(args.journal))
     return serve_server(server, args, args.target)
 
 
@@ -133,7 +139,7 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
         f"  heap:    {heap}\n"
         f"  console: {console}\n"
         f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
-        f"  e.g.:    npx @modelcontextprotocol/inspector --cli {url} --transport http --method tools/list",
+        f"  e.g.:    npx -y {INSPECTOR} --cli {url} --transport http --method tools/list",
         file=sys.stderr,
         flush=True,
     )

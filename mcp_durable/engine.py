@@ -51,12 +51,21 @@ import anyio
 import orjson
 
 from . import keys, operators
-from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError, OutcomeUnknownError
+from .errors import (
+    ConfigError,
+    DeterminismError,
+    DurableError,
+    InDoubtError,
+    InProgressError,
+    KeyReuseError,
+    OutcomeUnknownError,
+)
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
+from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
 
 logger = logging.getLogger(__name__)
@@ -130,6 +139,8 @@ class Engine:
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
         self.leases = LeaseKeeper(journal, self.instance_id, clock)
         self.listeners: list[ChangeListener] = []
+        #: Recent run durations per tool: the `retry_after` of an `in_progress` refusal (runtimes.py).
+        self.run_times = RunTimes()
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
         self._finals: dict[CallIdentity, tuple[CallRecord, CallOutcome]] = {}
         self._opened = False
@@ -157,6 +168,18 @@ class Engine:
         self.start_duration_s: float | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
+
+    def use_journal(self, journal: Journal) -> None:
+        """Run on `journal` instead of the one given at construction; only before `start()`.
+
+        Everything that reads or writes the journal (calls, lease renewal, the lifecycle, the
+        single-writer owner set) goes to this one: the lease keeper is rebuilt on it, so no
+        part of the engine keeps the old journal. Raises `ConfigError` once started.
+        """
+        if self._opened:
+            raise ConfigError("the journal cannot be replaced once the engine has started")
+        self.journal = journal
+        self.leases = LeaseKeeper(journal, self.instance_id, self.clock)
 
     async def start(self) -> None:
         """Open the journal (once) and mark calls orphaned by a previous boot as in doubt."""
@@ -364,7 +387,8 @@ class Engine:
             if self.owner_alive(record, now):
                 remaining = deadline - anyio.current_time()
                 if remaining <= 0:
-                    retry_after = max(0.1, min(policy.lease, (record.lease_until or now) - now))
+                    lease_left = min(policy.lease, (record.lease_until or now) - now)
+                    retry_after = self.run_times.retry_after(identity.tool, now - record.updated_at, lease_left)
                     raise InProgressError(identity.tool, identity.key, retry_after)
                 # Latch on: sleep until the record changes (or a lease check is due), re-read.
                 lease_left = max(0.01, (record.lease_until or now) - now)
@@ -501,6 +525,7 @@ class Engine:
                            await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
         token = bind(call)
         failure: BaseException | None = None
+        began = self.clock()
         try:
             async with self._lease_kept(identity, policy):
                 try:
@@ -509,6 +534,8 @@ class Engine:
                     failure = exc
         finally:
             unbind(token)
+        if failure is None and outcome.final:
+            self.run_times.record(identity.tool, self.clock() - began)
         if isinstance(failure, OutcomeUnknownError):
             # The effect may have happened (e.g. the upstream died mid-call): never release it
             # for a silent re-run; leave it IN_DOUBT so the in-doubt policy decides.

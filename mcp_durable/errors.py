@@ -14,13 +14,20 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 ├── OperatorError            an operator action that does not apply (no such record, not in doubt)
 ├── UpstreamUnavailableError .upstream: the proxy's upstream server cannot be reached (code upstream_unavailable)
 ├── OutcomeUnknownError      .reason: a run whose effect may or may not have happened (the call is left in doubt)
+├── ForbiddenError           .principal: an admin tool called by a principal that is not an admin (code forbidden)
+├── LimitExceededError       .what .size .limit: what a durable call would journal is refused
+│   ├── TooLargeError        over max_argument_bytes / max_result_bytes (code too_large)
+│   └── NotSerialisableError not JSON the journal can store (code not_serialisable)
 └── JournalError             storage failed; the driver's exception is __cause__ (code journal_unavailable)
     ├── JournalLockedError   .holder: another writer holds the journal
     └── JournalCorruptError  .path .offset: what could not be read, and where
 ```
 
-Every refusal the MCP face sends carries `code` as `structuredContent.error`; the mapping
-lives here (`DurableError.code`) so the face turns any of these into a result in one place.
+Every refusal the MCP face sends carries `code` as `error` in the result's
+`_meta["mcp-durable/error"]` (and as `structuredContent` where the tool's output schema allows
+it); the mapping lives here (`DurableError.code`) so the face turns any of these into a result
+in one place (`server/results.py::refusal`). A subclass added later needs nothing more than its
+`code` (and `details()` for extra machine-readable fields).
 """
 
 from __future__ import annotations
@@ -237,3 +244,51 @@ class JournalCorruptError(JournalError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class ForbiddenError(DurableError):
+    """An operator (admin) tool was called by a principal that is not a journal admin."""
+
+    code = "forbidden"
+
+    def __init__(self, principal: str) -> None:
+        super().__init__(f"principal {principal!r} is not a journal admin")
+        self.principal = principal
+
+    def details(self) -> dict[str, object]:
+        return {"principal": self.principal}
+
+
+class LimitExceededError(DurableError):
+    """What a durable call would journal (its arguments or its result) is refused.
+
+    `what` is `arguments` or `result`; `size` and `limit` are bytes of JSON where a size limit
+    was the reason. Arguments are refused before any claim (a corrected retry with the same
+    key runs); a result after the run, when its claim is released (see `mcp_durable.limits`).
+    """
+
+    def __init__(self, message: str, *, what: str, size: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message)
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+    def details(self) -> dict[str, object]:
+        found: dict[str, object] = {"what": self.what}
+        if self.size is not None:
+            found["size_bytes"] = self.size
+        if self.limit is not None:
+            found["limit_bytes"] = self.limit
+        return found
+
+
+class TooLargeError(LimitExceededError):
+    """The arguments or the result are over the configured size limit."""
+
+    code = "too_large"
+
+
+class NotSerialisableError(LimitExceededError):
+    """The arguments or the result cannot be written as JSON, so they could never be replayed."""
+
+    code = "not_serialisable"

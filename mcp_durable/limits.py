@@ -9,16 +9,16 @@ Defaults, and why:
   whitespace). A tool call an agent makes is a few hundred bytes; 1 MiB leaves room for
   documents passed inline while keeping one record far below anything that hurts a commit.
   Checked on the validated arguments *before any claim*: an over-size call is a bad request,
-  refused like an argument validation error (the SDK's own `isError` result), not with a
-  durability code. Nothing is journaled, so a corrected retry with the same key still runs
-  (the IETF Idempotency-Key draft: validation rejections are not saved).
+  refused with code `too_large` (`not_serialisable` for arguments the journal cannot encode).
+  Nothing is journaled, so a corrected retry with the same key still runs (the IETF
+  Idempotency-Key draft: validation rejections are not saved).
 - results: `DEFAULT_MAX_RESULT_BYTES` = 16 MiB of result JSON. Results are replayed in full, so
   they are allowed to be larger than arguments (a generated report, a file's text), but a result
   of tens of MiB belongs in a resource or a blob store, not in an idempotency record. Checked
   after the tool ran, before the result is persisted. A result over the limit, or one that
   cannot be serialised as JSON, cannot be replayed: the call's claim is released (never left
-  PENDING), the caller gets a clear `isError` result, and a retry runs the tool again, exactly
-  like an unexpected exception. Under `ToolPolicy(exceptions="persist")` that error result is
+  PENDING), the caller gets a refusal (`too_large`, `not_serialisable`), and a retry runs the
+  tool again, exactly like an unexpected exception. Under `ToolPolicy(exceptions="persist")` that error result is
   persisted and replayed instead, like any other persisted exception.
 
 `None` disables a limit.
@@ -42,28 +42,24 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import ArgumentsTooDeepError, ConfigError, NonFiniteArgumentError
+from .errors import (
+    ArgumentsTooDeepError,
+    ConfigError,
+    LimitExceededError,
+    NonFiniteArgumentError,
+    NotSerialisableError,
+    TooLargeError,
+)
 from .keys import canonical_json
 
 DEFAULT_MAX_ARGUMENT_BYTES = 1 << 20
 DEFAULT_MAX_RESULT_BYTES = 16 << 20
 DEFAULT_MAX_ARGUMENT_DEPTH = 64
 
-
-class LimitExceeded(ValueError):
-    """What a durable call would journal is too large or not JSON.
-
-    Not a `DurableError`: it never reaches a caller as an exception. The MCP face turns it into
-    the SDK's own `isError` result (arguments: before any claim; results: after releasing the
-    claim), so the public error codes of DESIGN.md §3 stay as they are.
-    """
-
-    def __init__(self, message: str, *, what: str, size: int | None = None, limit: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.what = what
-        self.size = size
-        self.limit = limit
+#: What a durable call would journal is too large (`TooLargeError`, code `too_large`) or not
+#: JSON (`NotSerialisableError`, code `not_serialisable`). The MCP face answers both as refusals
+#: (arguments: before any claim; results: after releasing the claim).
+LimitExceeded = LimitExceededError
 
 
 def check_limit(name: str, limit: int | None) -> int | None:
@@ -78,12 +74,12 @@ def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None
     try:
         payload = canonical_json(arguments if type(arguments) is dict else dict(arguments))
     except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
-        raise LimitExceeded(
+        raise NotSerialisableError(
             f"the arguments of tool {tool!r} cannot be journaled: they are not JSON-serialisable ({exc})",
             what="arguments",
         ) from exc
     if limit is not None and len(payload) > limit:
-        raise LimitExceeded(
+        raise TooLargeError(
             f"the arguments of tool {tool!r} are {len(payload)} bytes of canonical JSON; "
             f"the limit is {limit} bytes (max_argument_bytes). Pass large content by reference",
             what="arguments", size=len(payload), limit=limit,
@@ -94,7 +90,7 @@ def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None
 def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
     """`payload` (a result's JSON) if within `limit`; `LimitExceeded` otherwise."""
     if limit is not None and len(payload) > limit:
-        raise LimitExceeded(
+        raise TooLargeError(
             f"the result of tool {tool!r} is {len(payload)} bytes of JSON; the limit is {limit} bytes "
             "(max_result_bytes)",
             what="result", size=len(payload), limit=limit,
@@ -105,13 +101,14 @@ def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
 def outcome_text(error: LimitExceeded, *, released: bool) -> str:
     """What the caller reads when a result could not be journaled (`released`: a retry runs again)."""
     if released:
-        return f"{error.message}. The call was not journaled: its claim was released and a retry runs the tool again"
-    return f"{error.message}. This error is journaled and replayed for the key"
+        return (f"{error.code}: {error.message}. The call was not journaled: its claim was released and a retry "
+                "runs the tool again")  # fmt: skip
+    return f"{error.code}: {error.message}. This error is journaled and replayed for the key"
 
 
 def unserialisable_result(tool: str, exc: BaseException) -> LimitExceeded:
     """The error for a result that cannot be written as JSON (so it could never be replayed)."""
-    error = LimitExceeded(
+    error = NotSerialisableError(
         f"the result of tool {tool!r} cannot be journaled: it is not JSON-serialisable ({exc})",
         what="result",
     )

@@ -2,12 +2,13 @@
 
     from tests.node_peers import node_script, NODE_MODULES
 
-    proc = node_script(tmp_path / "client.mjs", source, args=[url])   # runs `node` with NODE_PATH set
+    proc = node_script(tmp_path / "client.mjs", source, args=[url])   # runs `node` on tests/node's packages
 
 `require_node_peers()` skips the calling test where node or the packages are missing on a developer
 machine, and fails it when `CI` is set: `.ci/run` runs `npm ci --prefix tests/node`, so CI always
 has them. Scripts written by tests are ES modules (`.mjs`); they import the packages by name, which
-resolves because the script is run with `cwd=tests/node`.
+resolves because `node_script` links `tests/node/node_modules` beside the script (ES modules are
+resolved from the script's own directory: neither the working directory nor NODE_PATH counts).
 """
 
 from __future__ import annotations
@@ -73,6 +74,9 @@ def node_script(
     """Write `source` to `script` (an `.mjs` file), run it with node from tests/node, return the run."""
     node = require_node_peers()
     script.write_text(source)
+    beside = script.parent / "node_modules"
+    if not beside.exists():
+        beside.symlink_to(NODE_MODULES, target_is_directory=True)
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [node, str(script), *args],

@@ -6,11 +6,14 @@ record means. A backend is done when it passes `tests/contract/`, unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import anyio
+
+from ..errors import JournalError
 
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
@@ -73,6 +76,27 @@ class VerifyReport:
         return not self.problems
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def stored_decoder(what: str) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
+    """Decorate a backend's decoder of stored rows or frames: what does not decode as `what` (a
+    value no version wrote, a missing field) raises `JournalError`, as the contract's faults do."""
+
+    def decorate(decode: Callable[_P, _T]) -> Callable[_P, _T]:
+        @functools.wraps(decode)
+        def decoded(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+            try:
+                return decode(*args, **kwargs)
+            except (ValueError, TypeError, KeyError, IndexError) as exc:
+                raise JournalError(f"a stored {what} cannot be read: {type(exc).__name__}: {exc}") from exc
+
+        return decoded
+
+    return decorate
+
+
 @runtime_checkable
 class Journal(Protocol):
     """A durable store of call records and process entries.
@@ -93,6 +117,10 @@ class Journal(Protocol):
     - `list_calls` is newest first by `(created_at, identity)`, strictly after `cursor`.
     - Process entries get strictly increasing `seq` numbers across the journal.
     - Stores never read the clock: every time is passed in.
+    - Faults: every failure of the storage (an OS error, a driver error, a lost or unreadable
+      file, a row or frame that does not decode as a record) raises `JournalError`, never the
+      underlying exception (which is its `__cause__`): callers answer it as
+      `journal_unavailable`. Only the memory journal, with no storage, has none.
     """
 
     url: str

@@ -31,7 +31,9 @@ import anyio.to_thread
 import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
-from .base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
+from .base import (
+    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
+)  # fmt: skip
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
 
@@ -73,6 +75,7 @@ def _row(record: CallRecord) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+@stored_decoder("call record")
 def _record(row: tuple[Any, ...]) -> CallRecord:
     return CallRecord(
         identity=CallIdentity(row[0], row[1], row[2]),
@@ -91,6 +94,11 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         error=row[15],
         arguments=None if row[16] is None else bytes(row[16]),
     )
+
+
+@stored_decoder("process entry")
+def _entry(row: tuple[Any, ...]) -> JournalEntry:
+    return JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])
 
 
 class SQLiteJournal:
@@ -160,7 +168,7 @@ class SQLiteJournal:
             conn = self._conn
             try:
                 return await anyio.to_thread.run_sync(fn, conn)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:  # the driver's and the files' faults alike
                 raise JournalError(f"sqlite journal {self.path}: {exc}") from exc
 
     @staticmethod
@@ -332,7 +340,7 @@ class SQLiteJournal:
         sql += " ORDER BY seq LIMIT ?"
         args.append(-1 if limit is None else limit)
         rows = await self._run(lambda conn: conn.execute(sql, args).fetchall())
-        return [JournalEntry(r[0], r[1], orjson.loads(r[2]), r[3], r[4]) for r in rows]
+        return [_entry(r) for r in rows]
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._run(
@@ -342,4 +350,4 @@ class SQLiteJournal:
                 (process_id, CHECKPOINT),
             ).fetchone()
         )
-        return None if row is None else JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])
+        return None if row is None else _entry(row)

@@ -52,7 +52,6 @@ from ..keys import KEY_META
 from ..policy import ToolPolicy
 from ..policy_file import Policies
 from ..server.app import DurableServer
-from ..server.results import refusal
 from ..steps import DurableCall
 from .router import Router
 from .upstream import Upstream, UpstreamLost, UpstreamSpec
@@ -135,6 +134,13 @@ class ProxyServer(DurableServer):
         advertised = [self._advertised(tool) for tool in self.upstream.tools.values() if tool.name not in mine]
         return advertised + local
 
+    def output_schema_of(self, tool: str) -> dict[str, Any] | None:
+        """An upstream tool's output schema as the upstream declares it (refusals must fit it)."""
+        upstream = self.upstream.tools.get(tool)
+        if upstream is not None and self._tool_manager.get_tool(tool) is None:
+            return upstream.output_schema
+        return super().output_schema_of(tool)
+
     def _advertised(self, tool: Tool) -> Tool:
         policy = self.policies.get(tool.name)
         if policy is None or not policy.idempotent:
@@ -147,14 +153,14 @@ class ProxyServer(DurableServer):
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         if self._tool_manager.get_tool(name) is not None:
-            return await MCPServer.call_tool(self, name, arguments, context)  # an admin tool of ours
+            return await DurableServer.call_tool(self, name, arguments, context)  # an admin tool of ours
         policy = self.policies.get(name)
         try:
             await self._client()  # before any claim: an unreachable upstream journals nothing
             if policy is not None:
                 await self.upstream.ready()
         except UpstreamUnavailableError as exc:
-            return refusal(exc)
+            return self.refuse(name, exc)
         policy = self.policies.get(name)  # refreshed if the upstream was reconnected
         request = _request_context(context)
         if policy is None:
@@ -164,9 +170,12 @@ class ProxyServer(DurableServer):
                 except UpstreamLost as exc:
                     raise MCPError(code=INTERNAL_ERROR, message=f"upstream: {exc}") from exc
         try:
+            # The upstream validates the arguments; what the journal cannot hold faithfully (NaN,
+            # ±Infinity, too deep, too large) is refused here, before any claim, as in serve.
+            limits.check_argument_values(name, arguments, self.max_argument_depth)
             canonical = limits.checked_arguments(name, arguments, self.max_argument_bytes)
-        except limits.LimitExceeded as exc:
-            return CallToolResult(content=[TextContent(type="text", text=exc.message)], is_error=True)
+        except DurableError as exc:
+            return self.refuse(name, exc)
         return await self.run_durable(name, policy, arguments, canonical, context,
                                       self._forwarder(name, policy, arguments, request, context))  # fmt: skip
 

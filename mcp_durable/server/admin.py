@@ -15,6 +15,9 @@ in memory it is `local`, which may be configured as an admin.
 - `journal_purge_expired()`: drop records whose retention has ended (`Engine.purge_expired`).
 
 Each action journals an audit entry naming the admin who acted and the note (`operators.py`).
+A refusal (`forbidden`, `operator_error`, `journal_unavailable`, …) is raised as the
+`DurableError` itself: `DurableServer.call_tool` answers it like a durable call's refusal, with
+the code in `_meta["mcp-durable/error"]` (`results.refusal`).
 """
 
 from __future__ import annotations
@@ -23,11 +26,10 @@ import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
-from ..errors import DurableError, OperatorError
+from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
 from .redact import record_view
 from .results import dump_result
@@ -83,7 +85,7 @@ def register_admin_tools(server: DurableServer) -> bool:
     def require_admin(ctx: Context[Any, Any] | None) -> str:
         principal = server.principal_of(ctx)
         if principal not in server.admin_principals:
-            raise ToolError(f"forbidden: principal {principal!r} is not a journal admin")
+            raise ForbiddenError(principal)
         return principal
 
     async def journal_resolve(
@@ -98,17 +100,14 @@ def register_admin_tools(server: DurableServer) -> bool:
         """Resolve a call in doubt: completed (with the result to replay), failed, or not_applied."""
         caller = require_admin(ctx)
         owner = principal or caller
-        try:
-            if resolution == "completed" and result is None:
-                raise OperatorError("resolving as completed needs the result to replay")
-            payload = None if resolution == "not_applied" else operator_payload(
-                result, failed=resolution == "failed", note=note
-            )  # fmt: skip
-            record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
-                                                 note=note or f"by {caller}", retention=_retention(server, tool),
-                                                 by=caller)  # fmt: skip
-        except DurableError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
+        if resolution == "completed" and result is None:
+            raise OperatorError("resolving as completed needs the result to replay")
+        payload = None if resolution == "not_applied" else operator_payload(
+            result, failed=resolution == "failed", note=note
+        )  # fmt: skip
+        record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
+                                             note=note or f"by {caller}", retention=_retention(server, tool),
+                                             by=caller)  # fmt: skip
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
@@ -117,20 +116,14 @@ def register_admin_tools(server: DurableServer) -> bool:
     ) -> dict[str, Any]:
         """Forget a call in doubt: its record expires now, so the next call with the key runs anew."""
         caller = require_admin(ctx)
-        try:
-            record = await server.engine.forget(CallIdentity(principal or caller, tool, key), by=caller, note=note)
-        except DurableError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
+        record = await server.engine.forget(CallIdentity(principal or caller, tool, key), by=caller, note=note)
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_purge_expired(ctx: Context[Any, Any]) -> dict[str, int]:
         """Drop call records whose retention has ended; returns how many were purged."""
         require_admin(ctx)
-        try:
-            return {"purged": await server.engine.purge_expired()}
-        except DurableError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
+        return {"purged": await server.engine.purge_expired()}
 
     operator = ToolAnnotations(destructive_hint=True, idempotent_hint=False, read_only_hint=False)
     server.add_tool(journal_resolve, name="journal_resolve", annotations=operator)

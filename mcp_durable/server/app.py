@@ -33,7 +33,7 @@ from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
-from .results import answer, dump_result, refusal
+from .results import OutputSchemas, answer, dump_result, refusal
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
@@ -90,6 +90,11 @@ class DurableServer(MCPServer[Any]):
             kwargs.update(token_auth_kwargs(tokens))
         self._user_lifespan = lifespan
         self._lifespan_users = 0
+        if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
+            # serverInfo.version: the server's own when given, else this package's (not "").
+            from .. import __version__
+
+            kwargs["version"] = __version__
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
@@ -106,6 +111,8 @@ class DurableServer(MCPServer[Any]):
         self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
         self.max_argument_depth = limits.check_limit("max_argument_depth", max_argument_depth)
         self.policies: dict[str, ToolPolicy] = {}
+        #: Compiled output schemas: a refusal is `structuredContent` only where it fits (results.py).
+        self.output_schemas = OutputSchemas()
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals)
@@ -114,6 +121,15 @@ class DurableServer(MCPServer[Any]):
     @property
     def journal(self) -> Journal:
         return self.engine.journal
+
+    def use_journal(self, journal: str | Journal) -> None:
+        """Serve on `journal` (a URL or a `Journal`) instead of the one given at construction.
+
+        For `mcp-durable serve --journal URL`, whose target module may have built its server with
+        a journal of its own: the engine (calls, leases, lifecycle) then uses this one only. Only
+        before the server starts; raises `ConfigError` after.
+        """
+        self.engine.use_journal(create_journal(journal) if isinstance(journal, str) else journal)
 
     @asynccontextmanager
     async def _durable_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[Any]:
@@ -208,13 +224,31 @@ class DurableServer(MCPServer[Any]):
 
     # -- the call ---------------------------------------------------------------------------------
 
+    def refuse(self, tool: str, error: DurableError, key: str | None = None, text: str | None = None) -> CallToolResult:
+        """`error` as the refusal result of a call of `tool` (see `results.refusal`), valid against
+        the tool's output schema."""
+        schema = self.output_schema_of(tool)
+        return refusal(error, key, fits=lambda body: self.output_schemas.accepts(tool, schema, body), text=text)
+
+    def output_schema_of(self, tool: str) -> dict[str, Any] | None:
+        """The output schema `tool` declares to clients (None: none, or no such tool)."""
+        registered = self._tool_manager.get_tool(tool)
+        return registered.output_schema if registered is not None else None
+
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         policy = self.policies.get(name)
         tool = self._tool_manager.get_tool(name)
         if policy is None or tool is None:
-            return await super().call_tool(name, arguments, context)
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as exc:
+                # A tool of ours (the admin tools) refusing with a DurableError: the same
+                # machine-readable refusal as a durable call's.
+                if isinstance(exc.__cause__, DurableError):
+                    return self.refuse(name, exc.__cause__)
+                raise
         try:
             # What JSON cannot journal is refused before validation (a too-deep value fails
             # obscurely inside it) and checked again on what validation made of the arguments
@@ -227,12 +261,12 @@ class DurableServer(MCPServer[Any]):
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         except DurableError as exc:
-            return refusal(exc)  # nothing claimed: a corrected retry with the same key runs
+            return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
         validated = model.model_dump(mode="json", by_alias=True)
         try:
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
-            raise ToolError(exc.message) from exc  # a bad request: the SDK's own error, before any claim
+            return self.refuse(name, exc)  # a bad request (too_large, not_serialisable), before any claim
 
         async def run(call: DurableCall | None) -> ToolOutcome:
             try:
@@ -269,8 +303,7 @@ class DurableServer(MCPServer[Any]):
         except limits.LimitExceeded as exc:
             if policy.exceptions != "persist":
                 raise  # the engine releases the claim; answered in run_durable
-            text = limits.outcome_text(exc, released=False)
-            result = CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            result = self.refuse(name, exc, text=limits.outcome_text(exc, released=False))
             payload = dump_result(result)
         return ToolOutcome(result, payload, is_error=bool(result.is_error))
 
@@ -297,11 +330,16 @@ class DurableServer(MCPServer[Any]):
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
                 principal=self.principal_of(context), canonical=canonical,
             )  # fmt: skip
-        except DurableError as exc:
-            return refusal(exc, getattr(exc, "key", None))
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
-            text = limits.outcome_text(exc, released=True)
-            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+            return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
+        except DurableError as exc:
+            return self.refuse(name, exc, getattr(exc, "key", None))
+        except ToolError as exc:
+            # A DurableError inside the tool (e.g. the journal failing under a durable step),
+            # wrapped by the SDK: answered with its code, not as an anonymous crash.
+            if isinstance(exc.__cause__, DurableError):
+                return self.refuse(name, exc.__cause__, getattr(exc.__cause__, "key", None))
+            raise
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
         return answer(outcome)

@@ -14,16 +14,21 @@ Every resource is `application/json`. Keys are percent-encoded in URIs (RFC 6570
 `a%2Fb`); `redact.record_uri` gives the canonical form, which is also what change
 notifications carry. A record the caller may not see, and an admin resource read by a
 non-admin, answer exactly like an unknown URI (`ResourceNotFoundError`), revealing nothing.
-Values a tool marks sensitive are masked in every view (`redact.py`).
+Values a tool marks sensitive are masked in every view (`redact.py`). A read that the journal
+cannot serve (locked by another writer, the database down) answers a JSON-RPC error whose
+message is the same `journal_unavailable: …` a tool call gets, with the refusal object
+(`{error, message}`) as its `data`.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import functools
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from mcp.server.context import ServerRequestContext
@@ -32,7 +37,9 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import UriTemplate
-from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ReadResourceRequestParams
+
+from ..errors import DurableError
 
 from ..journal.base import CallCursor, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
@@ -40,6 +47,7 @@ from ..journal.replay import ReplayEngine
 from ..journal.transfer import iter_calls
 from ..policy import DEFAULT_RETENTION
 from .redact import SensitiveNames, iso, record_summary, record_uri, record_view
+from .results import refusal_body
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -102,6 +110,29 @@ def _state_param(value: str | None) -> CallState | None:
     except ValueError:
         states = ", ".join(s.value for s in CallState)
         raise MCPError(INVALID_PARAMS, f"state must be one of {states}, not {value!r}") from None
+
+
+_Read = TypeVar("_Read", bound=Callable[..., Awaitable[str]])
+
+
+def answering_durable_errors(read: _Read) -> _Read:
+    """`read` with a `DurableError` (e.g. the journal unavailable) answered as a clear JSON-RPC error.
+
+    Left alone, the SDK answers any exception of a resource function with "-32603 Error reading
+    resource" and keeps the cause in the server's log. The message is here the one a refused
+    tool call shows (`journal_unavailable: …`) and `data` carries the same refusal object.
+    """
+
+    @functools.wraps(read)
+    async def answered(*args: Any, **kwargs: Any) -> str:
+        try:
+            return await read(*args, **kwargs)
+        except DurableError as exc:
+            body = refusal_body(exc)
+            uri = {"uri": _READING.get()[1]} if _READING.get()[1] else {}
+            raise MCPError(INTERNAL_ERROR, f"{exc.code}: {exc.message}", data={**uri, **body}) from exc
+
+    return answered  # type: ignore[return-value]
 
 
 def _dumps(value: Any) -> str:
@@ -358,7 +389,10 @@ def register_journal_resources(server: DurableServer) -> JournalResources:
     if not server.admin_principals:
         server.admin_principals = admins_from_env()
     views = JournalResources(server)
-    add = server.resource
+
+    def add(uri: str, **options: Any) -> Callable[[Callable[..., Awaitable[str]]], Any]:
+        register = server.resource(uri, **options)
+        return lambda read: register(answering_durable_errors(read))
     add(STATS_URI, name="journal-stats", mime_type=JSON, description=JournalResources.stats.__doc__)(views.stats)
     add(RECOVERY_URI, name="journal-recovery", mime_type=JSON,
         description=JournalResources.recovery.__doc__)(views.recovery)  # fmt: skip

@@ -1,10 +1,17 @@
 """Turning engine answers into MCP results: replay marking, and refusals as `isError` results.
 
-The one function that maps `DurableError`s to `structuredContent.error` codes is `refusal()`.
+The one function that turns a `DurableError` into a result is `refusal()`. The refusal object
+`{"error": code, "message": …, …details}` is always in the result's `_meta["mcp-durable/error"]`
+(one place every client can read it), and is also the result's `structuredContent` only where
+that is valid against the tool's declared output schema: a client that validates structured
+content (the TypeScript SDK, the Inspector) would otherwise reject the whole answer, e.g. for a
+tool returning `str`, whose schema requires `{"result": …}`. The text content is the human
+message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
@@ -23,6 +30,8 @@ META_ATTEMPT = "mcp-durable/attempt"
 #: This call ran the tool, but another outcome was recorded for the key first (its lease was
 #: taken over, or an operator resolved it): the result is the recorded one (engine.CallOutcome).
 META_SUPERSEDED = "mcp-durable/superseded"
+#: Where every refusal carries its `{error, message, …}` (valid for every client, whatever the tool's output schema).
+META_ERROR = "mcp-durable/error"
 
 
 @lru_cache(maxsize=4096)  # a replayed key shows the same completion time on every repeat
@@ -91,12 +100,70 @@ def _answer(result: CallToolResult, outcome: CallOutcome) -> CallToolResult:
     return _with_meta(result, meta)
 
 
-def refusal(error: DurableError, key: str | None = None) -> CallToolResult:
-    """A refused call as an `isError` result: `structuredContent.error` is the code, with a message."""
-    structured: dict[str, Any] = {"error": error.code, "message": error.message, **error.details()}
-    meta = {META_KEY: key} if key is not None else None
+class OutputSchemas:
+    """Whether a value is valid against a tool's output schema, with one compiled validator per tool.
+
+    Compiling a schema costs ~60 times a validation, so validators are kept per tool name and
+    rebuilt when the tool's schema object changes (a tool registered again). A schema that is
+    not valid JSON Schema validates nothing: the refusal then goes in `_meta` only.
+    """
+
+    def __init__(self) -> None:
+        # Values: (the schema object, its compiled jsonschema validator or None if invalid).
+        self._validators: dict[str, tuple[dict[str, Any], Any]] = {}
+
+    def accepts(self, tool: str, schema: dict[str, Any] | None, value: Any) -> bool:
+        """True when `value` is valid structured content for a tool declaring `schema` (None: any)."""
+        if schema is None:
+            return True
+        cached = self._validators.get(tool)
+        if cached is None or cached[0] is not schema:
+            cached = (schema, _compile(schema))
+            self._validators[tool] = cached
+        validator = cached[1]
+        return validator is not None and bool(validator.is_valid(value))
+
+
+def _compile(schema: dict[str, Any]) -> Any:
+    # As the MCP Python client compiles it: `$ref`s resolve within the document only. Imported
+    # here, as the SDK does: jsonschema costs start-up time and only refusals need it.
+    from jsonschema.validators import validator_for  # type: ignore[import-untyped]  # no stubs
+    from referencing import Registry
+
+    cls = validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except Exception:  # noqa: BLE001 - any invalid schema: never claim a value fits it
+        return None
+    return cls(schema, registry=Registry())
+
+
+def refusal_body(error: DurableError) -> dict[str, Any]:
+    """The machine-readable refusal: `{"error": code, "message": …}` plus the error's details."""
+    return {"error": error.code, "message": error.message, **error.details()}
+
+
+def refusal(
+    error: DurableError,
+    key: str | None = None,
+    *,
+    fits: Callable[[dict[str, Any]], bool] | None = None,
+    text: str | None = None,
+) -> CallToolResult:
+    """A refused call as an `isError` result (DESIGN.md §3, "error codes").
+
+    The refusal is in `_meta["mcp-durable/error"]` always, and is the `structuredContent` too
+    when `fits(refusal)` (the tool's output schema accepts it; None: the tool declares none).
+    `text` replaces the default human message `"<code>: <message>"`. `key` goes in
+    `_meta["mcp-durable/key"]` when the call's key is known.
+    """
+    body = refusal_body(error)
+    meta: dict[str, Any] = {META_ERROR: body}
+    if key is not None:
+        meta[META_KEY] = key
+    structured = body if fits is None or fits(body) else None
     return CallToolResult(
-        content=[TextContent(type="text", text=f"{error.code}: {error.message}")],
+        content=[TextContent(type="text", text=text if text is not None else f"{error.code}: {error.message}")],
         structured_content=structured,
         is_error=True,
         _meta=meta,

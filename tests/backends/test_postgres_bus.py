@@ -85,7 +85,8 @@ async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_an
     journal = replicas_journal
     target = "tests/crash/servers/bus_replica.py"
     uri = "journal://calls/refund/order-9"
-    async with serve_http(target, journal=journal) as a, serve_http(target, journal=journal) as b:
+    env = {"MCP_DURABLE_JOURNAL": journal}  # the bus (built at import) reads the database from it
+    async with serve_http(target, journal=journal, env=env) as a, serve_http(target, journal=journal, env=env) as b:
         async with Client(a.url) as listener, Client(b.url) as caller:
             async with listener.listen(resource_subscriptions=[uri]) as subscription:
                 result = await caller.call_tool("refund", {"order_id": "O-9", "amount_cents": 900},

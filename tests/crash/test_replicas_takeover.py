@@ -71,5 +71,5 @@ async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_dou
         assert [r["outcome"] for r in requests] == ["applied", "deduplicated"]  # B really ran it again
     else:
         assert result.is_error and result.structured_content is not None
-        assert result.structured_content["error"] == "in_doubt"
+        assert result.meta["mcp-durable/error"]["error"] == "in_doubt"
         assert [r["outcome"] for r in requests] == ["applied"]  # B did not run it

@@ -225,7 +225,7 @@ def check_tool_call(argv: list[str], runs: list[dict[str, Any]], seen: dict[tupl
     if key is None:
         # Only `charge` (key="required") is shown without a key: refused before it runs.
         assert tool == "charge"
-        assert runs[0]["structuredContent"]["error"] == "missing_key"
+        assert runs[0]["_meta"]["mcp-durable/error"]["error"] == "missing_key"
         return tool
     first, second = runs
     before = seen.get((tool, key))
@@ -239,7 +239,7 @@ def check_tool_call(argv: list[str], runs: list[dict[str, Any]], seen: dict[tupl
     elif before == args:
         assert first["_meta"]["mcp-durable/replayed"] is True and second["_meta"]["mcp-durable/replayed"] is True
     else:
-        assert first["structuredContent"]["error"] == second["structuredContent"]["error"] == "key_reuse"
+        assert first["_meta"]["mcp-durable/error"]["error"] == second["_meta"]["mcp-durable/error"]["error"] == "key_reuse"
     return tool
 
 

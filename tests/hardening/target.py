@@ -1,7 +1,7 @@
 """A small durable server for hardening tests run as a subprocess (`mcp-durable serve tests/hardening/target.py`).
 
 `echo` appends one line per real run to `$HARDENING_RUNS` (when set), so a test can count side
-effects from outside the process. `MCP_DURABLE_JOURNAL` (set by `--journal`) names the journal.
+effects from outside the process. `serve --journal` names the journal.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ async def test_a_key_of_the_wrong_type_is_refused_as_invalid_key_and_changes_not
             client, server, runs, lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5},
                                                            meta={KEY_META: key})  # fmt: skip
         )
-        assert result.is_error and result.structured_content["error"] == "invalid_key"
+        assert result.is_error and result.meta["mcp-durable/error"]["error"] == "invalid_key"
         assert "must be a string" in result.structured_content["reason"]
         ok = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta={KEY_META: "K-1"})
         assert not ok.is_error and runs.count("pay") == 1
@@ -72,7 +72,7 @@ async def test_an_empty_overlong_control_or_non_ascii_key_is_refused_and_changes
         result = await _refused_without_change(
             client, server, runs, lambda: client.call_tool("echo", {"text": "a"}, meta={KEY_META: key})
         )
-        assert result.is_error and result.structured_content["error"] == "invalid_key"
+        assert result.is_error and result.meta["mcp-durable/error"]["error"] == "invalid_key"
         assert result.structured_content["tool"] == "echo" and result.structured_content["reason"]
 
 
@@ -92,7 +92,7 @@ async def test_a_missing_required_key_is_refused_and_changes_nothing(served: tup
         result = await _refused_without_change(
             client, server, runs, lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5})
         )
-    assert result.structured_content["error"] == "missing_key"
+    assert result.meta["mcp-durable/error"]["error"] == "missing_key"
 
 
 async def test_arguments_over_the_size_limit_are_refused_before_any_claim(served: tuple[Any, Runs], mode: str) -> None:
@@ -106,6 +106,10 @@ async def test_arguments_over_the_size_limit_are_refused_before_any_claim(served
         )  # fmt: skip
         assert result.is_error
         assert "1048577 bytes" in text_of(result) and "max_argument_bytes" in text_of(result)
+        assert result.meta["mcp-durable/error"] == {
+            "error": "too_large", "message": text_of(result).removeprefix("too_large: "), "what": "arguments",
+            "size_bytes": 1048577, "limit_bytes": 1 << 20,
+        }  # fmt: skip
         # Exactly at the limit it runs; the refused key was not poisoned.
         ok = await client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead)}, meta={KEY_META: "big"})
     assert not ok.is_error and runs.count("echo") == 1
@@ -130,6 +134,7 @@ async def test_arguments_the_journal_cannot_encode_are_refused_and_change_nothin
     async with connect(server, mode) as client:
         result = await _refused_without_change(client, server, runs, lambda: client.call_tool("count", {"n": 2**70}))
     assert result.is_error and "not JSON-serialisable" in text_of(result)
+    assert result.meta["mcp-durable/error"]["error"] == "not_serialisable"
 
 
 async def test_a_result_that_cannot_be_serialised_becomes_an_error_and_is_released(
@@ -139,6 +144,8 @@ async def test_a_result_that_cannot_be_serialised_becomes_an_error_and_is_releas
     async with connect(server, mode) as client:
         first = await client.call_tool("huge_number", {}, meta={KEY_META: "n-1"})
         assert first.is_error and "cannot be journaled" in text_of(first)
+        assert first.meta["mcp-durable/error"] == {"error": "not_serialisable", "what": "result",
+                                                   "message": first.meta["mcp-durable/error"]["message"]}  # fmt: skip
         records, _ = await snapshot(server.journal)
         (record,) = [r for r in records if r.identity.tool == "huge_number"]
         assert record.state == CallState.RELEASED and record.result is None, "the record was left pending"
@@ -158,6 +165,7 @@ async def test_an_unserialisable_result_under_persisted_exceptions_is_a_replayed
     assert record.state == CallState.FAILED
     assert first.is_error and again.is_error and again.meta.get("mcp-durable/replayed") is True
     assert text_of(again) == text_of(first) and "cannot be journaled" in text_of(first)
+    assert again.meta["mcp-durable/error"]["error"] == first.meta["mcp-durable/error"]["error"] == "not_serialisable"
     assert runs.count("huge_number_persisted") == 1
 
 
@@ -172,6 +180,7 @@ async def test_a_result_over_the_result_limit_becomes_an_error_and_is_released(
         records, _ = await snapshot(server.journal)
     assert not small.is_error
     assert big.is_error and "max_result_bytes" in text_of(big) and "limit is 10000 bytes" in text_of(big)
+    assert big.meta["mcp-durable/error"]["error"] == "too_large" and big.meta["mcp-durable/error"]["what"] == "result"
     states = {r.identity.key: r.state for r in records}
     assert states == {"small": CallState.COMPLETED, "big": CallState.RELEASED}
     assert all(len(r.result or b"") <= 10_000 for r in records)
@@ -256,7 +265,7 @@ async def test_a_key_under_a_wrong_type_in_raw_meta_is_refused_as_invalid_key(
             lambda: _raw_call_modern(client, {"name": "echo", "arguments": {"text": "k"}}, {KEY_META: key}),
         )  # fmt: skip
     assert not isinstance(answer, MCPError), answer
-    assert answer["isError"] is True and answer["structuredContent"]["error"] == "invalid_key"
+    assert answer["isError"] is True and answer["_meta"]["mcp-durable/error"]["error"] == "invalid_key"
 
 
 @pytest.mark.parametrize("limit", [0, -1, True, 1.5, "1MiB"])

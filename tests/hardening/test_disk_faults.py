@@ -110,7 +110,7 @@ async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_l
             ran = runs.count("echo")
             result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta={KEY_META: key})
             if result.is_error:
-                assert result.structured_content["error"] == "journal_unavailable", text_of(result)
+                assert result.meta["mcp-durable/error"]["error"] == "journal_unavailable", text_of(result)
                 assert runs.count("echo") == ran, "the tool ran although its claim could not be journaled"
                 refused.append(key)
             else:
@@ -157,7 +157,7 @@ async def test_a_result_the_full_disk_cannot_take_is_never_acknowledged_and_is_r
         await client.call_tool("echo", {"text": "warm-up"}, meta={KEY_META: "A"})
         tiny_disk.leave(64 * 1024)  # room for a claim, not for a 1 MB result
         lost = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
-        assert lost.is_error and lost.structured_content["error"] == "journal_unavailable", text_of(lost)
+        assert lost.is_error and lost.meta["mcp-durable/error"]["error"] == "journal_unavailable", text_of(lost)
         assert runs.count("blob") == 1  # it ran: the effect happened, the result could not be kept
         tiny_disk.free()
     reader = create_journal(url)  # what is on disk now (the file journal refuses reads once poisoned)
@@ -187,7 +187,7 @@ async def test_a_server_started_on_a_full_disk_refuses_calls_until_space_is_back
     server = build_server(url, runs)
     async with Client(server, mode="legacy") as client:
         refused = await client.call_tool("echo", {"text": BIG}, meta={KEY_META: "B"})
-        assert refused.is_error and refused.structured_content["error"] == "journal_unavailable"
+        assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
         assert runs.count("echo") == 1
         tiny_disk.free()
         ok = await client.call_tool("echo", {"text": BIG}, meta={KEY_META: "B"})
@@ -213,7 +213,7 @@ async def test_a_read_only_journal_directory_refuses_calls_until_it_is_writable(
         server = build_server(url_in(view), runs)
         async with Client(server, mode="auto") as client:
             refused = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
-            assert refused.is_error and refused.structured_content["error"] == "journal_unavailable"
+            assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
             assert runs.count("echo") == 1
             await server.engine.aclose()  # let go of the files before making the mount writable
             assert _mount("-o", "remount,bind,rw", str(view)).returncode == 0
@@ -249,14 +249,14 @@ async def test_a_sqlite_journal_locked_by_another_process_refuses_calls_until_th
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
             refused = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
-            assert refused.is_error and refused.structured_content["error"] == "journal_unavailable"
+            assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
             assert "locked" in refused.structured_content["message"]
             assert runs.count("echo") == 1
             # A repeat claims before it reads (one write transaction), so under another process's
             # write lock it is refused too; it must never run the tool or answer anything else.
             during = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
             if during.is_error:
-                assert during.structured_content["error"] == "journal_unavailable"
+                assert during.meta["mcp-durable/error"]["error"] == "journal_unavailable"
             else:
                 assert during.meta["mcp-durable/replayed"] is True and during.content == acknowledged.content
             assert runs.count("echo") == 1

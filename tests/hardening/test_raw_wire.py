@@ -80,7 +80,7 @@ async def test_a_malformed_meta_on_the_legacy_wire_is_refused_and_changes_nothin
                 else:
                     result = answer["result"]
                     assert result["isError"] is True, (meta, result)
-                    assert result["structuredContent"]["error"] == "invalid_key", (meta, result)
+                    assert result["_meta"]["mcp-durable/error"]["error"] == "invalid_key", (meta, result)
         finally:
             await reader.aclose()
         # The server is still serving, and the good call is replayed.

@@ -75,8 +75,8 @@ async def test_a_proxy_killed_mid_call_never_runs_the_call_twice_upstream_under_
         async with serve_cli_http(args, env=env) as second, Client(second.url, mode="legacy") as client:
             for _ in range(2):
                 again = await client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1"))
-                assert again.is_error and again.structured_content is not None
-                assert again.structured_content["error"] == "in_doubt"
+                assert again.is_error and again.meta is not None
+                assert again.meta["mcp-durable/error"]["error"] == "in_doubt"
     assert counter.count("gated") == 1  # never run twice upstream
     [record] = await _records(journal)
     assert record.state == CallState.IN_DOUBT
@@ -132,9 +132,9 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
             os.kill(pid, signal.SIGKILL)
         [answer] = outcome
         assert not isinstance(answer, Exception), answer
-        assert answer.is_error and answer.structured_content["error"] == "in_doubt"  # never a silent success
+        assert answer.is_error and answer.meta["mcp-durable/error"]["error"] == "in_doubt"  # never a silent success
         again = await client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1"))
-        assert again.structured_content["error"] == "in_doubt"
+        assert again.meta["mcp-durable/error"]["error"] == "in_doubt"
         # The proxy restarted its stdio upstream and keeps serving.
         fine = await client.call_tool("record", {"text": "after"})
         assert not fine.is_error and counter.count("record") == 1
@@ -167,7 +167,7 @@ async def test_an_http_upstream_killed_mid_call_leaves_the_call_in_doubt(tmp_pat
                 upstream.kill()
     [answer] = outcome
     assert not isinstance(answer, Exception), answer
-    assert answer.is_error and answer.structured_content["error"] == "in_doubt"
+    assert answer.is_error and answer.meta["mcp-durable/error"]["error"] == "in_doubt"
     [record] = await _records(journal)
     assert record.state == CallState.IN_DOUBT
 
@@ -182,8 +182,8 @@ async def test_an_unreachable_upstream_gives_a_clear_error_and_journals_nothing(
     proxy = ProxyServer(spec, journal=journal)
     async with Client(proxy, mode="legacy") as client:
         answer = await client.call_tool("record", {"text": "x"}, meta=key_meta("k-1"))
-    assert answer.is_error and answer.structured_content is not None
-    assert answer.structured_content["error"] == "upstream_unavailable"
+    assert answer.is_error and answer.meta is not None
+    assert answer.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
     assert "cannot be reached" in answer.content[0].text  # type: ignore[union-attr]
     assert await _records(journal) == []
 
@@ -207,7 +207,7 @@ async def test_an_http_upstream_that_died_while_idle_is_refused_as_unavailable_a
             async with serve_cli_http(["serve", PLAIN_UPSTREAM], env=env, port=port):
                 back = await client.call_tool("record", {"text": "c"})
     assert not first.is_error and not back.is_error
-    assert refused.is_error and refused.structured_content["error"] == "upstream_unavailable"
-    assert "ConnectError" in refused.structured_content["message"]
+    assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
+    assert "ConnectError" in refused.meta["mcp-durable/error"]["message"]
     assert counter.count("record") == 2
     assert sorted(r.state for r in await _records(journal)) == [CallState.COMPLETED, CallState.COMPLETED]

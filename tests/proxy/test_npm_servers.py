@@ -58,8 +58,8 @@ async def test_a_durable_npm_tool_called_twice_with_one_key_runs_once_upstream(t
         assert wire(second)["content"] == wire(first)["content"]
         assert await _names_in_graph(client) == []  # the upstream ran create_entities once
         refused = await client.call_tool("create_entities", ADA)  # key = "required"
-        assert refused.is_error and refused.structured_content is not None
-        assert refused.structured_content["error"] == "missing_key"
+        assert refused.is_error and refused.meta is not None
+        assert refused.meta["mcp-durable/error"]["error"] == "missing_key"
         assert await _names_in_graph(client) == []
 
 

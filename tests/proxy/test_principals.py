@@ -78,7 +78,7 @@ async def test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_up
         async with serve_cli_http(args, env=without) as proxy, client_as(proxy.url, "tokA", "legacy") as alice:
             refused = await alice.call_tool("plain", {"text": "x"}, meta=key_meta("k"))
     assert not ok.is_error and Counter(env["COUNTER_FILE"]).count("plain") == 1
-    assert refused.is_error and refused.structured_content["error"] == "upstream_unavailable"
+    assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
     assert "up-secret" not in json.dumps(wire(refused))
     # A stdio upstream's environment: server-everything's get-env shows what the child got.
     everything = ["--upstream-command", shlex.join(package_bin(EVERYTHING))]

@@ -68,6 +68,12 @@ async def test_a_non_admin_local_principal_is_refused_by_the_admin_tools(mode: s
             refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1",
                                                                  "resolution": "completed", "result": {"x": 1}})  # fmt: skip
             assert refused.is_error and "forbidden" in refused.content[0].text  # type: ignore[union-attr]
+            # The same machine-readable refusal as a durable call's (results.refusal)
+            assert refused.meta is not None and refused.meta["mcp-durable/error"]["error"] == "forbidden"
+            assert refused.meta["mcp-durable/error"]["principal"] == "local"
+            assert refused.structured_content == refused.meta["mcp-durable/error"]  # an open object schema
+            purge = await client.call_tool("journal_purge_expired", {})
+            assert purge.is_error and purge.meta is not None and purge.meta["mcp-durable/error"]["error"] == "forbidden"
         assert (await journal.get(CallIdentity("local", "ship", "o-1"))).state == CallState.IN_DOUBT  # type: ignore[union-attr]
 
 
@@ -78,7 +84,7 @@ async def test_resolving_a_call_in_doubt_as_completed_makes_its_key_replay_the_o
         server = build(journal, ran, admins=("local",))
         async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
             before = await client.call_tool("ship", {"order_id": "o-1"})
-            assert before.is_error and before.structured_content["error"] == "in_doubt"  # type: ignore[index]
+            assert before.is_error and before.meta is not None and before.meta["mcp-durable/error"]["error"] == "in_doubt"
             resolved = await client.call_tool("journal_resolve", {
                 "tool": "ship", "key": "o-1", "resolution": "completed", "result": {"shipped": "o-1", "by": "hand"},
                 "note": "checked the carrier"})  # fmt: skip
@@ -103,6 +109,7 @@ async def test_resolving_a_call_in_doubt_as_not_applied_lets_the_next_call_run(m
             again = await client.call_tool("journal_resolve",
                                            {"tool": "ship", "key": "o-1", "resolution": "not_applied"})  # fmt: skip
         assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        assert again.meta is not None and again.meta["mcp-durable/error"]["error"] == "operator_error"
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
 
 

@@ -111,9 +111,9 @@ async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(t
     assert not results[0].is_error
     for result in late:
         assert result.is_error
-        assert result.structured_content["error"] == "in_progress"
-        assert isinstance(result.structured_content["retry_after"], int | float)
-        assert result.structured_content["retry_after"] > 0
+        assert result.meta["mcp-durable/error"]["error"] == "in_progress"
+        assert isinstance(result.meta["mcp-durable/error"]["retry_after"], int | float)
+        assert result.meta["mcp-durable/error"]["retry_after"] > 0
         assert result.meta is not None and result.meta["mcp-durable/key"] == "k"
     # Once the first call finished, the retry gets its result.
     assert body_bytes(after) == body_bytes(results[0])

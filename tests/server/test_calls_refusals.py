@@ -1,5 +1,5 @@
 """Refused calls: `key_reuse`, `missing_key`, `invalid_key` — each an `isError` result with the
-code in `structuredContent.error` and a message, and the tool not run."""
+code in `_meta["mcp-durable/error"]` and a message, and the tool not run."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def _setup(transport: str, tmp_path: Path) -> dict[str, Any]:
 
 def _refused(result: Any, code: str) -> None:
     assert result.is_error, result
-    assert result.structured_content is not None and result.structured_content["error"] == code, result
-    assert result.structured_content["message"]
+    assert result.meta is not None and result.meta["mcp-durable/error"]["error"] == code, result
+    assert result.meta["mcp-durable/error"]["message"]
     assert code in result.content[0].text
 
 
@@ -41,7 +41,7 @@ async def test_the_same_key_with_different_arguments_is_refused_as_key_reuse_and
         again = await client.call_tool("record", {"text": "a"}, meta={KEY_META: "k-1"})
     assert not first.is_error
     _refused(reused, "key_reuse")
-    assert reused.structured_content["key"] == "k-1"
+    assert reused.meta["mcp-durable/error"]["key"] == "k-1"
     assert counter.count("record") == 1
     assert again.meta is not None and again.meta["mcp-durable/replayed"] is True  # the record is intact
 

@@ -79,13 +79,13 @@ async def test_a_live_owners_call_is_not_taken_over_until_its_lease_expires(mode
     await _plant(server.journal, "pay", "k2", PAY, lease_in=1.0, owner="live-instance")
     async with Client(server, mode=mode) as client:
         early = await client.call_tool("pay", PAY, meta={KEY_META: "k2"})
-        assert early.is_error and early.structured_content["error"] == "in_progress"  # type: ignore[index]
+        assert early.is_error and early.meta["mcp-durable/error"]["error"] == "in_progress"  # type: ignore[index]
         assert counter.count("invoke pay k2") == 0
         while True:  # the owner never renews: once its lease is over, the call is taken over
             result = await client.call_tool("pay", PAY, meta={KEY_META: "k2"})
             if not result.is_error:
                 break
-            assert result.structured_content["error"] == "in_progress"  # type: ignore[index]
+            assert result.meta["mcp-durable/error"]["error"] == "in_progress"  # type: ignore[index]
             await anyio.sleep(0.05)
         assert (await _state(server, "pay", "k2")).attempts == 2
     assert counter.count("invoke pay k2") == 1
@@ -132,7 +132,7 @@ async def test_reconcile_falls_back_to_in_doubt_while_the_outbox_cannot_answer(m
     async with Client(server, mode=mode) as client:
         refused = await client.call_tool("send_email", MAIL, meta={KEY_META: "m3"})
         record = await _state(server, "send_email", "m3")
-        assert refused.is_error and refused.structured_content["error"] == "in_doubt"  # type: ignore[index]
+        assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
         assert record.state == CallState.IN_DOUBT and "reconcile failed" in (record.error or "")
         assert counter.count("invoke send_email m3") == 0
         broken.unlink()  # the outbox answers again (and it holds no mail)
@@ -155,7 +155,7 @@ async def test_refuse_answers_in_doubt_until_an_operator_resolves_the_call(
     async with Client(server, mode=mode) as client:
         for _ in range(2):
             refused = await client.call_tool("send_email", MAIL, meta={KEY_META: "m4"})
-            assert refused.is_error and refused.structured_content["error"] == "in_doubt"  # type: ignore[index]
+            assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
         listed = await server.journal.list_calls(state=CallState.IN_DOUBT)
         assert [r.identity for r in listed] == [identity]
         payload = None if resolution == "not_applied" else orjson.dumps(stored)
@@ -177,7 +177,7 @@ async def test_a_call_retried_max_attempts_times_is_parked_until_an_operator_res
     identity = CallIdentity("local", "pay", "k5")
     async with Client(server) as client:
         parked = await client.call_tool("pay", PAY, meta={KEY_META: "k5"})
-        assert parked.is_error and parked.structured_content["error"] == "in_doubt"  # type: ignore[index]
+        assert parked.is_error and parked.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
         assert "parked" in parked.structured_content["message"]  # type: ignore[index]
         record = await server.journal.get(identity)
         assert record is not None and record.state == CallState.IN_DOUBT and "parked" in (record.error or "")
@@ -264,5 +264,5 @@ async def test_two_servers_sharing_one_single_writer_journal_in_a_process_never_
             duplicate = await b.call_tool("slow", {"job": "J"})
             release.set()
         replay = await b.call_tool("slow", {"job": "J"})
-    assert duplicate.is_error and duplicate.structured_content["error"] == "in_progress"  # type: ignore[index]
+    assert duplicate.is_error and duplicate.meta["mcp-durable/error"]["error"] == "in_progress"  # type: ignore[index]
     assert runs == ["J"] and replay.structured_content == result["a"].structured_content

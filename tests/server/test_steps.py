@@ -76,7 +76,7 @@ async def test_a_step_named_differently_from_the_journal_at_the_same_position_is
         (tmp_path / "names").write_text("pack")  # the code changed: step 0 is now another step
         result = await client.call_tool("three_steps", {"job": "J"})
     assert result.is_error and result.structured_content is not None
-    assert result.structured_content["error"] == "determinism_error"
+    assert result.meta["mcp-durable/error"]["error"] == "determinism_error"
     assert "reserve" in result.structured_content["message"] and "pack" in result.structured_content["message"]
     assert events.count("pack") == 0, "nothing ran past the mismatch"
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from ..base import stored_decoder
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry
 
 _BYTES_FIELDS = ("result", "arguments")
@@ -62,6 +63,7 @@ def record_to_dict(record: CallRecord) -> dict[str, Any]:
     return out
 
 
+@stored_decoder("call record")
 def record_from_dict(d: dict[str, Any]) -> CallRecord:
     blobs: dict[str, bytes | None] = {}
     for name in _BYTES_FIELDS:
@@ -94,5 +96,6 @@ def purge_payload(now: float) -> bytes:
     return orjson.dumps({"t": "purge", "now": now})
 
 
+@stored_decoder("process entry")
 def entry_from_dict(d: dict[str, Any], seq: int) -> JournalEntry:
     return JournalEntry(d["process_id"], d["entry_type"], d["data"], d["ts"], seq)

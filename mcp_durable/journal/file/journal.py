@@ -263,14 +263,23 @@ class FileJournal:
     def _read(self, position: int, size: int) -> dict[str, Any]:
         """Read one frame back (pread), check it, and decode its payload."""
         segment, offset = unpack(position)
-        fd = self._readers.get(segment)
-        if fd is None:
-            fd = self._readers[segment] = os.open(self.directory / segment_name(segment), os.O_RDONLY)
-        buf = os.pread(fd, size, offset)
+        path = self.directory / segment_name(segment)
+        # The one place records are read from disk: a segment that is gone or unreadable is the
+        # journal unavailable (JournalError), never an OSError escaping to the caller.
+        try:
+            fd = self._readers.get(segment)
+            if fd is None:
+                fd = self._readers[segment] = os.open(path, os.O_RDONLY)
+            buf = os.pread(fd, size, offset)
+        except OSError as exc:
+            raise JournalError(f"journal {self.url}: cannot read {path.name}: {exc}") from exc
         frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame):
-            raise JournalCorruptError(str(self.directory / segment_name(segment)), offset, frame)
-        result: dict[str, Any] = orjson.loads(buf[HEADER_SIZE : HEADER_SIZE + frame.length])
+            raise JournalCorruptError(str(path), offset, frame)
+        try:
+            result: dict[str, Any] = orjson.loads(buf[HEADER_SIZE : HEADER_SIZE + frame.length])
+        except orjson.JSONDecodeError as exc:
+            raise JournalCorruptError(str(path), offset, f"the frame's payload is not JSON: {exc}") from exc
         return result
 
     async def _load_call(self, identity: CallIdentity, h: int) -> tuple[int, CallRecord] | None:
@@ -406,7 +415,12 @@ class FileJournal:
         by_tool = Counter(idx.tools.names[idx.tool[s]] for s in live)
         size = 0
         for p in self.directory.glob("seg-*.log"):
-            size += p.stat().st_size
+            try:
+                size += p.stat().st_size
+            except FileNotFoundError:  # removed by a compaction since the listing
+                continue
+            except OSError as exc:
+                raise JournalError(f"journal {self.url}: cannot read {p.name}: {exc}") from exc
         oldest = min((idx.created[s] for s in live), default=None)
         return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries), size, oldest)
 

@@ -35,7 +35,9 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
-from ..base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
+from ..base import (
+    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
+)  # fmt: skip
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from ..secrets import display_url
 from .listener import Listener
@@ -61,6 +63,7 @@ def _params(record: CallRecord) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+@stored_decoder("call record")
 def _record(row: Row) -> CallRecord:
     return CallRecord(
         identity=CallIdentity(row[0], row[1], row[2]), fingerprint=row[3], state=CallState(row[4]),
@@ -71,6 +74,7 @@ def _record(row: Row) -> CallRecord:
     )  # fmt: skip
 
 
+@stored_decoder("process entry")
 def _entry(row: Row) -> JournalEntry:
     return JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])
 

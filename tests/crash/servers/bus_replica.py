@@ -1,7 +1,8 @@
 """A test target for cross-replica notifications: a `DurableServer` on a `PgSubscriptionBus`.
 
-Serve it with `mcp-durable serve tests/crash/servers/bus_replica.py --transport http --journal
-postgresql://…?schema=…`; the bus uses the journal's database and schema. The server's journal
+Serve it with `MCP_DURABLE_JOURNAL=postgresql://…?schema=… mcp-durable serve
+tests/crash/servers/bus_replica.py --transport http`; the server and the bus use that database
+and schema (`serve --journal` hands its URL to the server only, not to the environment). The server's journal
 notifier forwards every change of a call record on the bus, scoped to the record's principal,
 so clients listening on any replica hear of it.
 """
