@@ -6,6 +6,7 @@ server: uvicorn, no journal), over stdio the same way, or made durable in proces
 `Counter`); `$LEDGER_DB` the sqlite ledger of `charge`.
 
 - `record(text)`: `idempotentHint: true`; counts `record`; returns the key it was sent.
+- `shout(text) -> str`: `idempotentHint: true`; counts `shout`; an output schema requiring `result`.
 - `plain(text)`: no hints (pass-through by default); counts `plain`.
 - `gated(text)`: counts `gated`, writes its pid to `<counter>.pid`, waits for the gate file,
   counts `gated.done`.
@@ -50,6 +51,14 @@ def record(text: str, ctx: Context[Any, Any]) -> dict[str, Any]:
     """Idempotent by its annotation: made durable by the proxy without a policies file."""
     n = _counter().hit("record")
     return {"text": text, "execution": n, "run": uuid.uuid4().hex, "key": _key(ctx)}
+
+
+@server.tool(annotations=IDEMPOTENT)
+def shout(text: str) -> str:
+    """Idempotent, returning `str`: its output schema requires `{"result": …}`, so a refusal
+    carried as structured content would break clients that validate it (the TypeScript SDK)."""
+    _counter().hit("shout")
+    return text.upper()
 
 
 @server.tool()
