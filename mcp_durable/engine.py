@@ -35,6 +35,7 @@ policy) until an operator's `resolve()`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -50,13 +51,14 @@ import anyio
 import orjson
 
 from . import keys, operators
-from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError
+from .errors import DeterminismError, DurableError, InDoubtError, InProgressError, KeyReuseError, TaskCancelledError
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
 from .steps import DurableCall, bind, load_steps, unbind
+from .tasks import CANCELLED_REASON, in_doubt_refused, is_cancelled, new_task_id
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +105,8 @@ class CallOutcome:
 Runner = Callable[[DurableCall | None], Awaitable[ToolOutcome]]
 Encoder = Callable[[Any], ToolOutcome]
 ChangeListener = Callable[[CallRecord], Awaitable[None]]
+#: Resumes a task record in the background (set by the MCP face, which can run its tool).
+TaskResumer = Callable[[CallRecord], Awaitable[None]]
 
 
 class Engine:
@@ -123,8 +127,15 @@ class Engine:
         self.journal = journal
         self.clock = clock
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
-        self.leases = LeaseKeeper(journal, self.instance_id, clock)
+        self.leases = LeaseKeeper(journal, self.instance_id, clock, on_lost=self._lease_lost)
         self.listeners: list[ChangeListener] = []
+        #: Runs an in-doubt task again (the face's, which knows its tool); None resumes nothing.
+        self.task_resumer: TaskResumer | None = None
+        #: Background runs of tasks: they outlive the request that created them, not the engine.
+        self._background: set[asyncio.Task[None]] = set()
+        #: The cancel scope around each task's tool running here, for `cancel_task`.
+        self._task_scopes: dict[CallIdentity, anyio.CancelScope] = {}
+        self._closing = False
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
         self._finals: dict[CallIdentity, tuple[CallRecord, CallOutcome]] = {}
         self._opened = False
@@ -163,6 +174,8 @@ class Engine:
             await self.journal.open()
             _live_owners(self.journal).add(self.instance_id)
             self.orphans_found = await self.sweep()
+            self._closing = False
+            await self.resume_tasks()
             if self.process_id is not None:
                 recovered = await ReplayEngine(self.journal).recover(self.process_id)
                 self.previous_lifecycle_state = recovered.lifecycle_state
@@ -176,6 +189,14 @@ class Engine:
     async def aclose(self) -> None:
         self._finals.clear()
         if self._opened:
+            # Background tasks stop with the engine; a task's record stays PENDING (see
+            # `_release_after`), so the next start finds it in doubt and resumes it.
+            self._closing = True
+            background = list(self._background)
+            for task in background:
+                task.cancel()
+            if background:
+                await asyncio.gather(*background, return_exceptions=True)
             self._opened = False
             _live_owners(self.journal).discard(self.instance_id)
             try:
@@ -209,6 +230,212 @@ class Engine:
                 if await self.journal.swap(record.version, doubted):
                     found += 1
                     await self.notify_changed(doubted)
+
+    # -- tasks (a task is a journaled call with a task id; see mcp_durable/tasks.py) ---------------
+
+    def spawn(self, work: Awaitable[Any]) -> None:
+        """Run `work` in the background until it ends or the engine closes; failures are logged."""
+
+        async def guarded() -> None:
+            try:
+                await work
+            except DurableError as exc:  # an answer the task's record already shows (in doubt, cancelled)
+                logger.debug("background task run ended: %s", exc)
+            except Exception:  # noqa: BLE001 - nobody awaits a background run: log it
+                logger.exception("a background task run failed")
+
+        task = asyncio.get_running_loop().create_task(guarded())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def resume_tasks(self) -> int:
+        """Hand every in-doubt task to `task_resumer` (in the background); returns how many.
+
+        Run at start, after the sweep: on a single-writer journal every task a previous boot was
+        running is in doubt by then. Tasks whose policy refuses stay in doubt (status failed).
+        """
+        if self.task_resumer is None:
+            return 0
+        count = 0
+        cursor: CallCursor | None = None
+        while True:
+            page = await self.journal.list_calls(state=CallState.IN_DOUBT, tasks_only=True, limit=500, cursor=cursor)
+            if not page:
+                return count
+            cursor = CallCursor.after(page[-1])
+            for record in page:
+                self.spawn(self.task_resumer(record))
+                count += 1
+
+    def nudge_task(self, record: CallRecord, policy: ToolPolicy | None) -> None:
+        """Resume a task in the background if its owner is gone (on a read of it by any replica)."""
+        if self.task_resumer is None or policy is None or record.state.is_final or record.state == CallState.RELEASED:
+            return
+        if record.state == CallState.PENDING and self.owner_alive(record, self.clock()):
+            return
+        if in_doubt_refused(record, policy):
+            return
+        self.spawn(self.task_resumer(record))
+
+    async def submit(
+        self,
+        *,
+        tool: str,
+        policy: ToolPolicy,
+        arguments: Mapping[str, Any],
+        meta: Mapping[str, Any] | None,
+        run: Runner,
+        encode: Encoder | None = None,
+        principal: str = LOCAL_PRINCIPAL,
+        canonical: bytes | None = None,
+    ) -> CallRecord:
+        """Create (or find) the task for one call and return its record at once; the tool runs in
+        the background, once per key.
+
+        A call whose key has a record already answers with that record's task: the same task id
+        for a repeat of a task-creating call, a new id attached to a call first made without a
+        task. A record released without a result (the tool raised) is run again as a new task;
+        a cancelled one stays cancelled. A call with no key at all (a tool not registered
+        idempotent, no caller key) gets a fresh random key: every such task is its own call.
+
+        Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `JournalError`.
+        """
+        if not self._opened:
+            await self.start()
+        args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
+        fingerprint = keys.fingerprint(arguments, canonical=args_json)
+        key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
+        if key is None:
+            key = f"task:{new_task_id()}"
+        identity = CallIdentity(principal, tool, key)
+        record: CallRecord | None = await self.journal.get(identity)
+        while True:
+            now = self.clock()
+            if record is None or record.is_expired(now):
+                fresh = CallRecord(
+                    identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
+                    run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
+                    owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json,
+                    task_id=new_task_id(),
+                )  # fmt: skip
+                started = await self._start_task_run(record, fresh, policy, run)
+                if started is not None:
+                    return started
+                record = await self.journal.get(identity)
+                continue
+            if record.fingerprint != fingerprint:
+                raise KeyReuseError(tool, key)
+            if record.state == CallState.RELEASED and not is_cancelled(record):
+                # Released without a result: its task (if any) is over; run it again as a new one.
+                again = record.evolve(
+                    state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
+                    attempts=record.attempts + 1, updated_at=now, expires_at=None, error=None,
+                    task_id=new_task_id(),
+                )  # fmt: skip
+                started = await self._start_task_run(record, again, policy, run)
+                if started is not None:
+                    return started
+            elif record.task_id is None:
+                # A call first made without a task (or still running as one): attach a task to it.
+                attached = record.evolve(task_id=new_task_id(), updated_at=now)
+                if await self._swap(record, attached):
+                    self.nudge_task(attached, policy)
+                    return attached
+            else:
+                self.nudge_task(record, policy)
+                return record
+            record = await self.journal.get(identity)
+
+    async def _start_task_run(
+        self, current: CallRecord | None, claimed: CallRecord, policy: ToolPolicy, run: Runner
+    ) -> CallRecord | None:
+        """Claim (`current` None or expired) or take over `current` as `claimed`, and start its run
+        in the background. None if another process got there first (re-read and decide again)."""
+        identity = claimed.identity
+        self._hold(identity)  # before the write is sent: see `_running`; the run lets go
+        try:
+            with anyio.CancelScope(shield=True):
+                if current is None or current.is_expired(claimed.created_at):
+                    won, _ = await self.journal.claim(claimed, claimed.created_at)
+                else:
+                    won = await self.journal.swap(current.version, claimed)
+        except BaseException:
+            self._unhold(identity)
+            raise
+        if not won:
+            self._unhold(identity)
+            return None
+        await self.notify_changed(claimed)
+
+        async def run_then_let_go() -> None:
+            try:
+                await self._run(claimed, policy, run)
+            finally:
+                self._unhold(identity)
+
+        self.spawn(run_then_let_go())
+        return claimed
+
+    async def resume(
+        self, identity: CallIdentity, policy: ToolPolicy, run: Runner, encode: Encoder | None = None
+    ) -> CallOutcome | None:
+        """Drive an existing task record on: its in-doubt policy applies (retry takes it over and
+        runs it, durable steps replaying; reconcile asks the hook; refuse leaves it). Returns
+        None without running when it is final, cancelled, released, or a live owner runs it."""
+        if not self._opened:
+            await self.start()
+        record = await self.journal.get(identity)
+        while record is not None:
+            now = self.clock()
+            if record.state.is_final or record.state == CallState.RELEASED or record.is_expired(now):
+                return None
+            if record.state == CallState.PENDING and self.owner_alive(record, now):
+                return None
+            decided = await self._decide(record, policy, run, encode, anyio.current_time())
+            if decided is not None:
+                return decided
+            record = await self.journal.get(identity)
+        return None
+
+    async def task(self, principal: str, task_id: str) -> CallRecord | None:
+        """The record of task `task_id` of `principal` (another principal's: None, like an unknown id)."""
+        if not self._opened:
+            await self.start()
+        record = await self.journal.get_task(principal, task_id)
+        if record is None or record.is_expired(self.clock()):
+            return None
+        return record
+
+    async def cancel_task(self, principal: str, task_id: str, retention: float | None) -> CallRecord | None:
+        """Record `cancelled` for a task that is not terminal yet, and stop its tool if it runs here
+        (an owner on another replica learns it when it next renews its lease). Returns the record
+        after the change, or the unchanged record of a terminal task (completed, failed or
+        already cancelled), or None for an unknown task."""
+        while True:
+            record = await self.task(principal, task_id)
+            if record is None or record.state.is_final or record.state == CallState.RELEASED:
+                return record
+            now = self.clock()
+            cancelled = record.evolve(
+                state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=CANCELLED_REASON,
+                expires_at=None if retention is None else now + retention,
+            )  # fmt: skip
+            if await self._swap(record, cancelled):
+                scope = self._task_scopes.get(record.identity)
+                if scope is not None:
+                    scope.cancel()
+                return cancelled
+
+    def _lease_lost(self, identity: CallIdentity) -> None:
+        """A renewal found the record no longer ours: if it is a task we run and it was cancelled, stop it."""
+        if identity in self._task_scopes:
+            self.spawn(self._stop_if_cancelled(identity))
+
+    async def _stop_if_cancelled(self, identity: CallIdentity) -> None:
+        record = await self.journal.get(identity)
+        scope = self._task_scopes.get(identity)
+        if scope is not None and (record is None or is_cancelled(record)):
+            scope.cancel()
 
     # -- operators ----------------------------------------------------------------------------------
 
@@ -408,9 +635,12 @@ class Engine:
         now = self.clock()
         # expires_at cleared: a released record's retention must not let a fresh claim replace
         # the run now in progress.
+        # A released task is over (cancelled or failed, and must stay so): the run that takes its
+        # record over is a plain call, no longer that task.
+        task_id = None if record.state == CallState.RELEASED else record.task_id
         claimed = record.evolve(
             state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
-            attempts=record.attempts + 1, updated_at=now, expires_at=None,
+            attempts=record.attempts + 1, updated_at=now, expires_at=None, task_id=task_id,
         )  # fmt: skip
         with anyio.CancelScope(shield=True):
             self._hold(record.identity)  # before the swap is sent: see `_running`
@@ -486,15 +716,20 @@ class Engine:
                            await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
         token = bind(call)
         failure: BaseException | None = None
+        outcome: ToolOutcome | None = None
         try:
             async with self._lease_kept(identity, policy):
                 try:
-                    outcome = await run(call)
+                    if record.task_id is None:
+                        outcome = await run(call)
+                    else:
+                        outcome = await self._run_cancellable(identity, run, call)
                 except BaseException as exc:  # re-raised below, unwrapped from the task group
                     failure = exc
         finally:
             unbind(token)
-        if failure is not None:
+        if failure is not None or outcome is None:
+            failure = failure or TaskCancelledError(identity.tool, identity.key)
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
                 raise failure.__cause__  # the face wrapped it; it is ours to report with its code
@@ -510,6 +745,17 @@ class Engine:
             return _replay(done)  # an operator resolved it meanwhile: the journal's answer stands
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
+
+    async def _run_cancellable(self, identity: CallIdentity, run: Runner, call: DurableCall) -> ToolOutcome | None:
+        """Run a task's tool inside a cancel scope `cancel_task` can cancel; None when it did."""
+        with anyio.CancelScope() as scope:
+            self._task_scopes[identity] = scope
+            try:
+                return await run(call)
+            finally:
+                if self._task_scopes.get(identity) is scope:
+                    del self._task_scopes[identity]
+        return None  # the scope was cancelled: the task was
 
     def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AbstractAsyncContextManager[None]:
         kept: AbstractAsyncContextManager[None] = self.leases.kept(identity, policy)
@@ -530,6 +776,9 @@ class Engine:
             current = await self.journal.get(record.identity)
             if current is not None and current.state.is_final:
                 return current, False  # someone resolved it meanwhile (an operator); theirs stands
+            if current is not None and is_cancelled(current):
+                # Cancelled while the tool finished: a cancelled task stays cancelled.
+                raise TaskCancelledError(record.identity.tool, record.identity.key)
             # Our claim was taken over (our lease was lost) but the effect happened: record it,
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
@@ -542,6 +791,8 @@ class Engine:
     async def _release_after(self, record: CallRecord, policy: ToolPolicy, exc: BaseException) -> None:
         if isinstance(exc, Exception) and policy.exceptions == "persist":
             return  # the face turns persisted exceptions into results before they reach here
+        if record.task_id is not None and self._closing and not isinstance(exc, Exception):
+            return  # a task stopped by the engine's close stays PENDING: the next start resumes it
         reason = f"{type(exc).__name__}: {exc}"[:500]
         with anyio.CancelScope(shield=True):
             try:
@@ -568,7 +819,8 @@ def _live_owners(journal: Journal) -> set[str]:
 
 def _rebase(record: CallRecord, current: CallRecord) -> CallRecord:
     """`record`'s content as the successor of `current` (for a swap against `current`)."""
-    return dataclasses.replace(record, version=current.version + 1)
+    # A task id attached meanwhile (`submit` on a call first made without a task) stays.
+    return dataclasses.replace(record, version=current.version + 1, task_id=current.task_id or record.task_id)
 
 
 def _replay(record: CallRecord) -> CallOutcome:
