@@ -406,15 +406,17 @@ class Engine:
             return None
         return record
 
-    async def cancel_task(self, principal: str, task_id: str, retention: float | None) -> CallRecord | None:
+    async def cancel_task(
+        self, principal: str, task_id: str, retention: float | None
+    ) -> tuple[CallRecord | None, bool]:
         """Record `cancelled` for a task that is not terminal yet, and stop its tool if it runs here
         (an owner on another replica learns it when it next renews its lease). Returns the record
-        after the change, or the unchanged record of a terminal task (completed, failed or
-        already cancelled), or None for an unknown task."""
+        and True after the change; the unchanged record and False for a terminal task (completed,
+        failed or already cancelled); None and False for an unknown task."""
         while True:
             record = await self.task(principal, task_id)
             if record is None or record.state.is_final or record.state == CallState.RELEASED:
-                return record
+                return record, False
             now = self.clock()
             cancelled = record.evolve(
                 state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=CANCELLED_REASON,
@@ -424,7 +426,7 @@ class Engine:
                 scope = self._task_scopes.get(record.identity)
                 if scope is not None:
                     scope.cancel()
-                return cancelled
+                return cancelled, True
 
     def _lease_lost(self, identity: CallIdentity) -> None:
         """A renewal found the record no longer ours: if it is a task we run and it was cancelled, stop it."""

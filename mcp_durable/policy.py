@@ -15,6 +15,7 @@ from .errors import ConfigError
 KeyMode = Literal["auto", "required"]
 InDoubtPolicy = Literal["retry", "reconcile", "refuse"]
 ErrorHandling = Literal["persist", "release"]
+TaskSupport = Literal["forbidden", "optional", "required"]
 
 DEFAULT_RETENTION = 24 * 3600.0
 
@@ -57,6 +58,11 @@ class ToolPolicy:
     - `max_attempts`: after this many attempts an in-doubt call is parked for an operator.
     - `retention`: seconds a completed or failed record is kept (`None` = forever).
     - `sensitive`: argument names masked in resources and CLI output (`"*result*"` masks the result).
+    - `task_support`: whether the tool runs as an MCP task (docs/tasks.md): `"forbidden"` (the
+      default: the tool behaves exactly as a plain durable tool), `"optional"` or `"required"`.
+      Advertised as `execution.taskSupport` (2025-11-25).
+    - `task_after`: on 2026-07-28, a call of a task-capable tool from a client that declares the
+      tasks extension answers with a task once it has run this long (seconds) without finishing.
     """
 
     key: KeyMode = "auto"
@@ -73,6 +79,8 @@ class ToolPolicy:
     max_attempts: int = 5
     retention: float | None = DEFAULT_RETENTION
     sensitive: tuple[str, ...] = field(default=())
+    task_support: TaskSupport = "forbidden"
+    task_after: float = 1.0
 
     def __post_init__(self) -> None:
         if self.key not in ("auto", "required"):
@@ -103,6 +111,10 @@ class ToolPolicy:
             raise ConfigError(f"in_doubt must be 'retry', 'reconcile' or 'refuse', not {self.in_doubt!r}")
         if self.in_doubt == "reconcile" and self.reconcile is None:
             raise ConfigError("in_doubt='reconcile' needs a reconcile hook")
+        if self.task_support not in ("forbidden", "optional", "required"):
+            raise ConfigError(f"task_support must be 'forbidden', 'optional' or 'required', not {self.task_support!r}")
+        if not self.task_after >= 0:
+            raise ConfigError("task_after must be >= 0 seconds")
         if self.key_fields is not None and not isinstance(self.key_fields, tuple):
             object.__setattr__(self, "key_fields", tuple(self.key_fields))
         if not isinstance(self.sensitive, tuple):

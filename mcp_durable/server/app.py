@@ -19,21 +19,24 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+import orjson
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
 from .. import limits
-from ..engine import LOCAL_PRINCIPAL, Engine, ToolOutcome
+from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import DurableError, JournalError
-from ..journal import Journal, create_journal, display_url
+from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
 from .results import answer, dump_result, refusal
+from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
@@ -87,6 +90,9 @@ class DurableServer(MCPServer[Any]):
             kwargs.update(token_auth_kwargs(tokens))
         self._user_lifespan = lifespan
         self._lifespan_users = 0
+        # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
+        tasks_extension = TasksExtension()
+        kwargs["extensions"] = [*(kwargs.get("extensions") or ()), tasks_extension]
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
@@ -106,6 +112,11 @@ class DurableServer(MCPServer[Any]):
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals)
         register_journal_resources(self)
+        # Tasks: served in both generations; in-doubt tasks are resumed at start.
+        self.tasks = TaskProtocol(self)
+        tasks_extension.protocol = self.tasks
+        self.middleware.append(self.tasks.middleware)
+        self.engine.task_resumer = self._resume_task
 
     @property
     def journal(self) -> Journal:
@@ -204,18 +215,41 @@ class DurableServer(MCPServer[Any]):
         if policy is None or tool is None:
             return await super().call_tool(name, arguments, context)
         try:
-            # Validate first: a call with bad arguments is refused before any claim, so a
-            # corrected retry with the same key still runs (validation errors are not saved).
-            model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
+            validated, canonical = self._validated(tool, name, arguments)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
-        validated = model.model_dump(mode="json", by_alias=True)
-        try:
-            canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
             raise ToolError(exc.message) from exc  # a bad request: the SDK's own error, before any claim
-        meta = _request_meta(context)
-        key_hint: str | None = None
+        try:
+            outcome = await self.engine.execute(
+                tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
+                run=self._runner(name, arguments, context, policy), encode=_encoder(tool),
+                principal=self.principal_of(context), canonical=canonical,
+            )  # fmt: skip
+        except DurableError as exc:
+            return refusal(exc, getattr(exc, "key", None))
+        except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
+            text = limits.outcome_text(exc, released=True)
+            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+        if isinstance(outcome.value, InputRequiredResult):
+            return outcome.value
+        return answer(outcome)
+
+    def _validated(self, tool: Tool, name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The validated arguments and their canonical JSON.
+
+        Validated first: a call with bad arguments is refused before any claim, so a corrected
+        retry with the same key still runs (validation errors are not saved). Raises
+        `ValidationError` or `limits.LimitExceeded`.
+        """
+        model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
+        validated: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
+        return validated, limits.checked_arguments(name, validated, self.max_argument_bytes)
+
+    def _runner(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None, policy: ToolPolicy
+    ) -> Runner:
+        """The engine's `run` for one call of tool `name`: runs it and encodes what it produced."""
 
         async def run(call: DurableCall | None) -> ToolOutcome:
             try:
@@ -240,25 +274,47 @@ class DurableServer(MCPServer[Any]):
                 payload = dump_result(result)
             return ToolOutcome(result, payload, is_error=bool(result.is_error))
 
-        def encode(value: Any) -> ToolOutcome:
-            result = tool.fn_metadata.convert_result(value)
-            assert isinstance(result, CallToolResult)
-            return ToolOutcome(result, dump_result(result), is_error=bool(result.is_error))
+        return run
 
-        try:
-            outcome = await self.engine.execute(
-                tool=name, policy=policy, arguments=validated, meta=meta, run=run, encode=encode,
-                principal=self.principal_of(context), canonical=canonical,
-            )  # fmt: skip
-        except DurableError as exc:
-            key_hint = getattr(exc, "key", None)
-            return refusal(exc, key_hint)
-        except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
-            text = limits.outcome_text(exc, released=True)
-            return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
-        if isinstance(outcome.value, InputRequiredResult):
-            return outcome.value
-        return answer(outcome)
+    # -- tasks (server/tasks.py serves the protocol; these run them) -------------------------------
+
+    async def submit_task(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None) -> CallRecord:
+        """Create (or find, for a repeated key) the task for one call of durable tool `name`.
+
+        Returns at once with the task's record; the tool runs in the background, outside the
+        request (it gets no request context), once per key. Raises `ValidationError`,
+        `limits.LimitExceeded` (bad arguments) or a `DurableError` (the call is refused).
+        """
+        policy = self.policies[name]
+        tool = self._tool_manager.get_tool(name)
+        assert tool is not None
+        validated, canonical = self._validated(tool, name, arguments)
+        return await self.engine.submit(
+            tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
+            run=self._runner(name, arguments, None, policy), encode=_encoder(tool),
+            principal=self.principal_of(context), canonical=canonical,
+        )  # fmt: skip
+
+    async def _resume_task(self, record: CallRecord) -> None:
+        """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
+        name = record.identity.tool
+        policy = self.policies.get(name)
+        tool = self._tool_manager.get_tool(name)
+        if policy is None or tool is None or record.arguments is None:
+            return  # the tool is gone: the task stays in doubt for an operator
+        arguments = orjson.loads(record.arguments)
+        await self.engine.resume(record.identity, policy, self._runner(name, arguments, None, policy), _encoder(tool))
+
+
+def _encoder(tool: Tool) -> Encoder:
+    """The engine's `encode` for a reconcile hook's found value: the tool's own result conversion."""
+
+    def encode(value: Any) -> ToolOutcome:
+        result = tool.fn_metadata.convert_result(value)
+        assert isinstance(result, CallToolResult)
+        return ToolOutcome(result, dump_result(result), is_error=bool(result.is_error))
+
+    return encode
 
 
 def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
