@@ -147,3 +147,25 @@ async def test_a_replica_answers_for_another_replicas_task_and_resumes_it_when_t
     assert done["status"] == "completed"
     assert setup.counts.count("wait O-1") == 2 and setup.counts.count("pay O-1") == 1
     assert setup.counts.count("done O-1") == 1 and len(setup.ledger.effects(subject="O-1")) == 1
+
+
+@pytest.mark.postgres
+async def test_a_cancel_sent_to_another_replica_stops_the_tool_on_the_owner(
+    tmp_path: Path, postgres_journal: str
+) -> None:
+    setup = Setup(tmp_path, "retry")
+    async with setup.serve(postgres_journal) as a, setup.serve(postgres_journal) as b:
+        async with Client(a.url, mode="legacy") as client:
+            task_id = (await create_legacy_task(client, "refund", ARGS))["task"]["taskId"]
+        await setup.until("wait O-1")
+        async with Client(b.url, mode="legacy") as client:
+            cancelled = await request(client, "tasks/cancel", {"taskId": task_id})
+        await setup.until("stopped O-1")  # A learnt it from the journal when it renewed its lease
+        (setup.gates / "O-1").touch()
+        after_a = await _get(a.url, task_id)
+        a.kill()  # a cancelled task is never resumed, not even when its owner dies
+        await anyio.sleep(1.5)  # past A's lease: B would take an in-doubt task over now
+        after_b = await _get(b.url, task_id)
+    assert cancelled["status"] == "cancelled"
+    assert after_a["status"] == "cancelled" and after_b["status"] == "cancelled"
+    assert setup.counts.count("done O-1") == 0 and setup.counts.count("wait O-1") == 1

@@ -4,7 +4,8 @@
 `pay` moves the money on the payment provider's ledger under the call's scoped key (one effect
 per key, however often it is asked), then `wait` blocks until the gate file `<gate dir>/<order_id>`
 exists, so a test decides when a task finishes (or kills the server while it waits) without
-timing anything. Every real run of a step appends `<step> <order_id>` to the counter file.
+timing anything. Every real run of a step appends `<step> <order_id>` to the counter file, and a
+wait stopped by a cancellation appends `stopped <order_id>`.
 
 `job(name)` is task-required; `echo(text)` is durable without task support (as before tasks).
 `$TASK_IN_DOUBT` (retry, refuse, reconcile) is the refund's in-doubt policy; `$TASK_LEASE` its
@@ -70,8 +71,12 @@ def make_server(
 
         async def wait() -> bool:
             counts.hit(f"wait {order_id}")
-            while not (gates / order_id).exists():
-                await anyio.sleep(0.02)
+            try:
+                while not (gates / order_id).exists():
+                    await anyio.sleep(0.02)
+            except anyio.get_cancelled_exc_class():
+                counts.hit(f"stopped {order_id}")  # the task was cancelled while it waited
+                raise
             return True
 
         await call.step("wait", wait)
