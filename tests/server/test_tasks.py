@@ -202,3 +202,33 @@ async def test_modern_requests_without_the_extension_get_minus_32021_or_a_plain_
     assert plain.is_error is False and plain.structured_content is not None
     assert get.value.error.code == -32021
     assert fx.counts.count("job k") == 0
+
+
+# -- the journal shows tasks ------------------------------------------------------------------------
+
+
+async def test_journal_resources_and_the_cli_show_which_calls_are_tasks_and_their_status(
+    fx: Fixture, tmp_path: Path
+) -> None:
+    import json
+    import subprocess
+
+    from tests.helpers import REPO, serve_command
+
+    fx.open_gate("O-7")
+    async with Client(fx.server, mode="legacy") as client:
+        task_id = (await create_legacy_task(client, "refund", {"order_id": "O-7", "amount_cents": 1}))["task"]["taskId"]
+        await poll_until_terminal(client, task_id)
+        await client.call_tool("echo", {"text": "plain"})
+        listing = json.loads((await client.read_resource("journal://calls")).contents[0].text)  # type: ignore[union-attr]
+        record = json.loads((await client.read_resource("journal://calls/refund/O-7")).contents[0].text)  # type: ignore[union-attr]
+    await fx.server.aclose()
+    by_tool = {c["tool"]: c for c in listing["calls"]}
+    assert by_tool["refund"]["task"] is True and by_tool["refund"]["task_status"] == "completed"
+    assert by_tool["echo"]["task"] is False and by_tool["echo"]["task_status"] is None
+    assert record["task_id"] == task_id and record["task_status"] == "completed"
+    cli = subprocess.run([*serve_command(), "journal", "list", "--tasks", "--json", "--journal",
+                          f"file://{tmp_path / 'journal'}"], capture_output=True, text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert cli.returncode == 0, cli.stderr
+    rows = [json.loads(line) for line in cli.stdout.splitlines() if line.strip()]
+    assert [(r["tool"], r["task_status"]) for r in rows] == [("refund", "completed")]
