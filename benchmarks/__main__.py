@@ -30,6 +30,7 @@ CASES: dict[str, tuple[str, str]] = {
     "4": ("recovery", "recovery"),
     "5": ("streamable HTTP", "http"),
     "6": ("bytes on disk", "disk"),
+    "7": ("MCP tasks", "tasks"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 
