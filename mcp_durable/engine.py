@@ -312,12 +312,7 @@ class Engine:
         while True:
             now = self.clock()
             if record is None or record.is_expired(now):
-                fresh = CallRecord(
-                    identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
-                    run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
-                    owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json,
-                    task_id=new_task_id(),
-                )  # fmt: skip
+                fresh = self._fresh(identity, fingerprint, args_json, policy, now, task_id=new_task_id())
                 started = await self._start_task_run(record, fresh, policy, run)
                 if started is not None:
                     return started
@@ -536,11 +531,7 @@ class Engine:
         while True:
             now = self.clock()
             if record is None or record.is_expired(now):
-                fresh = CallRecord(
-                    identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
-                    run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
-                    owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json,
-                )  # fmt: skip
+                fresh = self._fresh(identity, fingerprint, args_json, policy, now)
                 with anyio.CancelScope(shield=True):
                     # Shielded: a claim the caller abandons half-way would leave a PENDING record
                     # whose tool never ran, later mistaken for a crash in the danger window.
@@ -559,6 +550,17 @@ class Engine:
             if decided is not None:
                 return decided
             record = await self.journal.get(identity)
+
+    def _fresh(
+        self, identity: CallIdentity, fingerprint: str, args_json: bytes, policy: ToolPolicy, now: float,
+        task_id: str | None = None,
+    ) -> CallRecord:
+        """A new PENDING record of this instance: what a claim inserts."""
+        return CallRecord(
+            identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
+            run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
+            owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json, task_id=task_id,
+        )  # fmt: skip
 
     async def _decide(
         self,

@@ -232,3 +232,30 @@ async def test_journal_resources_and_the_cli_show_which_calls_are_tasks_and_thei
     assert cli.returncode == 0, cli.stderr
     rows = [json.loads(line) for line in cli.stdout.splitlines() if line.strip()]
     assert [(r["tool"], r["task_status"]) for r in rows] == [("refund", "completed")]
+
+
+async def test_legacy_status_notifications_reach_the_session_that_created_the_task(fx: Fixture) -> None:
+    from mcp.client.extension import ClientExtension, NotificationBinding
+    from mcp_types import TaskStatusNotificationParams
+
+    seen: list[tuple[str, str]] = []
+
+    class Watch(ClientExtension):
+        identifier = "test/task-status"
+
+        def notifications(self) -> list[NotificationBinding[Any]]:
+            async def handler(params: TaskStatusNotificationParams) -> None:
+                seen.append((params.task_id, params.status))
+
+            return [NotificationBinding(method="notifications/tasks/status", params_type=TaskStatusNotificationParams,
+                                        handler=handler)]  # fmt: skip
+
+    async with Client(fx.server, mode="legacy", extensions=[Watch()]) as client:
+        task_id = (await create_legacy_task(client, "refund", {"order_id": "O-8", "amount_cents": 1}))["task"]["taskId"]
+        await fx.until_counted("wait O-8")
+        fx.open_gate("O-8")
+        await poll_until_terminal(client, task_id)
+        with anyio.fail_after(5):
+            while (task_id, "completed") not in seen:
+                await anyio.sleep(0.01)
+    assert seen[-1] == (task_id, "completed")
