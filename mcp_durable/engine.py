@@ -131,6 +131,10 @@ class Engine:
         self.listeners: list[ChangeListener] = []
         #: Runs an in-doubt task again (the face's, which knows its tool); None resumes nothing.
         self.task_resumer: TaskResumer | None = None
+        #: A tool's policy by name (the face's), for the task watch of a shared journal.
+        self.task_policy: Callable[[str], ToolPolicy | None] = lambda tool: None
+        #: Seconds between looks for tasks whose owner died, on a journal shared by replicas.
+        self.task_watch_interval = 1.0
         #: Background runs of tasks: they outlive the request that created them, not the engine.
         self._background: set[asyncio.Task[None]] = set()
         #: The cancel scope around each task's tool running here, for `cancel_task`.
@@ -176,6 +180,8 @@ class Engine:
             self.orphans_found = await self.sweep()
             self._closing = False
             await self.resume_tasks()
+            if not self.journal.single_writer and self.task_resumer is not None:
+                self.spawn(self._watch_tasks())
             if self.process_id is not None:
                 recovered = await ReplayEngine(self.journal).recover(self.process_id)
                 self.previous_lifecycle_state = recovered.lifecycle_state
@@ -266,6 +272,18 @@ class Engine:
             for record in page:
                 self.spawn(self.task_resumer(record))
                 count += 1
+
+    async def _watch_tasks(self) -> None:
+        """On a journal shared by replicas: resume the tasks whose owner died, without waiting for
+        a client to ask about them (a dead owner's task is found once its lease has run out)."""
+        while True:
+            await anyio.sleep(self.task_watch_interval)
+            try:
+                for state in (CallState.PENDING, CallState.IN_DOUBT):
+                    for record in await self.journal.list_calls(state=state, tasks_only=True, limit=500):
+                        self.nudge_task(record, self.task_policy(record.identity.tool))
+            except DurableError as exc:  # the journal is down: look again next time
+                logger.debug("task watch: %s", exc)
 
     def nudge_task(self, record: CallRecord, policy: ToolPolicy | None) -> None:
         """Resume a task in the background if its owner is gone (on a read of it by any replica)."""

@@ -117,6 +117,7 @@ class DurableServer(MCPServer[Any]):
         tasks_extension.protocol = self.tasks
         self.middleware.append(self.tasks.middleware)
         self.engine.task_resumer = self._resume_task
+        self.engine.task_policy = self.policies.get
 
     @property
     def journal(self) -> Journal:

@@ -139,8 +139,9 @@ async def test_a_replica_answers_for_another_replicas_task_and_resumes_it_when_t
         await setup.until("wait O-1")
         seen_by_b = await _get(b.url, task_id)  # B did not start it, and answers from the journal
         a.kill()
+        await setup.until("wait O-1", 2)  # B resumed it once A's lease ran out, with nobody asking
         (setup.gates / "O-1").touch()
-        result = await _result(b.url, task_id)  # B finds A's lease run out and resumes the task
+        result = await _result(b.url, task_id)
         done = await _get(b.url, task_id)
     assert seen_by_b["taskId"] == task_id and seen_by_b["status"] == "working"
     assert result["isError"] is False and result["structuredContent"]["order_id"] == "O-1"
