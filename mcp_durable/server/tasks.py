@@ -361,11 +361,12 @@ class TaskProtocol:
                 require_client_extension(ctx, TASKS_EXTENSION)  # raises -32021
             return await call_next(ctx)
         record = await self._create(ctx, params.name, params.arguments or {})
+        finished_before = record.state.is_final  # a repeat of a finished call: a replay
         if policy.task_support == "optional" and policy.task_after > 0:
             record = await self._settle(record, policy.task_after)
-        if record.state.is_final:
+        if record.state.is_final and policy.task_support == "optional":
             # Finished within `task_after`: the plain result, as a call without tasks gets it.
-            return answer(CallOutcome(record.identity.key, None, record.result, replayed=False,
+            return answer(CallOutcome(record.identity.key, None, record.result, replayed=finished_before,
                                       first_completed_at=record.completed_at, attempt=record.attempts))  # fmt: skip
         return {"resultType": "task", **self.modern_task(record, detailed=False)}
 

@@ -259,3 +259,14 @@ async def test_legacy_status_notifications_reach_the_session_that_created_the_ta
             while (task_id, "completed") not in seen:
                 await anyio.sleep(0.01)
     assert seen[-1] == (task_id, "completed")
+
+
+async def test_modern_quick_calls_get_the_plain_result_and_a_repeat_is_marked_replayed(fx: Fixture) -> None:
+    fx.open_gate("O-9")
+    async with Client(fx.server, extensions=[TasksClient()]) as client:
+        first = await call_for_task(client, "refund", {"order_id": "O-9", "amount_cents": 5})
+        again = await call_for_task(client, "refund", {"order_id": "O-9", "amount_cents": 5})
+    assert isinstance(first, CallToolResult) and isinstance(again, CallToolResult)  # within task_after
+    assert first.meta is not None and "mcp-durable/replayed" not in first.meta
+    assert again.meta is not None and again.meta["mcp-durable/replayed"] is True
+    assert again.structured_content == first.structured_content and fx.counts.count("pay O-9") == 1
