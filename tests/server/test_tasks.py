@@ -270,3 +270,19 @@ async def test_modern_quick_calls_get_the_plain_result_and_a_repeat_is_marked_re
     assert first.meta is not None and "mcp-durable/replayed" not in first.meta
     assert again.meta is not None and again.meta["mcp-durable/replayed"] is True
     assert again.structured_content == first.structured_content and fx.counts.count("pay O-9") == 1
+
+
+async def test_tasks_update_exists_only_in_2026_and_changes_nothing(fx: Fixture) -> None:
+    fx.open_gate("O-10")
+    async with Client(fx.server, extensions=[TasksClient()]) as client:
+        task = await call_for_task(client, "job", {"name": "u"})
+        ack = await request(client, "tasks/update", {"taskId": task.task_id, "inputResponses": {}})
+        with pytest.raises(MCPError) as unknown:
+            await request(client, "tasks/update", {"taskId": "nope", "inputResponses": {}})
+        done = await poll_until_terminal(client, task.task_id)
+    async with Client(fx.server, mode="legacy") as legacy:
+        with pytest.raises(MCPError) as absent:
+            await request(legacy, "tasks/update", {"taskId": task.task_id})
+    assert {k: v for k, v in ack.items() if k != "_meta"} == {"resultType": "complete"}
+    assert unknown.value.error.code == -32602 and done["status"] == "completed"
+    assert absent.value.error.code == -32601
