@@ -69,6 +69,8 @@ POLL_INTERVAL_MS = 500
 LIST_PAGE = 50
 #: One message for an unknown, expired and another principal's task id: no existence oracle.
 TASK_NOT_FOUND = "Failed to retrieve task: Task not found"
+#: Sessions kept for status notifications at most (oldest dropped first).
+MAX_WATCHED = 10_000
 LEGACY_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 
 
@@ -254,6 +256,8 @@ class TaskProtocol:
 
     def _watch(self, ctx: ServerRequestContext[Any, Any], record: CallRecord) -> None:
         if record.task_id is not None and not task_view(record, self._policy(record)).terminal:
+            if len(self._watchers) >= MAX_WATCHED:  # a task that ended elsewhere never says so here
+                del self._watchers[next(iter(self._watchers))]
             self._watchers[(record.identity.principal, record.task_id)] = ctx.session
 
     async def _on_change(self, record: CallRecord) -> None:
