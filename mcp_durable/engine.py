@@ -58,7 +58,7 @@ from .journal.replay import ProcessJournal, ReplayEngine
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
 from .steps import DurableCall, bind, load_steps, unbind
-from .tasks import CANCELLED_REASON, in_doubt_refused, is_cancelled, new_task_id
+from .tasks import CANCELLED_REASON, RECONCILE_FAILED, in_doubt_refused, is_cancelled, new_task_id
 
 logger = logging.getLogger(__name__)
 
@@ -711,7 +711,7 @@ class Engine:
         except Exception as exc:
             # The downstream system cannot answer: fall back to refuse (never guess).
             back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
-                                  error=f"reconcile failed: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
+                                  error=f"{RECONCILE_FAILED}: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
             await self._swap(claimed, back)
             raise InDoubtError(identity.tool, identity.key, record.attempts,
                                f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
@@ -830,6 +830,14 @@ class Engine:
         )  # fmt: skip
         if await self.journal.swap(record.version, released):
             await self.notify_changed(released)
+            return
+        # A task id attached meanwhile (`submit`) bumped the version: release what is still ours.
+        current = await self.journal.get(record.identity)
+        if (current is not None and current.state == CallState.PENDING and current.owner == self.instance_id
+                and current.run_id == record.run_id):  # fmt: skip
+            rebased = _rebase(released, current)
+            if await self.journal.swap(current.version, rebased):
+                await self.notify_changed(rebased)
 
 
 def _live_owners(journal: Journal) -> set[str]:

@@ -10,7 +10,8 @@ other replicas) and can never disagree with it:
 | COMPLETED                                | completed                                     |
 | FAILED (the tool's deliberate error)     | completed with an error result (see below)    |
 | IN_DOUBT, policy retry / reconcile       | working (it is resumed)                       |
-| IN_DOUBT, policy refuse, or parked       | failed (`in_doubt`)                           |
+| IN_DOUBT, policy refuse, parked, or its  | failed (`in_doubt`)                           |
+|   reconcile hook could not tell          |                                               |
 | RELEASED by `tasks/cancel`               | cancelled                                     |
 | RELEASED otherwise (exception, operator) | failed                                        |
 
@@ -32,6 +33,9 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 
 #: The `error` of a record released by `tasks/cancel`: what marks a RELEASED record cancelled.
 CANCELLED_REASON = "cancelled by the task's requestor"
+#: How the `error` of an in-doubt record whose reconcile hook raised begins: it is refused (as a
+#: plain call is) until an operator resolves it, so its task is failed, not resumed again.
+RECONCILE_FAILED = "reconcile failed"
 
 
 def new_task_id() -> str:
@@ -67,7 +71,8 @@ def task_view(record: CallRecord, policy: ToolPolicy | None) -> TaskView:
         return TaskView("completed", "the tool returned an error result", is_error_result=True)
     if state == CallState.IN_DOUBT:
         parked = policy is None or record.attempts >= policy.max_attempts
-        if parked or policy is None or policy.in_doubt_policy == "refuse":
+        hook_failed = (record.error or "").startswith(RECONCILE_FAILED)
+        if parked or hook_failed or policy is None or policy.in_doubt_policy == "refuse":
             return TaskView("failed", "in_doubt: the server stopped inside this call; an operator must resolve it")
         return TaskView("working", "resuming after the server that ran it stopped")
     if is_cancelled(record):
