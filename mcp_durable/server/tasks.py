@@ -95,6 +95,13 @@ def _not_found() -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=TASK_NOT_FOUND)
 
 
+def _journal_unavailable(exc: JournalError) -> MCPError:
+    # The journal's own message names paths or hosts: it goes to the server's log, not to callers.
+    logger.warning("a task request found the journal unavailable: %s", exc)
+    return MCPError(code=INTERNAL_ERROR, message="journal_unavailable: the journal cannot be used right now",
+                    data={"error": "journal_unavailable"})
+
+
 class TaskProtocol:
     """Serves MCP tasks for one `DurableServer`, from its engine's journal."""
 
@@ -123,7 +130,7 @@ class TaskProtocol:
         try:
             record = await self.server.engine.task(self._principal(ctx), task_id)
         except JournalError as exc:
-            raise MCPError(code=INTERNAL_ERROR, message=f"journal_unavailable: {exc.message}") from exc
+            raise _journal_unavailable(exc) from exc
         if record is None:
             raise _not_found()
         return record
@@ -139,7 +146,7 @@ class TaskProtocol:
         except limits.LimitExceeded as exc:
             raise MCPError(code=INVALID_PARAMS, message=exc.message) from None
         except JournalError as exc:
-            raise MCPError(code=INTERNAL_ERROR, message=f"journal_unavailable: {exc.message}") from exc
+            raise _journal_unavailable(exc) from exc
         except DurableError as exc:
             data = {"error": exc.code, "message": exc.message, **exc.details()}
             raise MCPError(code=INVALID_PARAMS, message=f"{exc.code}: {exc.message}", data=data) from None
