@@ -14,6 +14,10 @@ dialects over the engine's `submit` / `task` / `cancel_task`:
 - `tasks/*` methods are `MethodBinding`s of the same extension, each answering in the
   dialect of the request's protocol version; `tasks/result` and `tasks/list` exist only in
   2025-11-25 (-32601 on 2026-07-28), `tasks/update` only in 2026-07-28.
+- 2026-07-28 `subscriptions/listen` with `notifications.taskIds` is served by the middleware
+  too (the SDK's listen handler knows only its own event kinds): it acknowledges the caller's
+  own tasks among them and sends `notifications/tasks` (the `DetailedTask`) on every change,
+  until all of them are terminal.
 
 Security: every method looks a task up by `(principal, task id)`; another principal's task
 gets exactly the unknown-id error (-32602, same message), and `tasks/list` lists only the
@@ -33,6 +37,7 @@ from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
 from mcp.server.mcpserver import Context, require_client_extension
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
     CallToolRequestParams,
     CallToolResult,
@@ -44,7 +49,7 @@ from mcp_types import (
 )
 from mcp_types.jsonrpc import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import limits
 from ..engine import CallOutcome
@@ -226,8 +231,13 @@ class TaskProtocol:
     # -- 2025-11-25: tools/call with params.task, initialize, tools/list ----------------------------
 
     async def middleware(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        """Server middleware: the 2025-11-25 task surface, which a handler's result cannot carry."""
+        """Server middleware: the 2025-11-25 task surface, which a handler's result cannot carry,
+        and 2026-07-28 task subscriptions."""
         if _modern(ctx):
+            if ctx.method == "subscriptions/listen":
+                wanted = ((ctx.params or {}).get("notifications") or {}).get("taskIds")
+                if wanted is not None:
+                    return await self.listen(ctx, wanted)
             return await call_next(ctx)
         method = ctx.method
         if method == "tools/call":
@@ -355,6 +365,37 @@ class TaskProtocol:
         await self._find(ctx, params.task_id)
         return {}
 
+    # -- 2026-07-28: task notifications on subscriptions/listen ------------------------------------
+
+    async def listen(self, ctx: ServerRequestContext[Any, Any], wanted: object) -> dict[str, Any]:
+        """Serve a listen stream for tasks: ack the caller's own tasks among `wanted`, then send
+        `notifications/tasks` whenever one changes (read from the journal, so a change made on
+        another replica is seen too), and end the stream once every one is terminal."""
+        require_client_extension(ctx, TASKS_EXTENSION)
+        if ctx.request_id is None or not isinstance(wanted, list) or not all(isinstance(t, str) for t in wanted):
+            raise MCPError(code=INVALID_PARAMS, message="notifications.taskIds must be a list of task ids")
+        meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+        principal = self._principal(ctx)
+        records = {t: r for t in dict.fromkeys(wanted) if (r := await self.server.engine.task(principal, t))}
+        ack = _Notification(method="notifications/subscriptions/acknowledged",
+                            params={"notifications": {"taskIds": list(records)}, "_meta": meta})  # fmt: skip
+        await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
+        sent: dict[str, tuple[str, float]] = {}
+        while True:
+            for task_id, record in records.items():
+                state = (task_view(record, self._policy(record)).status, record.updated_at)
+                if sent.get(task_id) != state:
+                    sent[task_id] = state
+                    params = {**self.modern_task(record, detailed=True), "_meta": meta}
+                    note = _Notification(method="notifications/tasks", params=params)
+                    await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
+            if all(task_view(r, self._policy(r)).terminal for r in records.values()):
+                return {"resultType": "complete", "_meta": meta}  # the middleware owns the envelope
+            running = next(r for r in records.values() if not task_view(r, self._policy(r)).terminal)
+            await self.server.journal.wait_for_change(running.identity, 0.5)
+            for task_id in list(records):
+                records[task_id] = await self.server.engine.task(principal, task_id) or records[task_id]
+
     # -- 2026-07-28: server-directed creation -----------------------------------------------------
 
     async def intercept(
@@ -390,6 +431,13 @@ class TaskProtocol:
                 await self.server.journal.wait_for_change(record.identity, 0.25)
                 record = await self.server.engine.task(principal, task_id) or record
         return record
+
+
+class _Notification(BaseModel):
+    """A notification the SDK has no model for (`ServerSession.send_notification` dumps it)."""
+
+    method: str
+    params: dict[str, Any]
 
 
 def _encode_cursor(record: CallRecord) -> str:

@@ -196,7 +196,9 @@ async def test_modern_requests_without_the_extension_get_minus_32021_or_a_plain_
         plain = await client.call_tool("refund", {"order_id": "O-6", "amount_cents": 100})
         with pytest.raises(MCPError) as get:
             await request(client, "tasks/get", {"taskId": "whatever"})
-    assert required.value.error.code == -32021
+        with pytest.raises(MCPError) as listen:
+            await request(client, "subscriptions/listen", {"notifications": {"taskIds": ["whatever"]}})
+    assert required.value.error.code == -32021 and listen.value.error.code == -32021
     data: Any = required.value.error.data
     assert data["requiredCapabilities"]["extensions"] == {"io.modelcontextprotocol/tasks": {}}
     assert plain.is_error is False and plain.structured_content is not None
@@ -286,3 +288,43 @@ async def test_tasks_update_exists_only_in_2026_and_changes_nothing(fx: Fixture)
     assert {k: v for k, v in ack.items() if k != "_meta"} == {"resultType": "complete"}
     assert unknown.value.error.code == -32602 and done["status"] == "completed"
     assert absent.value.error.code == -32601
+
+
+async def test_modern_listen_streams_the_callers_own_tasks_until_they_end(fx: Fixture) -> None:
+    from mcp.client.extension import NotificationBinding
+    from mcp_types import NotificationParams
+    from pydantic import ConfigDict
+
+    class AnyParams(NotificationParams):
+        model_config = ConfigDict(extra="allow")
+
+    seen: list[dict[str, Any]] = []
+
+    class Listening(TasksClient):
+        def notifications(self) -> list[NotificationBinding[Any]]:
+            async def handler(params: AnyParams) -> None:
+                seen.append(dict(params.model_extra or {}))
+
+            return [NotificationBinding(method="notifications/tasks", params_type=AnyParams, handler=handler)]
+
+    async with Client(fx.server, extensions=[Listening()]) as client:
+        handle = await call_for_task(client, "refund", {"order_id": "O-11", "amount_cents": 1})
+
+        async def finish() -> None:
+            await fx.until_counted("wait O-11")
+            with anyio.fail_after(10):
+                while not seen:  # the first notification (working) has been delivered
+                    await anyio.sleep(0.01)
+            fx.open_gate("O-11")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(finish)
+            ended = await request(client, "subscriptions/listen",
+                                  {"notifications": {"taskIds": [handle.task_id, "not-mine"]}})  # fmt: skip
+        with anyio.fail_after(5):
+            while not seen or seen[-1]["status"] != "completed":
+                await anyio.sleep(0.01)
+    assert ended["resultType"] == "complete"  # the stream ended once the task was terminal
+    assert [n["taskId"] for n in seen] == [handle.task_id] * len(seen)
+    assert seen[0]["status"] == "working" and seen[-1]["status"] == "completed"
+    assert seen[-1]["result"]["structuredContent"]["order_id"] == "O-11"
