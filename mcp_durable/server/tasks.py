@@ -26,13 +26,11 @@ caller's own tasks.
 
 from __future__ import annotations
 
-import base64
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import anyio
-import orjson
 from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
@@ -45,38 +43,33 @@ from mcp_types import (
     RequestParams,
     TaskStatusNotification,
     TaskStatusNotificationParams,
-    TextContent,
 )
 from mcp_types.jsonrpc import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from .. import limits
 from ..engine import CallOutcome
 from ..errors import DurableError, JournalError
-from ..journal import CallCursor, CallIdentity, CallRecord, CallState
+from ..journal import CallRecord
 from ..policy import ToolPolicy
-from ..tasks import TaskView, task_view
-from .results import META_KEY, answer, iso_time
+from ..tasks import task_view
+from . import task_wire as wire
+from .results import answer
+from .task_wire import LEGACY_CAPABILITY, RELATED_TASK, TASK_NOT_FOUND, TASKS_EXTENSION
+
+__all__ = ["RELATED_TASK", "TASK_NOT_FOUND", "TASKS_EXTENSION", "TaskProtocol", "TasksExtension"]
 
 if TYPE_CHECKING:
     from .app import DurableServer
 
 logger = logging.getLogger(__name__)
 
-TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
-RELATED_TASK = "io.modelcontextprotocol/related-task"
-META_ERROR = "mcp-durable/error"
 LEGACY_VERSIONS = frozenset({"2025-11-25"})
-#: What requestors are told to wait between polls (ms).
-POLL_INTERVAL_MS = 500
 #: `tasks/list` page size.
 LIST_PAGE = 50
-#: One message for an unknown, expired and another principal's task id: no existence oracle.
-TASK_NOT_FOUND = "Failed to retrieve task: Task not found"
 #: Sessions kept for status notifications at most (oldest dropped first).
 MAX_WATCHED = 10_000
-LEGACY_CAPABILITY: dict[str, Any] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 
 
 class TaskIdParams(RequestParams):
@@ -156,77 +149,13 @@ class TaskProtocol:
             data = {"error": exc.code, "message": exc.message, **exc.details()}
             raise MCPError(code=INVALID_PARAMS, message=f"{exc.code}: {exc.message}", data=data) from None
 
-    @staticmethod
-    def _ttl_ms(policy: ToolPolicy | None) -> int | None:
-        retention = policy.retention if policy is not None else None
-        return None if retention is None else int(retention * 1000)
-
-    def _stored_result(self, record: CallRecord) -> dict[str, Any]:
-        """The task's tool result as stored (wire form), with its key in `_meta`."""
-        assert record.result is not None
-        result: dict[str, Any] = orjson.loads(record.result)
-        result["_meta"] = {**result.get("_meta", {}), META_KEY: record.identity.key}
-        return result
-
-    @staticmethod
-    def _failure(record: CallRecord, view: TaskView) -> tuple[str, str]:
-        """(code, message) of a task that ended without a result of its tool."""
-        if record.state == CallState.IN_DOUBT:
-            return "in_doubt", view.message or "in doubt"
-        if view.status == "cancelled":
-            return "cancelled", "the task was cancelled"
-        return "failed", f"the tool failed: {record.error or 'no result'}"
-
-    # -- wire shapes ------------------------------------------------------------------------------
+    # -- wire shapes (server/task_wire.py), with each record's tool policy ------------------------
 
     def legacy_task(self, record: CallRecord) -> dict[str, Any]:
-        """A 2025-11-25 `Task`: a tool's error result makes the task `failed`."""
-        policy = self._policy(record)
-        view = task_view(record, policy)
-        task: dict[str, Any] = {
-            "taskId": record.task_id, "status": "failed" if view.is_error_result else view.status,
-            "createdAt": iso_time(record.created_at), "lastUpdatedAt": iso_time(record.updated_at),
-            "ttl": self._ttl_ms(policy), "pollInterval": POLL_INTERVAL_MS,
-        }  # fmt: skip
-        if view.message:
-            task["statusMessage"] = view.message
-        return task
+        return wire.legacy_task(record, self._policy(record))
 
     def modern_task(self, record: CallRecord, *, detailed: bool) -> dict[str, Any]:
-        """A 2026-07-28 `Task` (`detailed`: a `DetailedTask`, the result or error inlined)."""
-        policy = self._policy(record)
-        view = task_view(record, policy)
-        task: dict[str, Any] = {
-            "taskId": record.task_id, "status": view.status,
-            "createdAt": iso_time(record.created_at), "lastUpdatedAt": iso_time(record.updated_at),
-            "ttlMs": self._ttl_ms(policy), "pollIntervalMs": POLL_INTERVAL_MS,
-        }  # fmt: skip
-        if view.message and not view.is_error_result:
-            task["statusMessage"] = view.message
-        if detailed and view.status == "completed":
-            # ext-tasks 0.2.2 fails a completed task whose inlined result lacks `resultType`.
-            task["result"] = {**self._stored_result(record), "resultType": "complete"}
-        elif detailed and view.status == "failed":
-            code, message = self._failure(record, view)
-            task["error"] = {"code": INTERNAL_ERROR, "message": message, "data": {"error": code}}
-        return task
-
-    def _legacy_payload(self, record: CallRecord) -> dict[str, Any]:
-        """What `tasks/result` answers for a terminal task: the call's own result, related-task marked."""
-        view = task_view(record, self._policy(record))
-        related = {RELATED_TASK: {"taskId": record.task_id}}
-        if record.state.is_final:
-            result = self._stored_result(record)
-            result["_meta"] = {**result["_meta"], **related}
-            return result
-        code, message = self._failure(record, view)
-        if code == "cancelled":
-            raise MCPError(code=INTERNAL_ERROR, message="Task was cancelled", data={"error": code})
-        # No structuredContent: it would have to match the tool's output schema.
-        failed = CallToolResult(content=[TextContent(type="text", text=f"{code}: {message}")], is_error=True)
-        dumped = failed.model_dump(by_alias=True, mode="json", exclude_none=True)
-        dumped["_meta"] = {META_KEY: record.identity.key, META_ERROR: {"error": code, "message": message}, **related}
-        return dumped
+        return wire.modern_task(record, self._policy(record), detailed=detailed)
 
     # -- 2025-11-25: tools/call with params.task, initialize, tools/list ----------------------------
 
@@ -322,21 +251,21 @@ class TaskProtocol:
             record = await self._find(ctx, params.task_id)
             policy = self._policy(record)
             if task_view(record, policy).terminal:
-                return self._legacy_payload(record)
+                return wire.legacy_payload(record, policy)
             self.server.engine.nudge_task(record, policy)
             await self.server.journal.wait_for_change(record.identity, 1.0)
 
     async def list(self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> dict[str, Any]:
         """2025-11-25 `tasks/list`: the caller's own tasks, newest first, paginated."""
         principal = self._principal(ctx)
-        cursor = _decode_cursor(principal, params.cursor) if params.cursor else None
+        cursor = wire.decode_cursor(principal, params.cursor) if params.cursor else None
         page = await self.server.journal.list_calls(principal=principal, tasks_only=True, limit=LIST_PAGE + 1,
                                                     cursor=cursor)  # fmt: skip
         now = self.server.engine.clock()
         tasks = [self.legacy_task(r) for r in page[:LIST_PAGE] if not r.is_expired(now)]
         out: dict[str, Any] = {"tasks": tasks}
         if len(page) > LIST_PAGE:
-            out["nextCursor"] = _encode_cursor(page[LIST_PAGE - 1])
+            out["nextCursor"] = wire.encode_cursor(page[LIST_PAGE - 1])
         return out
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
@@ -377,7 +306,7 @@ class TaskProtocol:
         meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
         principal = self._principal(ctx)
         records = {t: r for t in dict.fromkeys(wanted) if (r := await self.server.engine.task(principal, t))}
-        ack = _Notification(method="notifications/subscriptions/acknowledged",
+        ack = wire.Notification(method="notifications/subscriptions/acknowledged",
                             params={"notifications": {"taskIds": list(records)}, "_meta": meta})  # fmt: skip
         await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
         sent: dict[str, tuple[str, float]] = {}
@@ -387,7 +316,7 @@ class TaskProtocol:
                 if sent.get(task_id) != state:
                     sent[task_id] = state
                     params = {**self.modern_task(record, detailed=True), "_meta": meta}
-                    note = _Notification(method="notifications/tasks", params=params)
+                    note = wire.Notification(method="notifications/tasks", params=params)
                     await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
             if all(task_view(r, self._policy(r)).terminal for r in records.values()):
                 return {"resultType": "complete", "_meta": meta}  # the middleware owns the envelope
@@ -431,27 +360,6 @@ class TaskProtocol:
                 await self.server.journal.wait_for_change(record.identity, 0.25)
                 record = await self.server.engine.task(principal, task_id) or record
         return record
-
-
-class _Notification(BaseModel):
-    """A notification the SDK has no model for (`ServerSession.send_notification` dumps it)."""
-
-    method: str
-    params: dict[str, Any]
-
-
-def _encode_cursor(record: CallRecord) -> str:
-    raw = orjson.dumps([record.created_at, record.identity.tool, record.identity.key])
-    return base64.urlsafe_b64encode(raw).decode("ascii")
-
-
-def _decode_cursor(principal: str, cursor: str) -> CallCursor:
-    """A `tasks/list` cursor back into a listing position (-32602 if it is not one of ours)."""
-    try:
-        created_at, tool, key = orjson.loads(base64.urlsafe_b64decode(cursor.encode("ascii")))
-        return CallCursor(float(created_at), CallIdentity(principal, str(tool), str(key)))
-    except (ValueError, TypeError, UnicodeError, orjson.JSONDecodeError):
-        raise MCPError(code=INVALID_PARAMS, message="Invalid cursor") from None
 
 
 class TasksExtension(Extension):
