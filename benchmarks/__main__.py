@@ -31,6 +31,7 @@ CASES: dict[str, tuple[str, str]] = {
     "5": ("streamable HTTP", "http"),
     "6": ("bytes on disk", "disk"),
     "7": ("proxy", "proxy"),
+    "8": ("MCP tasks", "tasks"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

@@ -63,3 +63,10 @@ def durable_server(journal: str) -> DurableServer:
     server = DurableServer("bench-durable", journal=journal, log_level="WARNING")
     server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True))
     return server
+
+
+def task_server(journal: str) -> DurableServer:
+    """The durable no-op, callable as an MCP task (`task_support="optional"`)."""
+    server = DurableServer("bench-tasks", journal=journal, log_level="WARNING")
+    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True, task_support="optional"))
+    return server

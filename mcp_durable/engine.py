@@ -35,6 +35,7 @@ policy) until an operator's `resolve()`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -59,18 +60,21 @@ from .errors import (
     InProgressError,
     KeyReuseError,
     OutcomeUnknownError,
+    TaskCancelledError,
 )
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
+from .keys import LOCAL_PRINCIPAL as LOCAL_PRINCIPAL  # where it has always been imported from
 from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
 from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
+from .task_runs import TaskRuns
+from .tasks import RECONCILE_FAILED, is_cancelled
 
 logger = logging.getLogger(__name__)
 
-LOCAL_PRINCIPAL = keys.LOCAL_PRINCIPAL
 
 #: The instances of this process started on each journal object. On a single-writer journal the
 #: only live owners are these (the writer lock keeps other processes out), so a PENDING record
@@ -117,10 +121,12 @@ class CallOutcome:
 Runner = Callable[[DurableCall | None], Awaitable[ToolOutcome]]
 Encoder = Callable[[Any], ToolOutcome]
 ChangeListener = Callable[[CallRecord], Awaitable[None]]
+#: Resumes a task record in the background (set by the MCP face, which can run its tool).
+TaskResumer = Callable[[CallRecord], Awaitable[None]]
 
 
-class Engine:
-    """Runs durable calls against one journal.
+class Engine(TaskRuns):
+    """Runs durable calls against one journal (and MCP tasks: `TaskRuns`, mcp_durable/task_runs.py).
 
     `clock` gives wall-clock seconds for record times (inject one to test expiry and leases);
     `instance_id` names this server instance as the owner of the calls it runs.
@@ -137,10 +143,21 @@ class Engine:
         self.journal = journal
         self.clock = clock
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
-        self.leases = LeaseKeeper(journal, self.instance_id, clock)
+        self.leases = LeaseKeeper(journal, self.instance_id, clock, on_lost=self._lease_lost)
         self.listeners: list[ChangeListener] = []
         #: Recent run durations per tool: the `retry_after` of an `in_progress` refusal (runtimes.py).
         self.run_times = RunTimes()
+        #: Runs an in-doubt task again (the face's, which knows its tool); None resumes nothing.
+        self.task_resumer: TaskResumer | None = None
+        #: A tool's policy by name (the face's), for the task watch of a shared journal.
+        self.task_policy: Callable[[str], ToolPolicy | None] = lambda tool: None
+        #: Seconds between looks for tasks whose owner died, on a journal shared by replicas.
+        self.task_watch_interval = 1.0
+        #: Background runs of tasks: they outlive the request that created them, not the engine.
+        self._background: set[asyncio.Task[None]] = set()
+        #: The cancel scope around each task's tool running here, for `cancel_task`.
+        self._task_scopes: dict[CallIdentity, anyio.CancelScope] = {}
+        self._closing = False
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
         self._finals: dict[CallIdentity, tuple[CallRecord, CallOutcome]] = {}
         self._opened = False
@@ -193,6 +210,10 @@ class Engine:
             await self.journal.open()
             _live_owners(self.journal).add(self.instance_id)
             self.orphans_found = await self.sweep()
+            self._closing = False
+            await self.resume_tasks()
+            if not self.journal.single_writer and self.task_resumer is not None:
+                self.spawn(self._watch_tasks())
             if self.process_id is not None:
                 recovered = await ReplayEngine(self.journal).recover(self.process_id)
                 self.previous_lifecycle_state = recovered.lifecycle_state
@@ -206,6 +227,14 @@ class Engine:
     async def aclose(self) -> None:
         self._finals.clear()
         if self._opened:
+            # Background tasks stop with the engine; a task's record stays PENDING (see
+            # `_release_after`), so the next start finds it in doubt and resumes it.
+            self._closing = True
+            background = list(self._background)
+            for task in background:
+                task.cancel()
+            if background:
+                await asyncio.gather(*background, return_exceptions=True)
             self._opened = False
             _live_owners(self.journal).discard(self.instance_id)
             try:
@@ -345,11 +374,7 @@ class Engine:
         while True:
             now = self.clock()
             if record is None or record.is_expired(now):
-                fresh = CallRecord(
-                    identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
-                    run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
-                    owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json,
-                )  # fmt: skip
+                fresh = self._fresh(identity, fingerprint, args_json, policy, now)
                 with anyio.CancelScope(shield=True):
                     # Shielded: a claim the caller abandons half-way would leave a PENDING record
                     # whose tool never ran, later mistaken for a crash in the danger window.
@@ -368,6 +393,17 @@ class Engine:
             if decided is not None:
                 return decided
             record = await self.journal.get(identity)
+
+    def _fresh(
+        self, identity: CallIdentity, fingerprint: str, args_json: bytes, policy: ToolPolicy, now: float,
+        task_id: str | None = None,
+    ) -> CallRecord:
+        """A new PENDING record of this instance: what a claim inserts."""
+        return CallRecord(
+            identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
+            run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
+            owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json, task_id=task_id,
+        )  # fmt: skip
 
     async def _decide(
         self,
@@ -447,9 +483,12 @@ class Engine:
         now = self.clock()
         # expires_at cleared: a released record's retention must not let a fresh claim replace
         # the run now in progress.
+        # A released task is over (cancelled or failed, and must stay so): the run that takes its
+        # record over is a plain call, no longer that task.
+        task_id = None if record.state == CallState.RELEASED else record.task_id
         claimed = record.evolve(
             state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
-            attempts=record.attempts + 1, updated_at=now, expires_at=None,
+            attempts=record.attempts + 1, updated_at=now, expires_at=None, task_id=task_id,
         )  # fmt: skip
         with anyio.CancelScope(shield=True):
             self._hold(record.identity)  # before the swap is sent: see `_running`
@@ -498,7 +537,7 @@ class Engine:
         except Exception as exc:
             # The downstream system cannot answer: fall back to refuse (never guess).
             back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
-                                  error=f"reconcile failed: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
+                                  error=f"{RECONCILE_FAILED}: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
             await self._swap(claimed, back)
             raise InDoubtError(identity.tool, identity.key, record.attempts,
                                f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
@@ -526,22 +565,27 @@ class Engine:
         token = bind(call)
         failure: BaseException | None = None
         began = self.clock()
+        outcome: ToolOutcome | None = None
         try:
             async with self._lease_kept(identity, policy):
                 try:
-                    outcome = await run(call)
+                    if record.task_id is None:
+                        outcome = await run(call)
+                    else:
+                        outcome = await self._run_cancellable(identity, run, call)
                 except BaseException as exc:  # re-raised below, unwrapped from the task group
                     failure = exc
         finally:
             unbind(token)
-        if failure is None and outcome.final:
+        if failure is None and outcome is not None and outcome.final:
             self.run_times.record(identity.tool, self.clock() - began)
         if isinstance(failure, OutcomeUnknownError):
             # The effect may have happened (e.g. the upstream died mid-call): never release it
             # for a silent re-run; leave it IN_DOUBT so the in-doubt policy decides.
             await self._doubt(record, failure.reason)
             raise InDoubtError(identity.tool, identity.key, record.attempts, failure.reason) from failure
-        if failure is not None:
+        if failure is not None or outcome is None:
+            failure = failure or TaskCancelledError(identity.tool, identity.key)
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
                 raise failure.__cause__  # the face wrapped it; it is ours to report with its code
@@ -577,6 +621,9 @@ class Engine:
             current = await self.journal.get(record.identity)
             if current is not None and current.state.is_final:
                 return current, False  # someone resolved it meanwhile (an operator); theirs stands
+            if current is not None and is_cancelled(current):
+                # Cancelled while the tool finished: a cancelled task stays cancelled.
+                raise TaskCancelledError(record.identity.tool, record.identity.key)
             # Our claim was taken over (our lease was lost) but the effect happened: record it,
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
@@ -600,6 +647,8 @@ class Engine:
     async def _release_after(self, record: CallRecord, policy: ToolPolicy, exc: BaseException) -> None:
         if isinstance(exc, Exception) and policy.exceptions == "persist":
             return  # the face turns persisted exceptions into results before they reach here
+        if record.task_id is not None and self._closing and not isinstance(exc, Exception):
+            return  # a task stopped by the engine's close stays PENDING: the next start resumes it
         reason = f"{type(exc).__name__}: {exc}"[:500]
         with anyio.CancelScope(shield=True):
             try:
@@ -615,6 +664,14 @@ class Engine:
         )  # fmt: skip
         if await self.journal.swap(record.version, released):
             await self.notify_changed(released)
+            return
+        # A task id attached meanwhile (`submit`) bumped the version: release what is still ours.
+        current = await self.journal.get(record.identity)
+        if (current is not None and current.state == CallState.PENDING and current.owner == self.instance_id
+                and current.run_id == record.run_id):  # fmt: skip
+            rebased = _rebase(released, current)
+            if await self.journal.swap(current.version, rebased):
+                await self.notify_changed(rebased)
 
 
 def _live_owners(journal: Journal) -> set[str]:
@@ -626,7 +683,8 @@ def _live_owners(journal: Journal) -> set[str]:
 
 def _rebase(record: CallRecord, current: CallRecord) -> CallRecord:
     """`record`'s content as the successor of `current` (for a swap against `current`)."""
-    return dataclasses.replace(record, version=current.version + 1)
+    # A task id attached meanwhile (`submit` on a call first made without a task) stays.
+    return dataclasses.replace(record, version=current.version + 1, task_id=current.task_id or record.task_id)
 
 
 def _superseded(record: CallRecord) -> CallOutcome:

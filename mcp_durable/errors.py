@@ -18,6 +18,7 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 ├── LimitExceededError       .what .size .limit: what a durable call would journal is refused
 │   ├── TooLargeError        over max_argument_bytes / max_result_bytes (code too_large)
 │   └── NotSerialisableError not JSON the journal can store (code not_serialisable)
+├── TaskCancelledError       .tool .key: the task's requestor cancelled it while its tool ran (code cancelled)
 └── JournalError             storage failed; the driver's exception is __cause__ (code journal_unavailable)
     ├── JournalLockedError   .holder: another writer holds the journal
     └── JournalCorruptError  .path .offset: what could not be read, and where
@@ -186,6 +187,20 @@ class DeterminismError(DurableError):
         self.step_index = step_index
         self.expected = expected
         self.got = got
+
+
+class TaskCancelledError(DurableError):
+    """The call is an MCP task that its requestor cancelled (`tasks/cancel`) while its tool ran."""
+
+    code = "cancelled"
+
+    def __init__(self, tool: str, key: str) -> None:
+        super().__init__(f"task call of tool {tool!r} with key {key!r} was cancelled")
+        self.tool = tool
+        self.key = key
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "key": self.key}
 
 
 class OperatorError(DurableError):

@@ -182,7 +182,8 @@ async def _list(args: argparse.Namespace) -> int:
     journal = await _open(args)
     rows: list[dict[str, Any]] = []
     try:
-        async for record in iter_calls(journal, principal=args.principal, tool=args.tool, state=state):
+        filters = {"tasks_only": True} if args.tasks else {}
+        async for record in iter_calls(journal, principal=args.principal, tool=args.tool, state=state, **filters):
             rows.append(record_summary(record))
             if args.limit and len(rows) >= args.limit:
                 break
@@ -193,8 +194,10 @@ async def _list(args: argparse.Namespace) -> int:
             _emit_json(row)
         return 0
     columns = ["created_at", "principal", "tool", "key", "state", "attempts"]
+    if args.tasks:
+        columns.insert(5, "task_status")
     _table(None, columns, [[row[c] for c in columns] for row in rows])
-    _say(f"{len(rows)} call(s)")
+    _say(f"{len(rows)} {'task' if args.tasks else 'call'}(s)")
     return 0
 
 
@@ -435,6 +438,7 @@ def add_journal_commands(subparsers: Any) -> None:
     listing.add_argument("--tool")
     listing.add_argument("--state", help=", ".join(s.value for s in CallState))
     listing.add_argument("--principal")
+    listing.add_argument("--tasks", action="store_true", help="only calls that are MCP tasks, with their task status")
     listing.add_argument("--limit", type=int, default=100, help="at most this many (0: all; default 100)")
     show = command("show", _show, "one call record (masked where its tool says so)")
     show.add_argument("tool")

@@ -22,6 +22,9 @@ import orjson
 from .errors import InvalidKeyError, MissingKeyError
 from .policy import ToolPolicy
 
+#: The principal of every call without an authenticated identity (stdio, in-memory, no auth).
+LOCAL_PRINCIPAL = "local"
+
 KEY_META = "mcp-durable/idempotency-key"
 MAX_KEY_LENGTH = 255
 #: The principal of a call with no authenticated identity (stdio, in-memory).

@@ -43,10 +43,20 @@ class _Held:
 class LeaseKeeper:
     """Renews `owner`'s leases on `journal`; `clock` gives the wall-clock times leases are in."""
 
-    def __init__(self, journal: Journal, owner: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        owner: str,
+        clock: Callable[[], float],
+        on_lost: Callable[[CallIdentity], None] | None = None,
+    ) -> None:
         self.journal = journal
         self.owner = owner
         self.clock = clock
+        #: Called (synchronously, must not raise) when a renewal finds the record no longer a
+        #: PENDING record of this owner: cancelled, resolved, or taken over by another replica.
+        #: How the owner of a task learns of a `tasks/cancel` sent to another replica.
+        self.on_lost = on_lost
         self._held: dict[CallIdentity, _Held] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -98,7 +108,9 @@ class LeaseKeeper:
 
     async def _renew(self, held: _Held) -> None:
         try:
-            await self.journal.renew(held.identity, self.owner, self.clock() + held.policy.lease)
+            renewed = await self.journal.renew(held.identity, self.owner, self.clock() + held.policy.lease)
+            if not renewed and self.on_lost is not None and self._held.get(held.identity) is held:
+                self.on_lost(held.identity)
         except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
             pass
         finally:

@@ -15,6 +15,7 @@ from .errors import ConfigError
 KeyMode = Literal["auto", "required"]
 InDoubtPolicy = Literal["retry", "reconcile", "refuse"]
 ErrorHandling = Literal["persist", "release"]
+TaskSupport = Literal["forbidden", "optional", "required"]
 
 DEFAULT_RETENTION = 24 * 3600.0
 
@@ -67,6 +68,11 @@ class ToolPolicy:
       `key_argument`), never derived, and a call without one runs undeduplicated (or is refused
       with `missing_key` under `key="required"`). Derived keys would replay one session's
       answers to another session.
+    - `task_support`: whether the tool runs as an MCP task (docs/tasks.md): `"forbidden"` (the
+      default: the tool behaves exactly as a plain durable tool), `"optional"` or `"required"`.
+      Advertised as `execution.taskSupport` (2025-11-25).
+    - `task_after`: on 2026-07-28, a call of a task-capable tool from a client that declares the
+      tasks extension answers with a task once it has run this long (seconds) without finishing.
     """
 
     key: KeyMode = "auto"
@@ -87,6 +93,8 @@ class ToolPolicy:
     fingerprint_exclude: tuple[str, ...] = field(default=())
     key_meta: tuple[str, ...] = field(default=())
     interactive: bool = False
+    task_support: TaskSupport = "forbidden"
+    task_after: float = 1.0
 
     def __post_init__(self) -> None:
         if self.key not in ("auto", "required"):
@@ -117,6 +125,10 @@ class ToolPolicy:
             raise ConfigError(f"in_doubt must be 'retry', 'reconcile' or 'refuse', not {self.in_doubt!r}")
         if self.in_doubt == "reconcile" and self.reconcile is None:
             raise ConfigError("in_doubt='reconcile' needs a reconcile hook")
+        if self.task_support not in ("forbidden", "optional", "required"):
+            raise ConfigError(f"task_support must be 'forbidden', 'optional' or 'required', not {self.task_support!r}")
+        if not self.task_after >= 0:
+            raise ConfigError("task_after must be >= 0 seconds")
         if self.key_fields is not None and not isinstance(self.key_fields, tuple):
             object.__setattr__(self, "key_fields", tuple(self.key_fields))
         if not isinstance(self.sensitive, tuple):

@@ -114,7 +114,10 @@ class Journal(Protocol):
       `owner` without changing its version; returns False if the record is not that.
     - `wait_for_change(identity, timeout)` returns when the record may have changed, or after
       `timeout` seconds; callers re-read. Spurious wake-ups are allowed.
-    - `list_calls` is newest first by `(created_at, identity)`, strictly after `cursor`.
+    - `get_task(principal, task_id)` returns the record whose `task_id` is `task_id` and whose
+      principal is `principal`, or None (another principal's task is None, like an unknown id).
+    - `list_calls` is newest first by `(created_at, identity)`, strictly after `cursor`;
+      `tasks_only` keeps the records that are tasks (`task_id` set).
     - Process entries get strictly increasing `seq` numbers across the journal.
     - Stores never read the clock: every time is passed in.
     - Faults: every failure of the storage (an OS error, a driver error, a lost or unreadable
@@ -138,6 +141,8 @@ class Journal(Protocol):
 
     async def get(self, identity: CallIdentity) -> CallRecord | None: ...
 
+    async def get_task(self, principal: str, task_id: str) -> CallRecord | None: ...
+
     async def swap(self, expected_version: int, record: CallRecord) -> bool: ...
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool: ...
@@ -152,6 +157,7 @@ class Journal(Protocol):
         state: CallState | None = None,
         limit: int = 100,
         cursor: CallCursor | None = None,
+        tasks_only: bool = False,
     ) -> list[CallRecord]: ...
 
     async def purge_expired(self, now: float) -> int: ...
@@ -210,6 +216,7 @@ def sql_listing_filter(
     state: CallState | None,
     cursor: CallCursor | None,
     placeholder: str,
+    tasks_only: bool = False,
 ) -> tuple[str, list[Any]]:
     """The WHERE clause (or "") and its arguments of a listing, for SQL backends.
 
@@ -221,6 +228,8 @@ def sql_listing_filter(
         if value is not None:
             clauses.append(f"{column} = {placeholder}")
             args.append(value)
+    if tasks_only:
+        clauses.append("task_id IS NOT NULL")
     if cursor is not None:
         c = cursor.identity
         marks = ", ".join([placeholder] * 4)
@@ -237,6 +246,7 @@ def page(
     state: CallState | None,
     limit: int,
     cursor: CallCursor | None,
+    tasks_only: bool = False,
 ) -> list[CallRecord]:
     """Filter and page records newest first: the reference listing for in-memory indexes."""
     selected = [
@@ -245,6 +255,7 @@ def page(
         if (principal is None or r.identity.principal == principal)
         and (tool is None or r.identity.tool == tool)
         and (state is None or r.state == state)
+        and (not tasks_only or r.task_id is not None)
         and (cursor is None or sort_key(r) < (cursor.created_at, cursor.identity))
     ]
     selected.sort(key=sort_key, reverse=True)

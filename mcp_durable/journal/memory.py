@@ -20,6 +20,7 @@ class MemoryJournal:
         self._calls: dict[CallIdentity, CallRecord] = {}
         self._entries: list[JournalEntry] = []
         self._checkpoints: dict[str, JournalEntry] = {}
+        self._tasks: dict[tuple[str, str], CallIdentity] = {}
         self._signals = ChangeSignals()
         self.recovery: RecoveryReport | None = None
 
@@ -35,6 +36,7 @@ class MemoryJournal:
         if existing is not None and not existing.is_expired(now):
             return False, existing
         self._calls[record.identity] = record
+        self._index_task(record)
         self._signals.notify(record.identity)
         return True, record
 
@@ -46,8 +48,18 @@ class MemoryJournal:
         if existing is None or existing.version != expected_version:
             return False
         self._calls[record.identity] = record
+        self._index_task(record)
         self._signals.notify(record.identity)
         return True
+
+    def _index_task(self, record: CallRecord) -> None:
+        if record.task_id is not None:
+            self._tasks[(record.identity.principal, record.task_id)] = record.identity
+
+    async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
+        identity = self._tasks.get((principal, task_id))
+        record = self._calls.get(identity) if identity is not None else None
+        return record if record is not None and record.task_id == task_id else None
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         existing = self._calls.get(identity)
@@ -67,15 +79,19 @@ class MemoryJournal:
         state: CallState | None = None,
         limit: int = 100,
         cursor: CallCursor | None = None,
+        tasks_only: bool = False,
     ) -> list[CallRecord]:
         return page(
-            list(self._calls.values()), principal=principal, tool=tool, state=state, limit=limit, cursor=cursor
+            list(self._calls.values()), principal=principal, tool=tool, state=state, limit=limit, cursor=cursor,
+            tasks_only=tasks_only,
         )
 
     async def purge_expired(self, now: float) -> int:
         expired = [identity for identity, record in self._calls.items() if record.is_expired(now)]
         for identity in expired:
             del self._calls[identity]
+        if expired:
+            self._tasks = {k: i for k, i in self._tasks.items() if i in self._calls}
         return len(expired)
 
     async def stats(self) -> JournalStats:

@@ -61,6 +61,9 @@ class CallRecord:
     result: bytes | None = None
     error: str | None = None
     arguments: bytes | None = None  # canonical JSON of the validated arguments (for reconcile, operators)
+    #: The MCP task this call is, if it was created as one: ≥128 random bits, unique per
+    #: principal, looked up with `Journal.get_task(principal, task_id)`. None for a plain call.
+    task_id: str | None = None
 
     def evolve(self, **changes: Any) -> CallRecord:
         """A copy with `changes` applied and the version bumped by one.
@@ -76,7 +79,7 @@ class CallRecord:
             get("run_id", c.run_id), get("attempts", c.attempts), get("created_at", c.created_at),
             get("updated_at", c.updated_at), get("owner", c.owner), get("lease_until", c.lease_until),
             get("completed_at", c.completed_at), get("expires_at", c.expires_at), get("result", c.result),
-            get("error", c.error), get("arguments", c.arguments),
+            get("error", c.error), get("arguments", c.arguments), get("task_id", c.task_id),
         )  # fmt: skip
 
     def is_expired(self, now: float) -> bool:

@@ -39,7 +39,7 @@ from .secrets import display_url
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: calls.task_id
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS calls (
@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS calls (
     run_id TEXT NOT NULL, attempts INTEGER NOT NULL,
     created_at REAL NOT NULL, updated_at REAL NOT NULL,
     owner TEXT, lease_until REAL, completed_at REAL, expires_at REAL,
-    result BLOB, error TEXT, arguments BLOB,
+    result BLOB, error TEXT, arguments BLOB, task_id TEXT,
     PRIMARY KEY (principal, tool, key)
 );
 CREATE INDEX IF NOT EXISTS calls_by_created ON calls (created_at, principal, tool, key);
@@ -61,9 +61,11 @@ CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq);
 """
 _COLUMNS = (
     "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
-    "owner, lease_until, completed_at, expires_at, result, error, arguments"
+    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id"
 )
-_PLACEHOLDERS = ", ".join("?" * 17)
+_PLACEHOLDERS = ", ".join("?" * 18)
+#: Tasks (schema 2) on a database created before them: the column, then its index.
+_TASKS_INDEX = "CREATE INDEX IF NOT EXISTS calls_by_task ON calls (principal, task_id) WHERE task_id IS NOT NULL"
 
 
 def _row(record: CallRecord) -> tuple[Any, ...]:
@@ -71,7 +73,7 @@ def _row(record: CallRecord) -> tuple[Any, ...]:
     return (
         i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
         record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
-        record.completed_at, record.expires_at, record.result, record.error, record.arguments,
+        record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
     )  # fmt: skip
 
 
@@ -93,6 +95,7 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
         result=None if row[14] is None else bytes(row[14]),
         error=row[15],
         arguments=None if row[16] is None else bytes(row[16]),
+        task_id=row[17],
     )
 
 
@@ -154,7 +157,11 @@ class SQLiteJournal:
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
         conn.executescript(_SCHEMA)
+        if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
+            conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
+        conn.execute(_TASKS_INDEX)
         conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
         try:
             os.chmod(self.path, 0o600)
         except OSError:
@@ -251,6 +258,14 @@ class SQLiteJournal:
         )
         return None if row is None else _record(row)
 
+    async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
+        row = await self._run(
+            lambda conn: conn.execute(
+                f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND task_id=?", (principal, task_id)
+            ).fetchone()
+        )
+        return None if row is None else _record(row)
+
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         i = record.identity
 
@@ -258,7 +273,7 @@ class SQLiteJournal:
             cursor = conn.execute(
                 "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, created_at=?, "
                 "updated_at=?, owner=?, lease_until=?, completed_at=?, expires_at=?, result=?, error=?, "
-                "arguments=? WHERE principal=? AND tool=? AND key=? AND version=?",
+                "arguments=?, task_id=? WHERE principal=? AND tool=? AND key=? AND version=?",
                 (*_row(record)[3:], i.principal, i.tool, i.key, expected_version),
             )
             return cursor.rowcount == 1
@@ -290,8 +305,10 @@ class SQLiteJournal:
         state: CallState | None = None,
         limit: int = 100,
         cursor: CallCursor | None = None,
+        tasks_only: bool = False,
     ) -> list[CallRecord]:
-        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="?")
+        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="?",
+                                         tasks_only=tasks_only)  # fmt: skip
         sql = f"SELECT {_COLUMNS} FROM calls {where} {SQL_LISTING_ORDER} LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*args, max(0, limit))).fetchall())
         return [_record(row) for row in rows]

@@ -72,6 +72,8 @@ def call_to_json(record: CallRecord) -> dict[str, Any]:
     }  # fmt: skip
     _bytes_out(out, "result", record.result)
     _bytes_out(out, "arguments", record.arguments)
+    if record.task_id is not None:
+        out["task_id"] = record.task_id
     return out
 
 
@@ -84,6 +86,7 @@ def call_from_json(line: dict[str, Any]) -> CallRecord:
         updated_at=float(line["updated_at"]), owner=line.get("owner"), lease_until=line.get("lease_until"),
         completed_at=line.get("completed_at"), expires_at=line.get("expires_at"),
         result=_bytes_in(line, "result"), error=line.get("error"), arguments=_bytes_in(line, "arguments"),
+        task_id=line.get("task_id"),
     )  # fmt: skip
 
 

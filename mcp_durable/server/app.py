@@ -19,21 +19,24 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+import orjson
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
 from .. import limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
-from ..journal import Journal, create_journal, display_url
+from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
+from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
@@ -95,6 +98,9 @@ class DurableServer(MCPServer[Any]):
             from .. import __version__
 
             kwargs["version"] = __version__
+        # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
+        tasks_extension = TasksExtension()
+        kwargs["extensions"] = [*(kwargs.get("extensions") or ()), tasks_extension]
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
@@ -117,6 +123,12 @@ class DurableServer(MCPServer[Any]):
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals)
         self.journal_views = register_journal_resources(self)
+        # Tasks: served in both generations; in-doubt tasks are resumed at start.
+        self.tasks = TaskProtocol(self)
+        tasks_extension.protocol = self.tasks
+        self.middleware.append(self.tasks.middleware)
+        self.engine.task_resumer = self._resume_task
+        self.engine.task_policy = self.policies.get
 
     @property
     def journal(self) -> Journal:
@@ -250,23 +262,35 @@ class DurableServer(MCPServer[Any]):
                     return self.refuse(name, exc.__cause__)
                 raise
         try:
-            # What JSON cannot journal is refused before validation (a too-deep value fails
-            # obscurely inside it) and checked again on what validation made of the arguments
-            # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
-            limits.check_argument_values(name, arguments, self.max_argument_depth)
-            # Validate first: a call with bad arguments is refused before any claim, so a
-            # corrected retry with the same key still runs (validation errors are not saved).
-            model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
-            limits.check_argument_values(name, model, None)
+            validated, canonical = self._validated(tool, name, arguments)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         except DurableError as exc:
             return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
-        validated = model.model_dump(mode="json", by_alias=True)
-        try:
-            canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
-        except limits.LimitExceeded as exc:
-            return self.refuse(name, exc)  # a bad request (too_large, not_serialisable), before any claim
+        run = self._runner(name, arguments, context, policy)
+        return await self.run_durable(name, policy, validated, canonical, context, run, _encoder(tool))
+
+    def _validated(self, tool: Tool, name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+        """The validated arguments and their canonical JSON.
+
+        Validated first: a call with bad arguments is refused before any claim, so a corrected
+        retry with the same key still runs (validation errors are not saved). Raises
+        `ValidationError`, or a `DurableError`: `non_finite_argument`, `arguments_too_deep`,
+        `too_large`, `not_serialisable`.
+        """
+        # What JSON cannot journal is refused before validation (a too-deep value fails
+        # obscurely inside it) and checked again on what validation made of the arguments
+        # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
+        limits.check_argument_values(name, arguments, self.max_argument_depth)
+        model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
+        limits.check_argument_values(name, model, None)
+        validated: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
+        return validated, limits.checked_arguments(name, validated, self.max_argument_bytes)
+
+    def _runner(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None, policy: ToolPolicy
+    ) -> Runner:
+        """The engine's `run` for one call of tool `name`: runs it and encodes what it produced."""
 
         async def run(call: DurableCall | None) -> ToolOutcome:
             try:
@@ -279,12 +303,7 @@ class DurableServer(MCPServer[Any]):
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             return self.tool_outcome(name, policy, result)
 
-        def encode(value: Any) -> ToolOutcome:
-            result = tool.fn_metadata.convert_result(value)
-            assert isinstance(result, CallToolResult)
-            return ToolOutcome(result, dump_result(result), is_error=bool(result.is_error))
-
-        return await self.run_durable(name, policy, validated, canonical, context, run, encode)
+        return run
 
     def tool_outcome(
         self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult
@@ -343,6 +362,46 @@ class DurableServer(MCPServer[Any]):
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
         return answer(outcome)
+
+    # -- tasks (server/tasks.py serves the protocol; these run them) -------------------------------
+
+    async def submit_task(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None) -> CallRecord:
+        """Create (or find, for a repeated key) the task for one call of durable tool `name`.
+
+        Returns at once with the task's record; the tool runs in the background, outside the
+        request (it gets no request context), once per key. Raises `ValidationError`,
+        `limits.LimitExceeded` (bad arguments) or a `DurableError` (the call is refused).
+        """
+        policy = self.policies[name]
+        tool = self._tool_manager.get_tool(name)
+        assert tool is not None
+        validated, canonical = self._validated(tool, name, arguments)
+        return await self.engine.submit(
+            tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
+            run=self._runner(name, arguments, None, policy), encode=_encoder(tool),
+            principal=self.principal_of(context), canonical=canonical,
+        )  # fmt: skip
+
+    async def _resume_task(self, record: CallRecord) -> None:
+        """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
+        name = record.identity.tool
+        policy = self.policies.get(name)
+        tool = self._tool_manager.get_tool(name)
+        if policy is None or tool is None or record.arguments is None:
+            return  # the tool is gone: the task stays in doubt for an operator
+        arguments = orjson.loads(record.arguments)
+        await self.engine.resume(record.identity, policy, self._runner(name, arguments, None, policy), _encoder(tool))
+
+
+def _encoder(tool: Tool) -> Encoder:
+    """The engine's `encode` for a reconcile hook's found value: the tool's own result conversion."""
+
+    def encode(value: Any) -> ToolOutcome:
+        result = tool.fn_metadata.convert_result(value)
+        assert isinstance(result, CallToolResult)
+        return ToolOutcome(result, dump_result(result), is_error=bool(result.is_error))
+
+    return encode
 
 
 def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:

@@ -23,7 +23,9 @@ import orjson
 from mcp.shared.uri_template import UriTemplate
 
 from ..journal.base import Journal
-from ..journal.model import CallRecord, JournalEntry
+from ..journal.model import CallRecord, CallState, JournalEntry
+from ..policy import ToolPolicy
+from ..tasks import task_view
 
 MASK = "[redacted]"
 RESULT_MARK = "*result*"
@@ -126,8 +128,22 @@ def record_uri(tool: str, key: str) -> str:
     return CALL_TEMPLATE.expand({"tool": tool, "key": key})
 
 
-def record_summary(record: CallRecord) -> dict[str, Any]:
-    """A record's listing line: identity, state and times, without arguments or result."""
+def task_status(record: CallRecord, policies: Mapping[str, ToolPolicy] | None) -> str | None:
+    """The MCP task status of a record that is a task (None: a plain call).
+
+    `policies` are the server's tools' (an in-doubt task's status depends on its policy); the
+    CLI, which has only the journal, passes None and sees an in-doubt task as `in_doubt`.
+    """
+    if record.task_id is None:
+        return None
+    if policies is None and record.state == CallState.IN_DOUBT:
+        return "in_doubt"
+    return task_view(record, (policies or {}).get(record.identity.tool)).status
+
+
+def record_summary(record: CallRecord, policies: Mapping[str, ToolPolicy] | None = None) -> dict[str, Any]:
+    """A record's listing line: identity, state, whether it is an MCP task (and its status), times;
+    without arguments or result."""
     i = record.identity
     return {
         "uri": record_uri(i.tool, i.key),
@@ -135,6 +151,8 @@ def record_summary(record: CallRecord) -> dict[str, Any]:
         "tool": i.tool,
         "key": i.key,
         "state": record.state.value,
+        "task": record.task_id is not None,
+        "task_status": task_status(record, policies),
         "attempts": record.attempts,
         "created_at": iso(record.created_at),
         "updated_at": iso(record.updated_at),
@@ -142,9 +160,11 @@ def record_summary(record: CallRecord) -> dict[str, Any]:
     }
 
 
-def record_view(record: CallRecord, sensitive: Collection[str] = ()) -> dict[str, Any]:
+def record_view(
+    record: CallRecord, sensitive: Collection[str] = (), policies: Mapping[str, ToolPolicy] | None = None
+) -> dict[str, Any]:
     """The full view of one record (what `journal://calls/{tool}/{key}` and `journal show` print)."""
-    view = record_summary(record)
+    view = record_summary(record, policies)
     arguments = _json_or_text(record.arguments)
     secrets = sensitive_values(arguments, sensitive)
     view.update(
@@ -152,6 +172,7 @@ def record_view(record: CallRecord, sensitive: Collection[str] = ()) -> dict[str
             "fingerprint": record.fingerprint,
             "version": record.version,
             "run_id": record.run_id,
+            "task_id": record.task_id,
             "owner": record.owner,
             "lease_until": iso(record.lease_until),
             "expires_at": iso(record.expires_at),

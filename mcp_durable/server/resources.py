@@ -296,7 +296,7 @@ class JournalResources:
         page, more = records[:size], len(records) > size
         return _dumps(
             {
-                "calls": [record_summary(r) for r in page],
+                "calls": [record_summary(r, self.server.policies) for r in page],
                 "next_cursor": encode_cursor(CallCursor.after(page[-1])) if more else None,
             }
         )
@@ -313,7 +313,7 @@ class JournalResources:
         record = await self.server.journal.get(CallIdentity(owner, tool, key))
         if record is None:
             raise self.not_found(record_uri(tool, key))
-        return _dumps(record_view(record, await self.sensitive(tool)))
+        return _dumps(record_view(record, await self.sensitive(tool), self.server.policies))
 
     async def call_of_principal(self, tool: str, key: str, principal: str | None = None) -> str:
         """Another principal's record, for admins: `journal://calls/{tool}/{key}?principal=P`."""
@@ -328,7 +328,7 @@ class JournalResources:
         shown = found[:MAX_IN_DOUBT]
         calls = []
         for record in shown:
-            view = record_summary(record)
+            view = record_summary(record, self.server.policies)
             view.update({"error": record.error, "lease_expired": record.state == CallState.PENDING})
             calls.append(view)
         return _dumps({"count": len(shown), "truncated": len(found) > MAX_IN_DOUBT, "calls": calls})

@@ -60,6 +60,8 @@ def record_to_dict(record: CallRecord) -> dict[str, Any]:
             out[name] = value.decode("utf-8")
         except UnicodeDecodeError:
             out[f"{name}_b64"] = base64.b64encode(value).decode("ascii")
+    if record.task_id is not None:
+        out["task_id"] = record.task_id  # absent on plain calls: frames of older releases read the same
     return out
 
 
@@ -80,7 +82,7 @@ def record_from_dict(d: dict[str, Any]) -> CallRecord:
         run_id=d["run_id"], attempts=d["attempts"], created_at=d["created_at"],
         updated_at=d["updated_at"], owner=d["owner"], lease_until=d["lease_until"],
         completed_at=d["completed_at"], expires_at=d["expires_at"], result=blobs["result"],
-        error=d["error"], arguments=blobs["arguments"],
+        error=d["error"], arguments=blobs["arguments"], task_id=d.get("task_id"),
     )  # fmt: skip
 
 

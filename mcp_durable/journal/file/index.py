@@ -83,6 +83,10 @@ class CallIndex:
         self.tools = Interned()
         self.principals = Interned()
         self.free: list[int] = []
+        #: (principal, task id) → (identity hash, tool, key) of the record that is that task. Tasks
+        #: are few next to calls, so a dict; saved in the snapshot header. Entries of purged
+        #: records are dropped by `prune_tasks`; a stale one is harmless (reads compare the task id).
+        self.tasks: dict[tuple[str, str], tuple[int, str, str]] = {}
         self.live = 0
         self.used = 0  # buckets not EMPTY (live and deleted)
 
@@ -136,6 +140,15 @@ class CallIndex:
         self.tool[slot] = self.tools.id(tool)
         self.principal[slot] = self.principals.id(principal)
         return slot
+
+    def put_task(self, task_id: str | None, h: int, principal: str, tool: str, key: str) -> None:
+        if task_id is not None:
+            self.tasks[(principal, task_id)] = (h, tool, key)
+
+    def prune_tasks(self) -> None:
+        """Forget tasks whose record is gone (after a purge)."""
+        if self.tasks:
+            self.tasks = {k: v for k, v in self.tasks.items() if self.find(v[0]) is not None}
 
     def hash_of(self, slot: int) -> int:
         return self.hi[slot] << 64 | self.lo[slot]

@@ -312,6 +312,8 @@ class FileJournal:
     def _put(self, op: str, h: int, record: CallRecord) -> Batch:
         seq, position, size, batch = self._submit(call_payload(op, h, record))
         self._calls.put(h, record, position, size, seq)
+        i = record.identity
+        self._calls.put_task(record.task_id, h, i.principal, i.tool, i.key)
         self._signals.notify(record.identity)
         return batch
 
@@ -333,6 +335,13 @@ class FileJournal:
     async def get(self, identity: CallIdentity) -> CallRecord | None:
         found = await self._load_call(identity, self._hash(identity))
         return None if found is None else found[1]
+
+    async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
+        where = self._calls.tasks.get((principal, task_id))
+        if where is None:
+            return None
+        found = await self.get(CallIdentity(principal, where[1], where[2]))
+        return found if found is not None and found.task_id == task_id else None
 
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         self._writable()
@@ -368,6 +377,7 @@ class FileJournal:
         state: CallState | None = None,
         limit: int = 100,
         cursor: CallCursor | None = None,
+        tasks_only: bool = False,
     ) -> list[CallRecord]:
         if self._commit is None:
             raise JournalError(f"journal {self.url} is not open")
@@ -377,11 +387,13 @@ class FileJournal:
         principal_id = idx.principals.ids.get(principal, -1) if principal is not None else None
         code = STATE_CODES[state] if state is not None else None
         top = cursor.created_at if cursor is not None else float("inf")
+        task_slots = {s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None} if tasks_only else None
         candidates = [
             (idx.created[s], s) for s in range(len(idx.state))
             if idx.state[s] != DEAD and (code is None or idx.state[s] == code)
             and (tool_id is None or idx.tool[s] == tool_id)
             and (principal_id is None or idx.principal[s] == principal_id) and idx.created[s] <= top
+            and (task_slots is None or s in task_slots)
         ]  # fmt: skip
         candidates.sort(reverse=True)
         out: list[CallRecord] = []
@@ -393,6 +405,8 @@ class FileJournal:
             group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for _, s in candidates[i:j]]
             if cursor is not None:
                 group = [r for r in group if sort_key(r) < (cursor.created_at, cursor.identity)]
+            if tasks_only:
+                group = [r for r in group if r.task_id is not None]
             out.extend(sorted(group, key=sort_key, reverse=True))
             i = j
         return out[: max(0, limit)]
@@ -405,6 +419,7 @@ class FileJournal:
         _, _, _, batch = self._submit(purge_payload(now))
         for slot in slots:
             self._calls.delete(slot)
+        self._calls.prune_tasks()
         await self._durable(batch)
         return len(slots)
 

@@ -60,11 +60,13 @@ def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, po
             int(d["h"], 16), r["version"], _STATE_BY_NAME[r["state"]], r["created_at"], r["expires_at"],
             r["tool"], r["principal"], position, size, seq,
         )  # fmt: skip
+        calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
     elif kind == "entry":
         entries.add(seq, position, size, process_hash(d["process_id"]), d["entry_type"] == CHECKPOINT)
     elif kind == "purge":
         for slot in calls.expired(d["now"]):
             calls.delete(slot)
+        calls.prune_tasks()
 
 
 def _usable_snapshot(directory: Path, manifest: Manifest, problems: list[str]) -> LoadedSnapshot | None:

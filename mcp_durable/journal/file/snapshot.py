@@ -52,6 +52,7 @@ class SnapshotData:
     sections: list[tuple[str, str, bytes]]
     tools: list[str]
     principals: list[str]
+    tasks: list[list[str]]
 
 
 def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int) -> SnapshotData:
@@ -66,7 +67,9 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
         mapping: dict[int, int] = getattr(entries, name)
         sections.append((f"entry.{name}.keys", "Q", array("Q", mapping.keys()).tobytes()))
         sections.append((f"entry.{name}.values", "Q", array("Q", mapping.values()).tobytes()))
-    return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names))
+    tasks = [[principal, task_id, f"{h:032x}", tool, key]
+             for (principal, task_id), (h, tool, key) in calls.tasks.items()]
+    return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names), tasks)
 
 
 def write_temp(directory: Path, data: SnapshotData) -> Path:
@@ -78,7 +81,7 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "format": FORMAT, "seq": data.seq, "segments": [segment_name(n) for n in data.segments],
         "end": data.end, "byteorder": sys.byteorder, "crc": crc,
         "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
-        "tools": data.tools, "principals": data.principals,
+        "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
     }  # fmt: skip
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
@@ -150,6 +153,8 @@ def load(path: Path) -> LoadedSnapshot:
         calls.state = bytearray(blobs["call.state"])
         calls.tools = Interned(header["tools"])
         calls.principals = Interned(header["principals"])
+        # Absent from snapshots written before tasks existed (there were none then).
+        calls.tasks = {(p, t): (int(h, 16), tool, key) for p, t, h, tool, key in header.get("tasks", ())}
         size = len(calls.table)
         if size < 2 or size & (size - 1) or any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1]):
             raise SnapshotError("snapshot arrays do not fit together")

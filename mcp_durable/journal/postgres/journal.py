@@ -48,7 +48,7 @@ Row = tuple[Any, ...]
 
 _COLUMNS = (
     "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
-    "owner, lease_until, completed_at, expires_at, result, error, arguments"
+    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id"
 )
 _MUTABLE = [c.strip() for c in _COLUMNS.split(",")][3:]
 _IDENTITY = "principal = %s AND tool = %s AND key = %s"
@@ -59,7 +59,7 @@ def _params(record: CallRecord) -> tuple[Any, ...]:
     return (
         i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
         record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
-        record.completed_at, record.expires_at, record.result, record.error, record.arguments,
+        record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
     )  # fmt: skip
 
 
@@ -70,7 +70,7 @@ def _record(row: Row) -> CallRecord:
         version=row[5], run_id=row[6], attempts=row[7], created_at=row[8], updated_at=row[9],
         owner=row[10], lease_until=row[11], completed_at=row[12], expires_at=row[13],
         result=None if row[14] is None else bytes(row[14]), error=row[15],
-        arguments=None if row[16] is None else bytes(row[16]),
+        arguments=None if row[16] is None else bytes(row[16]), task_id=row[17],
     )  # fmt: skip
 
 
@@ -102,7 +102,7 @@ class PostgresJournal:
         s = quote_ident(settings.schema)
         self._calls = f"{s}.calls"
         self._entries = f"{s}.entries"
-        placeholders = ", ".join(["%s"] * 17)
+        placeholders = ", ".join(["%s"] * 18)
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _MUTABLE) + ", watched = false"
         # The claim: insert, or replace an expired record; else return the record that stands.
         # The second branch reads with the statement's snapshot, so a row committed by a
@@ -291,7 +291,7 @@ class PostgresJournal:
                 return True, record
             if rows:
                 existing = _record(rows[0][1:])
-                self._note_read(existing, bool(rows[0][18]))
+                self._note_read(existing, bool(rows[0][19]))
                 return False, existing
             # Lost to a claim committed after this statement's snapshot: read it now.
             current = await self.get(i)
@@ -305,8 +305,14 @@ class PostgresJournal:
         if row is None:
             return None
         record = _record(row)
-        self._note_read(record, bool(row[17]))
+        self._note_read(record, bool(row[18]))
         return record
+
+    async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
+        row = await self._fetchone(
+            f"SELECT {_COLUMNS} FROM {self._calls} WHERE principal = %s AND task_id = %s", (principal, task_id)
+        )
+        return None if row is None else _record(row)
 
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         i = record.identity
@@ -331,8 +337,10 @@ class PostgresJournal:
         state: CallState | None = None,
         limit: int = 100,
         cursor: CallCursor | None = None,
+        tasks_only: bool = False,
     ) -> list[CallRecord]:
-        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="%s")
+        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor,
+                                         placeholder="%s", tasks_only=tasks_only)  # fmt: skip
         rows = await self._fetchall(
             f"SELECT {_COLUMNS} FROM {self._calls} {where} {SQL_LISTING_ORDER} LIMIT %s", (*args, max(0, limit))
         )

@@ -85,6 +85,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             EXECUTE FUNCTION {s}.notify_call_change({channel})""",
         ),
     ),
+    Migration(
+        3,
+        "MCP tasks: calls.task_id, found by (principal, task_id)",
+        (
+            "ALTER TABLE {s}.calls ADD COLUMN task_id text COLLATE \"C\"",
+            "CREATE INDEX calls_by_task ON {s}.calls (principal, task_id) WHERE task_id IS NOT NULL",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version

@@ -1,0 +1,404 @@
+"""MCP tasks on the journal: the protocol face of both generations (docs/tasks.md).
+
+A task is a journaled call (`mcp_durable/tasks.py`); this module only speaks the two wire
+dialects over the engine's `submit` / `task` / `cancel_task`:
+
+- **2025-11-25** (tasks in core, client opts in with `params.task`). The SDK validates a
+  legacy `tools/call` handler's result as a `CallToolResult`, so the `{"task": …}` answer is
+  given by a server middleware (`TaskProtocol.middleware`), which owns its result. It also adds
+  `capabilities.tasks` to `initialize` and `execution.taskSupport` to `tools/list`.
+- **2026-07-28** (extension `io.modelcontextprotocol/tasks`, server decides). The `tools/call`
+  interceptor of `TasksExtension` answers `resultType: "task"` (a shape the runner passes
+  through) when this request declares the extension and the call is task-required or has
+  not finished within the tool's `task_after`.
+- `tasks/*` methods are `MethodBinding`s of the same extension, each answering in the
+  dialect of the request's protocol version; `tasks/result` and `tasks/list` exist only in
+  2025-11-25 (-32601 on 2026-07-28), `tasks/update` only in 2026-07-28.
+- 2026-07-28 `subscriptions/listen` with `notifications.taskIds` is served by the middleware
+  too (the SDK's listen handler knows only its own event kinds): it acknowledges the caller's
+  own tasks among them and sends `notifications/tasks` (the `DetailedTask`) on every change,
+  until all of them are terminal.
+
+Security: every method looks a task up by `(principal, task id)`; another principal's task
+gets exactly the unknown-id error (-32602, same message), and `tasks/list` lists only the
+caller's own tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import anyio
+from mcp import MCPError
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension, MethodBinding
+from mcp.server.mcpserver import Context, require_client_extension
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    PaginatedRequestParams,
+    RequestParams,
+    TaskStatusNotification,
+    TaskStatusNotificationParams,
+)
+from mcp_types.jsonrpc import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from .. import limits
+from ..engine import CallOutcome
+from ..errors import DurableError, JournalError
+from ..journal import CallRecord
+from ..policy import ToolPolicy
+from ..tasks import task_view
+from . import task_wire as wire
+from .results import answer
+from .task_wire import LEGACY_CAPABILITY, RELATED_TASK, TASK_NOT_FOUND, TASKS_EXTENSION
+
+__all__ = ["RELATED_TASK", "TASK_NOT_FOUND", "TASKS_EXTENSION", "TaskProtocol", "TasksExtension"]
+
+if TYPE_CHECKING:
+    from .app import DurableServer
+
+logger = logging.getLogger(__name__)
+
+LEGACY_VERSIONS = frozenset({"2025-11-25"})
+#: `tasks/list` page size.
+LIST_PAGE = 50
+#: Sessions kept for status notifications at most (oldest dropped first).
+MAX_WATCHED = 10_000
+
+
+class TaskIdParams(RequestParams):
+    """Params of `tasks/get`, `tasks/result`, `tasks/cancel`."""
+
+    task_id: str
+
+
+class TaskUpdateParams(RequestParams):
+    """Params of `tasks/update` (2026-07-28)."""
+
+    task_id: str
+    input_responses: dict[str, Any] | None = None
+
+
+def _modern(ctx: ServerRequestContext[Any, Any]) -> bool:
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _not_found() -> MCPError:
+    return MCPError(code=INVALID_PARAMS, message=TASK_NOT_FOUND)
+
+
+def _journal_unavailable(exc: JournalError) -> MCPError:
+    # The journal's own message names paths or hosts: it goes to the server's log, not to callers.
+    logger.warning("a task request found the journal unavailable: %s", exc)
+    return MCPError(code=INTERNAL_ERROR, message="journal_unavailable: the journal cannot be used right now",
+                    data={"error": "journal_unavailable"})
+
+
+class TaskProtocol:
+    """Serves MCP tasks for one `DurableServer`, from its engine's journal."""
+
+    def __init__(self, server: DurableServer) -> None:
+        self.server = server
+        #: Legacy sessions that created a task, for `notifications/tasks/status` (best effort).
+        self._watchers: dict[tuple[str, str], Any] = {}
+        server.engine.listeners.append(self._on_change)
+
+    # -- shared -----------------------------------------------------------------------------------
+
+    def _policy(self, record: CallRecord) -> ToolPolicy | None:
+        return self.server.policies.get(record.identity.tool)
+
+    def _principal(self, ctx: ServerRequestContext[Any, Any]) -> str:
+        return self.server.principal_of(Context(request_context=ctx, mcp_server=self.server))
+
+    def task_support(self, name: object) -> str:
+        policy = self.server.policies.get(name) if isinstance(name, str) else None
+        return policy.task_support if policy is not None else "forbidden"
+
+    def any_task_tools(self) -> bool:
+        return any(p.task_support != "forbidden" for p in self.server.policies.values())
+
+    async def _find(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> CallRecord:
+        try:
+            record = await self.server.engine.task(self._principal(ctx), task_id)
+        except JournalError as exc:
+            raise _journal_unavailable(exc) from exc
+        if record is None:
+            raise _not_found()
+        return record
+
+    async def _create(self, ctx: ServerRequestContext[Any, Any], name: str, arguments: dict[str, Any]) -> CallRecord:
+        """Submit a task-creating call; refusals become JSON-RPC errors (there is no task to show them)."""
+        context = Context(request_context=ctx, mcp_server=self.server)
+        try:
+            return await self.server.submit_task(name, arguments, context)
+        except ValidationError as exc:
+            fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
+            raise MCPError(code=INVALID_PARAMS, message=f"Invalid arguments for tool {name!r}: {fields}") from None
+        except JournalError as exc:
+            raise _journal_unavailable(exc) from exc
+        except DurableError as exc:
+            data = {"error": exc.code, "message": exc.message, **exc.details()}
+            raise MCPError(code=INVALID_PARAMS, message=f"{exc.code}: {exc.message}", data=data) from None
+
+    # -- wire shapes (server/task_wire.py), with each record's tool policy ------------------------
+
+    def legacy_task(self, record: CallRecord) -> dict[str, Any]:
+        return wire.legacy_task(record, self._policy(record))
+
+    def modern_task(self, record: CallRecord, *, detailed: bool) -> dict[str, Any]:
+        return wire.modern_task(record, self._policy(record), detailed=detailed)
+
+    # -- 2025-11-25: tools/call with params.task, initialize, tools/list ----------------------------
+
+    async def middleware(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        """Server middleware: the 2025-11-25 task surface, which a handler's result cannot carry,
+        and 2026-07-28 task subscriptions."""
+        if _modern(ctx):
+            if ctx.method == "subscriptions/listen":
+                wanted = ((ctx.params or {}).get("notifications") or {}).get("taskIds")
+                if wanted is not None:
+                    return await self.listen(ctx, wanted)
+            return await call_next(ctx)
+        method = ctx.method
+        if method == "tools/call":
+            params = ctx.params or {}
+            name = params.get("name")
+            support = self.task_support(name)
+            if params.get("task") is not None and ctx.protocol_version in LEGACY_VERSIONS:
+                if support == "forbidden":
+                    raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task augmentation")
+                arguments = params.get("arguments") or {}
+                if not isinstance(arguments, dict):
+                    raise MCPError(code=INVALID_PARAMS, message="arguments must be an object")
+                assert isinstance(name, str)
+                record = await self._create(ctx, name, arguments)
+                self._watch(ctx, record)
+                return {"task": self.legacy_task(record)}
+            if support == "required":
+                raise MCPError(
+                    code=METHOD_NOT_FOUND,
+                    message=f"Tool {name!r} requires task augmentation (taskSupport: 'required')",
+                )
+            return await call_next(ctx)
+        result = await call_next(ctx)
+        if method == "initialize" and isinstance(result, dict) and self.any_task_tools():
+            capabilities = result.setdefault("capabilities", {})
+            capabilities["tasks"] = LEGACY_CAPABILITY
+        elif method == "tools/list" and isinstance(result, dict) and ctx.protocol_version in LEGACY_VERSIONS:
+            for tool in result.get("tools", ()):
+                support = self.task_support(tool.get("name"))
+                if support != "forbidden":
+                    tool["execution"] = {**tool.get("execution", {}), "taskSupport": support}
+        return result
+
+    def _watch(self, ctx: ServerRequestContext[Any, Any], record: CallRecord) -> None:
+        if record.task_id is not None and not task_view(record, self._policy(record)).terminal:
+            if len(self._watchers) >= MAX_WATCHED:  # a task that ended elsewhere never says so here
+                del self._watchers[next(iter(self._watchers))]
+            self._watchers[(record.identity.principal, record.task_id)] = ctx.session
+
+    async def _on_change(self, record: CallRecord) -> None:
+        """Engine listener: `notifications/tasks/status` to the legacy session that created the task."""
+        if record.task_id is None or not self._watchers:
+            return
+        watcher = (record.identity.principal, record.task_id)
+        session = self._watchers.get(watcher)
+        if session is None:
+            return
+        task = self.legacy_task(record)
+        if task["status"] in ("completed", "failed", "cancelled"):
+            del self._watchers[watcher]
+        notification = TaskStatusNotification(params=TaskStatusNotificationParams.model_validate(task))
+
+        async def send() -> None:
+            with anyio.move_on_after(5):
+                await session.send_notification(cast(Any, notification))
+
+        self.server.engine.spawn(send())
+
+    # -- tasks/* ----------------------------------------------------------------------------------
+
+    def _check_modern(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> None:
+        """2026-07-28: the request must declare the extension (-32021) and name the task in Mcp-Name."""
+        require_client_extension(ctx, TASKS_EXTENSION)
+        request = ctx.request
+        headers = getattr(request, "headers", None)
+        named = headers.get("mcp-name") if headers is not None else None
+        if named is not None and named != task_id:
+            raise MCPError(code=HEADER_MISMATCH, message="Mcp-Name header does not match params.taskId")
+
+    async def get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        if _modern(ctx):
+            self._check_modern(ctx, params.task_id)
+        record = await self._find(ctx, params.task_id)
+        self.server.engine.nudge_task(record, self._policy(record))
+        if _modern(ctx):
+            return self.modern_task(record, detailed=True)
+        return self.legacy_task(record)
+
+    async def result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        """2025-11-25 `tasks/result`: blocks until the task is terminal, then answers its result."""
+        while True:
+            record = await self._find(ctx, params.task_id)
+            policy = self._policy(record)
+            if task_view(record, policy).terminal:
+                return wire.legacy_payload(record, policy)
+            self.server.engine.nudge_task(record, policy)
+            await self.server.journal.wait_for_change(record.identity, 1.0)
+
+    async def list(self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> dict[str, Any]:
+        """2025-11-25 `tasks/list`: the caller's own tasks, newest first, paginated."""
+        principal = self._principal(ctx)
+        cursor = wire.decode_cursor(principal, params.cursor) if params.cursor else None
+        page = await self.server.journal.list_calls(principal=principal, tasks_only=True, limit=LIST_PAGE + 1,
+                                                    cursor=cursor)  # fmt: skip
+        now = self.server.engine.clock()
+        tasks = [self.legacy_task(r) for r in page[:LIST_PAGE] if not r.is_expired(now)]
+        out: dict[str, Any] = {"tasks": tasks}
+        if len(page) > LIST_PAGE:
+            out["nextCursor"] = wire.encode_cursor(page[LIST_PAGE - 1])
+        return out
+
+    async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        modern = _modern(ctx)
+        if modern:
+            self._check_modern(ctx, params.task_id)
+        found = await self._find(ctx, params.task_id)
+        policy = self._policy(found)
+        if not modern and task_view(found, policy).terminal:
+            status = self.legacy_task(found)["status"]
+            raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
+        retention = policy.retention if policy is not None else None
+        record, changed = await self.server.engine.cancel_task(self._principal(ctx), params.task_id, retention)
+        if record is None:
+            raise _not_found()
+        if modern:
+            return {}  # an acknowledgement; the status is what the next tasks/get shows
+        if not changed:
+            status = self.legacy_task(record)["status"]
+            raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
+        return self.legacy_task(record)
+
+    async def update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
+        """2026-07-28 `tasks/update`: durable tools never ask for input, so nothing is outstanding."""
+        self._check_modern(ctx, params.task_id)
+        await self._find(ctx, params.task_id)
+        return {}
+
+    # -- 2026-07-28: task notifications on subscriptions/listen ------------------------------------
+
+    async def listen(self, ctx: ServerRequestContext[Any, Any], wanted: object) -> dict[str, Any]:
+        """Serve a listen stream for tasks: ack the caller's own tasks among `wanted`, then send
+        `notifications/tasks` whenever one changes (read from the journal, so a change made on
+        another replica is seen too), and end the stream once every one is terminal."""
+        require_client_extension(ctx, TASKS_EXTENSION)
+        if ctx.request_id is None or not isinstance(wanted, list) or not all(isinstance(t, str) for t in wanted):
+            raise MCPError(code=INVALID_PARAMS, message="notifications.taskIds must be a list of task ids")
+        meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+        principal = self._principal(ctx)
+        records = {t: r for t in dict.fromkeys(wanted) if (r := await self.server.engine.task(principal, t))}
+        ack = wire.Notification(method="notifications/subscriptions/acknowledged",
+                            params={"notifications": {"taskIds": list(records)}, "_meta": meta})  # fmt: skip
+        await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
+        sent: dict[str, tuple[str, float]] = {}
+        while True:
+            for task_id, record in records.items():
+                state = (task_view(record, self._policy(record)).status, record.updated_at)
+                if sent.get(task_id) != state:
+                    sent[task_id] = state
+                    params = {**self.modern_task(record, detailed=True), "_meta": meta}
+                    note = wire.Notification(method="notifications/tasks", params=params)
+                    await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
+            if all(task_view(r, self._policy(r)).terminal for r in records.values()):
+                return {"resultType": "complete", "_meta": meta}  # the middleware owns the envelope
+            running = next(r for r in records.values() if not task_view(r, self._policy(r)).terminal)
+            await self.server.journal.wait_for_change(running.identity, 0.5)
+            for task_id in list(records):
+                records[task_id] = await self.server.engine.task(principal, task_id) or records[task_id]
+
+    # -- 2026-07-28: server-directed creation -----------------------------------------------------
+
+    async def intercept(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if not _modern(ctx):
+            return await call_next(ctx)
+        policy = self.server.policies.get(params.name)
+        if policy is None or policy.task_support == "forbidden":
+            return await call_next(ctx)
+        capabilities = ctx.session.client_capabilities
+        declared = capabilities is not None and TASKS_EXTENSION in (capabilities.extensions or {})
+        if not declared:
+            if policy.task_support == "required":
+                require_client_extension(ctx, TASKS_EXTENSION)  # raises -32021
+            return await call_next(ctx)
+        record = await self._create(ctx, params.name, params.arguments or {})
+        finished_before = record.state.is_final  # a repeat of a finished call: a replay
+        if policy.task_support == "optional" and policy.task_after > 0:
+            record = await self._settle(record, policy.task_after)
+        if record.state.is_final and policy.task_support == "optional":
+            # Finished within `task_after`: the plain result, as a call without tasks gets it.
+            return answer(CallOutcome(record.identity.key, None, record.result, replayed=finished_before,
+                                      first_completed_at=record.completed_at, attempt=record.attempts))  # fmt: skip
+        return {"resultType": "task", **self.modern_task(record, detailed=False)}
+
+    async def _settle(self, record: CallRecord, seconds: float) -> CallRecord:
+        """Wait up to `seconds` for the task to end; the latest record."""
+        assert record.task_id is not None
+        principal, task_id = record.identity.principal, record.task_id
+        with anyio.move_on_after(seconds):
+            while not task_view(record, self._policy(record)).terminal:
+                await self.server.journal.wait_for_change(record.identity, 0.25)
+                record = await self.server.engine.task(principal, task_id) or record
+        return record
+
+
+class TasksExtension(Extension):
+    """The `io.modelcontextprotocol/tasks` extension: `tasks/*` methods and task-creating calls."""
+
+    identifier = TASKS_EXTENSION
+
+    def __init__(self) -> None:
+        self.protocol: TaskProtocol | None = None  # bound by DurableServer once it exists
+
+    def _bound(self) -> TaskProtocol:
+        if self.protocol is None:
+            raise MCPError(code=INTERNAL_ERROR, message="tasks are not set up on this server")
+        return self.protocol
+
+    def methods(self) -> Sequence[MethodBinding]:
+        async def get(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
+            return await self._bound().get(ctx, params)
+
+        async def result(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
+            return await self._bound().result(ctx, params)
+
+        async def list_tasks(ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> HandlerResult:
+            return await self._bound().list(ctx, params)
+
+        async def cancel(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
+            return await self._bound().cancel(ctx, params)
+
+        async def update(ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> HandlerResult:
+            return await self._bound().update(ctx, params)
+
+        modern = frozenset(MODERN_PROTOCOL_VERSIONS)
+        return (
+            MethodBinding("tasks/get", TaskIdParams, get),
+            MethodBinding("tasks/cancel", TaskIdParams, cancel),
+            MethodBinding("tasks/result", TaskIdParams, result, protocol_versions=LEGACY_VERSIONS),
+            MethodBinding("tasks/list", PaginatedRequestParams, list_tasks, protocol_versions=LEGACY_VERSIONS),
+            MethodBinding("tasks/update", TaskUpdateParams, update, protocol_versions=modern),
+        )
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        return await self._bound().intercept(params, ctx, call_next)

@@ -1,0 +1,85 @@
+"""MCP tasks as journaled calls: ids, and a task's status derived from its call record. Pure.
+
+A task is not a second store beside the journal: it IS a call record with a `task_id`. Its
+status is read off the record's state, so it survives whatever the record survives (restarts,
+other replicas) and can never disagree with it:
+
+| record                                   | task status                                   |
+|------------------------------------------|-----------------------------------------------|
+| PENDING                                  | working                                       |
+| COMPLETED                                | completed                                     |
+| FAILED (the tool's deliberate error)     | completed with an error result (see below)    |
+| IN_DOUBT, policy retry / reconcile       | working (it is resumed)                       |
+| IN_DOUBT, policy refuse, parked, or its  | failed (`in_doubt`)                           |
+|   reconcile hook could not tell          |                                               |
+| RELEASED by `tasks/cancel`               | cancelled                                     |
+| RELEASED otherwise (exception, operator) | failed                                        |
+
+The two protocol generations disagree on a tool's `isError` result: 2025-11-25 calls the task
+`failed`, 2026-07-28 `completed` (with `result.isError`). `TaskView.is_error_result` carries
+the difference; the MCP face picks the word.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Literal
+
+from .journal.model import CallRecord, CallState
+from .policy import ToolPolicy
+
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+
+#: The `error` of a record released by `tasks/cancel`: what marks a RELEASED record cancelled.
+CANCELLED_REASON = "cancelled by the task's requestor"
+#: How the `error` of an in-doubt record whose reconcile hook raised begins: it is refused (as a
+#: plain call is) until an operator resolves it, so its task is failed, not resumed again.
+RECONCILE_FAILED = "reconcile failed"
+
+
+def new_task_id() -> str:
+    """An unguessable task id: 192 random bits, URL-safe (32 characters)."""
+    return secrets.token_urlsafe(24)
+
+
+def is_cancelled(record: CallRecord) -> bool:
+    return record.state == CallState.RELEASED and record.error == CANCELLED_REASON
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """A task as the journal shows it: its status, why, and whether its result is an error result."""
+
+    status: TaskStatus
+    message: str | None
+    is_error_result: bool = False  # a FAILED record: the tool's own isError result
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+
+def task_view(record: CallRecord, policy: ToolPolicy | None) -> TaskView:
+    """The status of the task `record` is. `policy` is its tool's (None: the tool is gone)."""
+    state = record.state
+    if state == CallState.PENDING:
+        return TaskView("working", None)
+    if state == CallState.COMPLETED:
+        return TaskView("completed", None)
+    if state == CallState.FAILED:
+        return TaskView("completed", "the tool returned an error result", is_error_result=True)
+    if state == CallState.IN_DOUBT:
+        parked = policy is None or record.attempts >= policy.max_attempts
+        hook_failed = (record.error or "").startswith(RECONCILE_FAILED)
+        if parked or hook_failed or policy is None or policy.in_doubt_policy == "refuse":
+            return TaskView("failed", "in_doubt: the server stopped inside this call; an operator must resolve it")
+        return TaskView("working", "resuming after the server that ran it stopped")
+    if is_cancelled(record):
+        return TaskView("cancelled", "cancelled")
+    return TaskView("failed", record.error or "the call was released without a result")
+
+
+def in_doubt_refused(record: CallRecord, policy: ToolPolicy | None) -> bool:
+    """Whether an in-doubt task will not be resumed (refuse, parked, or its tool gone)."""
+    return record.state == CallState.IN_DOUBT and task_view(record, policy).status == "failed"
