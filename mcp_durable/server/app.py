@@ -31,6 +31,7 @@ from ..errors import DurableError, JournalError
 from ..journal import Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
+from . import prevalidated
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
 from .results import answer, dump_result, refusal
@@ -169,6 +170,9 @@ class DurableServer(MCPServer[Any]):
         tool_name = name or fn.__name__
         if policy is not None:
             self.policies[tool_name] = policy
+            tool = self._tool_manager.get_tool(tool_name)
+            if tool is not None:
+                prevalidated.install(tool)  # the face validates; the SDK need not again
         else:
             self.policies.pop(tool_name, None)
 
@@ -210,6 +214,7 @@ class DurableServer(MCPServer[Any]):
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         validated = model.model_dump(mode="json", by_alias=True)
+        as_called = model.model_dump_one_level()  # what the SDK hands the function (`prevalidated`)
         try:
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
@@ -218,6 +223,7 @@ class DurableServer(MCPServer[Any]):
         key_hint: str | None = None
 
         async def run(call: DurableCall | None) -> ToolOutcome:
+            token = prevalidated.validated_as(arguments, as_called)
             try:
                 result = await MCPServer.call_tool(self, name, arguments, context)
             except UnexpectedToolError as exc:
@@ -226,6 +232,8 @@ class DurableServer(MCPServer[Any]):
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+            finally:
+                prevalidated.done(token)
             if isinstance(result, InputRequiredResult):
                 # Interim (multi-round) answers are never journaled as the call's result.
                 return ToolOutcome(result, b"", is_error=False, final=False)
