@@ -30,6 +30,8 @@ CASES: dict[str, tuple[str, str]] = {
     "4": ("recovery", "recovery"),
     "5": ("streamable HTTP", "http"),
     "6": ("bytes on disk", "disk"),
+    "7": ("peers side by side", "peers"),
+    "8": ("capacity of one Postgres", "capacity"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

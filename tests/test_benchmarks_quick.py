@@ -24,5 +24,5 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
     assert done.returncode == 0, f"stdout:\n{done.stdout[-6000:]}\nstderr:\n{done.stderr[-6000:]}"
     text = report.read_text()
     for heading in ("## Machine", "1. Sequential latency", "2. Throughput", "3. Journal appends",
-                    "4. Recovery", "5. Streamable HTTP", "6. Bytes on disk", "Targets"):  # fmt: skip
+                    "4. Recovery", "5. Streamable HTTP", "6. Bytes on disk", "7. Peers side by side", "Targets"):  # fmt: skip
         assert heading in text, f"the report lacks {heading!r}"
