@@ -42,7 +42,10 @@ import anyio
 from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
-from .common import CaseResult, Settings, Table, Target, median, postgres_available, postgres_url, rate, ratio, us
+from .common import (
+    CaseResult, Settings, Table, Target, file_journal_available, median, postgres_available, postgres_url, rate, ratio,
+    us,
+)  # fmt: skip
 from .servers import TOOL, plain_server
 from .throughput import _burst
 from .timing import check_result, timed_calls
@@ -201,8 +204,11 @@ async def run(settings: Settings) -> CaseResult:
                             Variant(f"mcp-durable, {backend}", durable_peer(journal)),
                             Variant(f"DBOS, {backend}", dbos_peer())]  # fmt: skip
                 variants += [Variant(name, powertools_peer(port)) for name, port in redis_variants]
+                if backend == "sqlite" and file_journal_available():  # the embedded default, for reference
+                    variants.append(Variant("mcp-durable, file (the default)",
+                                            durable_peer(f"file://{settings.workdir}/peers-{uuid.uuid4().hex[:8]}")))
                 await _measure_phase(settings, variants)
-                for variant in variants[1:3]:
+                for variant in variants:
                     closer = getattr(variant.server, "aclose", None)
                     if closer is not None:
                         await closer()

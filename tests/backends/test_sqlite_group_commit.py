@@ -155,3 +155,21 @@ async def test_calls_after_close_are_refused_with_journal_unavailable(tmp_path: 
     await journal.aclose()
     with pytest.raises(JournalError):
         await journal.claim(pending("k"), T0)
+
+
+async def test_a_claim_that_finds_a_record_writes_nothing(tmp_path: Path) -> None:
+    # The engine claims without reading first on SQLite (`claim_reads`): a repeat must cost what
+    # a read does, no WAL frame (and so no sync).
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    try:
+        assert journal.claim_reads
+        won, first = await journal.claim(pending("k"), T0)
+        assert won
+        wal = tmp_path / "j.db-wal"
+        size = wal.stat().st_size
+        for owner in "BCDE":
+            assert await journal.claim(pending("k", owner), T0) == (False, first)
+        assert wal.stat().st_size == size
+    finally:
+        await journal.aclose()
