@@ -20,35 +20,26 @@ import os
 import random
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from mcp_durable.journal import CallState, create_journal
+from tests.crash.kill import kill_when_ready
 from tests.crash.sqlite_caller import claim_of, done_of, identity, renewed_lease
 
 TRIALS = int(os.environ.get("MCP_DURABLE_TRIALS", "12"))
-ROOT = Path(__file__).resolve().parents[2]
 CALLERS = 32
 
 
 def run_caller(url: str, start: int, delay: float) -> tuple[dict[str, set[int]], int]:
     """Start a caller process, SIGKILL it `delay` s after it is ready; its acks and exit code."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.crash.sqlite_caller", url, str(start), str(CALLERS)],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    assert child.stdout is not None
-    first = child.stdout.readline()
-    assert first == b"ready\n", (first, child.stderr.read() if child.stderr else b"")
-    time.sleep(delay)
-    child.send_signal(signal.SIGKILL)
-    out, _ = child.communicate(timeout=60)
+    out, code = kill_when_ready("tests.crash.sqlite_caller", [url, str(start), str(CALLERS)], delay)
     acks: dict[str, set[int]] = {"claimed": set(), "renewed": set(), "done": set()}
-    for line in out.decode().splitlines():
+    for line in out.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[0] in acks and parts[1].isdigit():  # a line cut by the kill is no ack
             acks[parts[0]].add(int(parts[1]))
-    return acks, child.returncode
+    return acks, code
 
 
 async def test_a_batch_killed_mid_commit_loses_no_acknowledged_call_and_half_writes_none(tmp_path: Path) -> None:
