@@ -124,7 +124,7 @@ class Engine:
         self.clock = clock
         self.instance_id = instance_id or f"{uuid.uuid4().hex[:12]}"
         self.leases = LeaseKeeper(journal, self.instance_id, clock)
-        #: The journal's claim answers a repeat as cheaply as a read (Postgres): no read before it.
+        #: The journal's claim answers a repeat as cheaply as a read (SQLite, Postgres): no read before it.
         self._claim_reads = bool(getattr(journal, "claim_reads", False))
         self.listeners: list[ChangeListener] = []
         #: Recently seen COMPLETED / FAILED records (see `_remember`), answering repeats without a read.
