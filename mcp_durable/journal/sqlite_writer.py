@@ -28,6 +28,7 @@ lock is needed. Results reach the loop with one `call_soon_threadsafe` per batch
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import sqlite3
 import threading
@@ -46,7 +47,8 @@ MAX_BATCH = 512
 class _Op(Generic[T]):
     __slots__ = ("body", "write", "future", "result", "error")
 
-    def __init__(self, body: Callable[[sqlite3.Connection], T], write: bool, future: asyncio.Future[T]) -> None:
+    def __init__(self, body: Callable[[sqlite3.Connection], T], write: bool,
+                 future: asyncio.Future[T] | concurrent.futures.Future[T]) -> None:  # fmt: skip
         self.body = body
         self.write = write
         self.future = future
@@ -110,7 +112,13 @@ class SQLiteWriter:
     async def _submit(self, body: Callable[[sqlite3.Connection], T], *, write: bool) -> T:
         if self._thread is None:
             raise sqlite3.ProgrammingError("the journal's connection is closed")
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): wait for the op in a worker thread instead
+            waited: concurrent.futures.Future[T] = concurrent.futures.Future()
+            self._queue.put(_Op(body, write, waited))
+            return await anyio.to_thread.run_sync(waited.result)  # not cancellable either
+        future: asyncio.Future[T] = loop.create_future()
         self._queue.put(_Op(body, write, future))
         # Not cancellable once queued, as a call to a worker thread is not: the op runs (and its
         # batch commits) whatever the caller does, so its caller must learn how it ended.
@@ -219,7 +227,10 @@ def _deliver(ops: list[_Op[Any]]) -> None:
     """Hand each op's outcome to its event loop: one wake-up per loop per batch."""
     loops: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
     for op in ops:
-        loops.setdefault(op.future.get_loop(), []).append(op)
+        if isinstance(op.future, concurrent.futures.Future):
+            _settle([op])  # a thread waits on it (not asyncio): thread-safe to settle from here
+        else:
+            loops.setdefault(op.future.get_loop(), []).append(op)
     for loop, mine in loops.items():
         try:
             loop.call_soon_threadsafe(_settle, mine)
