@@ -22,7 +22,11 @@ Atomicity per call, as with one transaction per call:
   transaction (SQLite does that on SQLITE_FULL, SQLITE_IOERR, …).
 
 The thread is the only user of the connection, so the event loop never blocks on disk and no
-lock is needed. Results reach the loop with one `call_soon_threadsafe` per batch.
+lock is needed. Ops submitted during one turn of the event loop are handed to the thread
+together at the next turn (one queue put): handed over one by one, the first op of a burst woke
+the idle thread and went alone, and at 64 concurrent MCP calls batches held ~8 writes instead
+of ~60 (CPU per call, fsync's kernel time included, 544 -> 337 µs). Results reach the loop with
+one `call_soon_threadsafe` per batch.
 """
 
 from __future__ import annotations
@@ -69,7 +73,10 @@ class SQLiteWriter:
     def __init__(self, connect: Callable[[], sqlite3.Connection], name: str) -> None:
         self._connect = connect
         self._name = name
-        self._queue: queue.SimpleQueue[_Op[Any] | object] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Op[Any] | list[_Op[Any]] | object] = queue.SimpleQueue()
+        # Ops submitted during one turn of the event loop, handed to the thread together at the
+        # next turn (one queue put, one batch): see `_submit`.
+        self._gathered: list[_Op[Any]] = []
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
         #: Batches committed and writes in them since start (for tests and the benchmark notes).
@@ -97,6 +104,7 @@ class SQLiteWriter:
         thread, self._thread = self._thread, None
         if thread is None:
             return
+        self._hand_over()  # ops gathered in this turn go before the stop (nothing can join after)
         self._queue.put(_STOP)
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(thread.join)
@@ -119,12 +127,22 @@ class SQLiteWriter:
             self._queue.put(_Op(body, write, waited))
             return await anyio.to_thread.run_sync(waited.result)  # not cancellable either
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_Op(body, write, future))
+        # Gathered, not queued at once: every task that runs in this turn of the loop adds its op,
+        # and the next turn hands them all over together. Queued one by one, the first op of a
+        # burst woke the idle thread and went alone, the rest waiting for the next batch.
+        if not self._gathered:
+            loop.call_soon(self._hand_over)
+        self._gathered.append(_Op(body, write, future))
         # Not cancellable once queued, as a call to a worker thread is not: the op runs (and its
         # batch commits) whatever the caller does, so its caller must learn how it ended.
         with anyio.CancelScope(shield=True):
             result = await future
         return result
+
+    def _hand_over(self) -> None:
+        gathered, self._gathered = self._gathered, []
+        if gathered:
+            self._queue.put(gathered)
 
     def _open(self, _: object) -> None:
         self._conn = self._connect()
@@ -143,9 +161,13 @@ class SQLiteWriter:
                 if item is _STOP:
                     stopping = True
                     break
-                assert isinstance(item, _Op)
-                ops.append(item)
-                writes += item.write
+                if isinstance(item, list):
+                    ops.extend(item)
+                    writes += sum(op.write for op in item)
+                else:
+                    assert isinstance(item, _Op)
+                    ops.append(item)
+                    writes += item.write
                 if writes >= MAX_BATCH:
                     break
                 try:
@@ -162,9 +184,10 @@ class SQLiteWriter:
                 item = get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, _Op):
-                item.error = sqlite3.ProgrammingError("the journal's connection is closed")
-                _deliver([item])
+            late = item if isinstance(item, list) else [item] if isinstance(item, _Op) else []
+            for op in late:
+                op.error = sqlite3.ProgrammingError("the journal's connection is closed")
+            _deliver(late)
 
     def _run_batch(self, ops: list[_Op[Any]]) -> None:
         conn = self._conn

@@ -173,3 +173,30 @@ async def test_a_claim_that_finds_a_record_writes_nothing(tmp_path: Path) -> Non
         assert wal.stat().st_size == size
     finally:
         await journal.aclose()
+
+
+async def test_calls_made_as_the_journal_closes_are_answered_never_left_waiting(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    outcomes: dict[int, object] = {}
+
+    async def claim(i: int) -> None:
+        try:
+            outcomes[i] = await journal.claim(pending(f"k{i}"), T0)
+        except JournalError as exc:
+            outcomes[i] = exc
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            for i in range(20):
+                group.start_soon(claim, i)
+            group.start_soon(journal.aclose)  # in the same turn as the claims: gathered, not sent
+    assert len(outcomes) == 20
+    reopened = SQLiteJournal(tmp_path / "j.db")
+    await reopened.open()
+    try:
+        for i, outcome in outcomes.items():
+            if isinstance(outcome, tuple):  # answered as claimed: it is there
+                assert await reopened.get(pending(f"k{i}").identity) is not None
+    finally:
+        await reopened.aclose()
