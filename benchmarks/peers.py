@@ -110,12 +110,17 @@ async def _measure_phase(settings: Settings, variants: list[Variant]) -> None:
             clients[variant.name] = (client.call_tool, counter)
         live = [v for v in variants if v.failure is None]
         for round_number in range(rounds):
-            order = list(live)
+            # Misses and replays are separate cells in a new (seeded) order each round, as in
+            # case 1: a replay right after a run of misses would pay their idle-CPU penalty
+            # (performance.md) every time.
+            order = [(variant, kind) for variant in live for kind in ("miss", "replay")]
             random.Random(round_number).shuffle(order)
-            for variant in order:
+            for variant, kind in order:
                 call, counter = clients[variant.name]
-                variant.miss.extend(await timed_calls(call, lambda: {"n": next(counter)}, per_round))
-                variant.replay.extend(await timed_calls(call, lambda: {"n": 0}, per_round))
+                if kind == "miss":
+                    variant.miss.extend(await timed_calls(call, lambda: {"n": next(counter)}, per_round))
+                else:
+                    variant.replay.extend(await timed_calls(call, lambda: {"n": 0}, per_round))
         for _ in range(reps):
             for variant in live:
                 if variant.failure is not None:
@@ -267,8 +272,8 @@ def _figures_table(phases: dict[str, list[Variant]]) -> Table:
                       ratio(throughput / p_rate) if variant.rates else "–")  # fmt: skip
     table.notes.append(
         "per phase, every system measured side by side: latency in interleaved rounds (5 misses and 5 replays per "
-        "system per round, medians), then misses per second with 64 concurrent callers (medians of the "
-        "repetitions). A miss is a new key; a replay repeats one key. Every store syncs each write except the "
+        "system per round, each a cell of its own in a new order every round; medians), then misses per second "
+        "with 64 concurrent callers (medians of the repetitions). A miss is a new key; a replay repeats one key. Every store syncs each write except the "
         "Redis 'as configured here' (the machine's shared Redis, shown as Powertools is usually deployed)."
     )
     return table

@@ -214,7 +214,6 @@ class DurableServer(MCPServer[Any]):
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         validated = model.model_dump(mode="json", by_alias=True)
-        as_called = model.model_dump_one_level()  # what the SDK hands the function (`prevalidated`)
         try:
             canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
         except limits.LimitExceeded as exc:
@@ -223,7 +222,8 @@ class DurableServer(MCPServer[Any]):
         key_hint: str | None = None
 
         async def run(call: DurableCall | None) -> ToolOutcome:
-            token = prevalidated.validated_as(arguments, as_called)
+            # What the SDK hands the function (`prevalidated`); made only when the tool runs.
+            token = prevalidated.validated_as(arguments, model.model_dump_one_level())
             try:
                 result = await MCPServer.call_tool(self, name, arguments, context)
             except UnexpectedToolError as exc:

@@ -106,13 +106,14 @@ async def test_a_record_the_database_refuses_fails_alone_not_its_batch(journal: 
 
     async with anyio.create_task_group() as group:
         for i, record in enumerate(records):
-            # Postgres text cannot hold NUL: this one row is refused.
-            error = "bad\x00reason" if i == 3 else None
+            # Postgres text cannot hold NUL (row 3), JSON cannot carry a lone surrogate (row 6):
+            # those rows are refused, and only those.
+            error = {3: "bad\x00reason", 6: "bad\udc80reason"}.get(i)
             group.start_soon(swap, i, record.evolve(state=CallState.RELEASED, error=error))
-    assert isinstance(outcomes.pop(3), JournalError)
+    assert isinstance(outcomes.pop(3), JournalError) and isinstance(outcomes.pop(6), JournalError)
     assert all(outcome is True for outcome in outcomes.values())
-    unchanged = await journal.get(records[3].identity)
-    assert unchanged == records[3]
+    assert await journal.get(records[3].identity) == records[3]
+    assert await journal.get(records[6].identity) == records[6]
 
 
 async def test_the_engine_sends_no_read_before_a_claim(journal: PostgresJournal) -> None:

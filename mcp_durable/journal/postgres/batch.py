@@ -6,9 +6,9 @@ lets every task that is ready run once (their items join), waits for a free slot
 and runs `run_batch(items)` — one multi-row statement, one round trip, one commit — and hands
 each caller its own result (or exception). Items arriving meanwhile open the next batch.
 
-    claim A ─┐                                              ┌─▶ A: won
-    claim B ─┼─ batch ─▶ INSERT … SELECT … FROM unnest(…) ──┼─▶ B: lost to the stored record
-    claim C ─┘           ON CONFLICT DO NOTHING RETURNING …  └─▶ C: won
+    claim A ─┐                                                        ┌─▶ A: won
+    claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
+    claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
 
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
