@@ -32,6 +32,8 @@ CASES: dict[str, tuple[str, str]] = {
     "6": ("bytes on disk", "disk"),
     "7": ("proxy", "proxy"),
     "8": ("MCP tasks", "tasks"),
+    "9": ("peers side by side", "peers"),
+    "10": ("capacity of one Postgres", "capacity"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

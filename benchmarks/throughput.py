@@ -25,7 +25,8 @@ from .timing import check_result, fresh_arguments
 
 CONCURRENCY = (1, 16, 64, 256)
 TARGET_CONCURRENCY = 64
-TARGET_RATIO = 0.7
+#: The bar of each journal's miss throughput at `TARGET_CONCURRENCY` callers, against plain.
+TARGET_RATIOS = {"memory": 0.85, "file": 0.70, "sqlite": 0.40, "postgres": 0.50}
 
 
 async def _burst(call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], callers: int,
@@ -112,16 +113,15 @@ async def run(settings: Settings) -> CaseResult:
         table.add(callers, rate(all_plain), *[rate(r) for r in durable],
                   *[ratio(r / plain_of(callers, n)) for r, n in zip(durable, names, strict=True)])  # fmt: skip
     result.tables.append(table)
-    # The bar is the file journal's (the embedded default); SQLite and Postgres are reported
-    # beside it in the table above, as the benchmarks issue asks, not judged against it.
+    # Every journal has its bar (issue 15): memory measures the engine's own cost, the others
+    # add their storage (group commit on file and SQLite, batched statements on Postgres).
     for name in names:
-        if name != "file":
-            continue
+        bar = TARGET_RATIOS[name]
         plain_rate = plain_of(TARGET_CONCURRENCY, name)
         r = median(rates[(TARGET_CONCURRENCY, name)]) / plain_rate
         result.targets.append(Target(
-            f"Miss throughput at {TARGET_CONCURRENCY} callers ≥ {TARGET_RATIO}× plain [{name}]",
-            f"≥ {TARGET_RATIO:.2f}x", f"{ratio(r)} ({rate(median(rates[(TARGET_CONCURRENCY, name)]))} "
-            f"vs {rate(plain_rate)})", r >= TARGET_RATIO,
+            f"Miss throughput at {TARGET_CONCURRENCY} callers ≥ {bar}× plain [{name}]",
+            f"≥ {bar:.2f}x", f"{ratio(r)} ({rate(median(rates[(TARGET_CONCURRENCY, name)]))} "
+            f"vs {rate(plain_rate)})", r >= bar,
         ))  # fmt: skip
     return result

@@ -11,8 +11,12 @@ exclusive lock on `PATH.lock` (held until `aclose()` or the process dies, so a S
 it), a second writer gets `JournalLockedError`, and the engine marks PENDING records of a
 previous boot IN_DOUBT at start without waiting for their lease.
 
-The connection is used from one worker thread at a time (an anyio lock serialises calls), so
-the event loop never blocks on disk.
+Group commit: one thread owns the connection (`SQLiteWriter`); concurrent claims, swaps,
+renewals and appends of this process are committed together, one transaction (one fsync) per
+batch, each call in its own SAVEPOINT so it succeeds or fails alone, and nobody is answered
+before their batch's COMMIT returned. A batch that cannot commit fails every call in it with
+`JournalError` (`journal_unavailable`) and leaves nothing of it behind. The event loop never
+blocks on disk.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
-import anyio
-import anyio.to_thread
 import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
@@ -36,6 +38,7 @@ from .base import (
 )  # fmt: skip
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
+from .sqlite_writer import SQLiteWriter
 
 T = TypeVar("T")
 
@@ -120,8 +123,7 @@ class SQLiteJournal:
         self._synchronous = synchronous.upper()
         self._poll_interval = poll_interval
         self._busy_timeout = busy_timeout
-        self._conn: sqlite3.Connection | None = None
-        self._lock = anyio.Lock()
+        self._writer: SQLiteWriter | None = None
         self._signals = ChangeSignals()
         self.recovery: RecoveryReport | None = None
 
@@ -150,9 +152,7 @@ class SQLiteJournal:
                 os.chmod(path, 0o600)
             except OSError:
                 pass  # absent, or read-only: SQLite itself says what is wrong, if anything
-        conn = sqlite3.connect(
-            self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False
-        )
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
@@ -168,49 +168,48 @@ class SQLiteJournal:
             pass
         return conn
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        async with self._lock:
-            if self._conn is None:
-                raise JournalError(f"journal {self.url} is not open")
-            conn = self._conn
-            try:
-                return await anyio.to_thread.run_sync(fn, conn)
-            except (sqlite3.Error, OSError) as exc:  # the driver's and the files' faults alike
-                raise JournalError(f"sqlite journal {self.path}: {exc}") from exc
+    def _live_writer(self) -> SQLiteWriter:
+        if self._writer is None:
+            raise JournalError(f"journal {self.url} is not open")
+        return self._writer
 
-    @staticmethod
-    def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection], T]) -> T:
-        conn.execute("BEGIN IMMEDIATE")
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(conn)` as a read, outside any transaction."""
         try:
-            result = body(conn)
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-        return result
+            return await self._live_writer().read(fn)
+        except (sqlite3.Error, OSError) as exc:  # the driver's and the files' faults alike
+            raise JournalError(f"sqlite journal {self.path}: {exc}") from exc
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """`fn(conn)` in the next group-committed transaction, in a savepoint of its own."""
+        try:
+            return await self._live_writer().write(fn)
+        except (sqlite3.Error, OSError) as exc:  # the driver's and the files' faults alike
+            raise JournalError(f"sqlite journal {self.path}: {exc}") from exc
 
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def open(self) -> None:
-        if self._conn is not None:
+        if self._writer is not None:
             return
         started = time.perf_counter()
         if self.single_writer and self._lock_fd is None:
             self._lock_fd = self._take_writer_lock()
+        writer = SQLiteWriter(self._connect, str(self.path))
         try:
-            self._conn = await anyio.to_thread.run_sync(self._connect)
-        except sqlite3.Error as exc:
+            await writer.start()
+        except (sqlite3.Error, OSError) as exc:
             raise JournalError(f"cannot open sqlite journal {self.path}: {exc}") from exc
+        self._writer = writer
         self.recovery = RecoveryReport("sqlite", time.perf_counter() - started)
 
     async def aclose(self) -> None:
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await anyio.to_thread.run_sync(conn.close)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)  # closing the descriptor releases the flock
-                self._lock_fd = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.stop()  # what is queued is committed (or failed) first
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
         self._signals.notify_all()
 
     def _take_writer_lock(self) -> int:
@@ -229,6 +228,13 @@ class SQLiteJournal:
 
     # -- call records -----------------------------------------------------------------------------
 
+    #: A claim answers a repeat as a read would: a transaction that changes nothing writes no WAL
+    #: frame and syncs nothing. So the engine claims at once instead of reading first, and a
+    #: miss is two trips to the writer thread instead of three (measured: ~40 µs of CPU less per
+    #: miss at 64 callers). A repeat rides in the next batch, so under load it may wait for that
+    #: batch's sync; repeats of a completed call are mostly answered from the engine's memory.
+    claim_reads = True
+
     async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:
         identity = record.identity
 
@@ -244,7 +250,7 @@ class SQLiteJournal:
             conn.execute(f"INSERT OR REPLACE INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
             return True, record
 
-        won, result = await self._run(lambda conn: self._write(conn, body))
+        won, result = await self._write(body)
         if won:
             self._signals.notify(identity)
         return won, result
@@ -278,7 +284,7 @@ class SQLiteJournal:
             )
             return cursor.rowcount == 1
 
-        swapped = await self._run(lambda conn: self._write(conn, body))
+        swapped = await self._write(body)
         if swapped:
             self._signals.notify(i)
         return swapped
@@ -291,7 +297,7 @@ class SQLiteJournal:
             )
             return cursor.rowcount == 1
 
-        return await self._run(lambda conn: self._write(conn, body))
+        return await self._write(body)
 
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         # Another process's change is seen by the caller's re-read after at most one poll interval.
@@ -317,7 +323,7 @@ class SQLiteJournal:
         def body(conn: sqlite3.Connection) -> int:
             return conn.execute("DELETE FROM calls WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)).rowcount
 
-        return await self._run(lambda conn: self._write(conn, body))
+        return await self._write(body)
 
     async def stats(self) -> JournalStats:
         def read(conn: sqlite3.Connection) -> JournalStats:
@@ -343,7 +349,7 @@ class SQLiteJournal:
             assert cursor.lastrowid is not None
             return cursor.lastrowid
 
-        seq = await self._run(lambda conn: self._write(conn, body))
+        seq = await self._write(body)
         return JournalEntry(process_id, entry_type, data, ts, seq)
 
     async def entries(

@@ -33,6 +33,7 @@ from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
+from . import prevalidated
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
@@ -209,6 +210,9 @@ class DurableServer(MCPServer[Any]):
                 raise
             _warn_if_interactive_undeclared(tool_name, policy, fn)
             self.policies[tool_name] = policy
+            tool = self._tool_manager.get_tool(tool_name)
+            if tool is not None:
+                prevalidated.install(tool)  # the face validates; the SDK need not again
         else:
             self.policies.pop(tool_name, None)
 
@@ -262,16 +266,16 @@ class DurableServer(MCPServer[Any]):
                     return self.refuse(name, exc.__cause__)
                 raise
         try:
-            validated, canonical = self._validated(tool, name, arguments)
+            model, validated, canonical = self._validated(tool, name, arguments)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         except DurableError as exc:
             return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
-        run = self._runner(name, arguments, context, policy)
+        run = self._runner(name, arguments, context, policy, model)
         return await self.run_durable(name, policy, validated, canonical, context, run, _encoder(tool))
 
-    def _validated(self, tool: Tool, name: str, arguments: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
-        """The validated arguments and their canonical JSON.
+    def _validated(self, tool: Tool, name: str, arguments: dict[str, Any]) -> tuple[Any, dict[str, Any], bytes]:
+        """The arguments' validated model, its JSON form and that form's canonical JSON.
 
         Validated first: a call with bad arguments is refused before any claim, so a corrected
         retry with the same key still runs (validation errors are not saved). Raises
@@ -285,14 +289,26 @@ class DurableServer(MCPServer[Any]):
         model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
         limits.check_argument_values(name, model, None)
         validated: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
-        return validated, limits.checked_arguments(name, validated, self.max_argument_bytes)
+        return model, validated, limits.checked_arguments(name, validated, self.max_argument_bytes)
 
     def _runner(
-        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None, policy: ToolPolicy
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        context: Context[Any, Any] | None,
+        policy: ToolPolicy,
+        model: Any = None,
     ) -> Runner:
-        """The engine's `run` for one call of tool `name`: runs it and encodes what it produced."""
+        """The engine's `run` for one call of tool `name`: runs it and encodes what it produced.
+
+        `model` is the face's validation of `arguments` (`_validated`): the SDK takes it instead
+        of validating again (`prevalidated`). Without it (a task resumed from the journal) the
+        SDK validates as usual.
+        """
 
         async def run(call: DurableCall | None) -> ToolOutcome:
+            # What the SDK hands the function (`prevalidated`); made only when the tool runs.
+            token = None if model is None else prevalidated.validated_as(arguments, model.model_dump_one_level())
             try:
                 result = await MCPServer.call_tool(self, name, arguments, context)
             except UnexpectedToolError as exc:
@@ -301,6 +317,9 @@ class DurableServer(MCPServer[Any]):
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+            finally:
+                if token is not None:
+                    prevalidated.done(token)
             return self.tool_outcome(name, policy, result)
 
         return run
@@ -375,10 +394,10 @@ class DurableServer(MCPServer[Any]):
         policy = self.policies[name]
         tool = self._tool_manager.get_tool(name)
         assert tool is not None
-        validated, canonical = self._validated(tool, name, arguments)
+        model, validated, canonical = self._validated(tool, name, arguments)
         return await self.engine.submit(
             tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
-            run=self._runner(name, arguments, None, policy), encode=_encoder(tool),
+            run=self._runner(name, arguments, None, policy, model), encode=_encoder(tool),
             principal=self.principal_of(context), canonical=canonical,
         )  # fmt: skip
 

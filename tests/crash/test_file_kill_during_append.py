@@ -15,36 +15,27 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from mcp_durable.journal import create_journal
 from mcp_durable.journal.file import verify
 from tests.crash.file_writer import PROCESS, entry_data
+from tests.crash.kill import kill_when_ready
 
 TRIALS = int(os.environ.get("MCP_DURABLE_TRIALS", "12"))
-ROOT = Path(__file__).resolve().parents[2]
 WRITERS = 4
 
 
 def run_writer(url: str, start: int, delay: float) -> tuple[list[tuple[int, int]], int]:
     """Start a writer, SIGKILL it `delay` seconds after it is ready; its acks and its exit code."""
-    child = subprocess.Popen([sys.executable, "-m", "tests.crash.file_writer", url, str(start), str(WRITERS)],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    assert child.stdout is not None
-    first = child.stdout.readline()
-    assert first == b"ready\n", (first, child.stderr.read() if child.stderr else b"")
-    time.sleep(delay)
-    child.send_signal(signal.SIGKILL)
-    out, err = child.communicate(timeout=60)
+    out, code = kill_when_ready("tests.crash.file_writer", [url, str(start), str(WRITERS)], delay)
     acks: list[tuple[int, int]] = []
-    for line in out.decode().splitlines():
+    for line in out.splitlines():
         parts = line.split()
         if len(parts) == 3 and parts[0] == "ack":  # a line cut by the kill is not an ack
             acks.append((int(parts[1]), int(parts[2])))
-    return acks, child.returncode
+    return acks, code
 
 
 async def test_every_acknowledged_entry_survives_sigkill_and_the_next_append_is_never_lost(tmp_path: Path) -> None:

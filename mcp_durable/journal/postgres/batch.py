@@ -1,0 +1,98 @@
+"""Batching for the Postgres journal: calls of one kind that arrive together share a statement.
+
+`Batcher.submit(item)` adds the item to the open batch. The first item's caller leads it: it
+lets every task that is ready run once (their items join), waits for a free slot (at most
+`slots` batches of this kind in flight; while it waits, more items join), then closes the batch
+and runs `run_batch(items)` — one multi-row statement, one round trip, one commit — and hands
+each caller its own result (or exception). Items arriving meanwhile open the next batch.
+
+    claim A ─┐                                                        ┌─▶ A: won
+    claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
+    claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
+
+Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
+and nobody is answered before the statement's transaction committed. A statement that fails
+fails every item of its batch with the same exception.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+I = TypeVar("I")  # noqa: E741 - an item
+O = TypeVar("O")  # noqa: E741 - its outcome
+
+
+class _Batch(Generic[I, O]):
+    __slots__ = ("items", "futures", "closed")
+
+    def __init__(self) -> None:
+        self.items: list[I] = []
+        self.futures: list[asyncio.Future[O]] = []
+        self.closed = False
+
+
+class Batcher(Generic[I, O]):
+    """Gathers concurrent items into batches run by `run_batch` (see the module docstring).
+
+    `run_batch(items)` returns one outcome per item, in order: a value, or an exception to raise
+    in that item's caller. At most `max_items` items share a batch.
+    """
+
+    def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
+                 max_items: int = 256) -> None:  # fmt: skip
+        self._run_batch = run_batch
+        self._slots = anyio.Semaphore(slots)
+        self._max_items = max_items
+        self._open: _Batch[I, O] | None = None
+        #: Batches run and items in them (for tests and measurements: items / batches = batch size).
+        self.batches = 0
+        self.items = 0
+
+    async def submit(self, item: I) -> O:
+        batch = self._open
+        if batch is None or batch.closed:
+            batch = self._open = _Batch()
+        future: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+        batch.items.append(item)
+        batch.futures.append(future)
+        if len(batch.items) >= self._max_items:
+            self._close(batch)
+        # Shielded, as a call to the database is not abandoned half-way: once an item is in a
+        # batch, its caller learns how the statement ended.
+        with anyio.CancelScope(shield=True):
+            if len(batch.futures) == 1:
+                await self._lead(batch)
+            result = await future
+        return result
+
+    def _close(self, batch: _Batch[I, O]) -> None:
+        batch.closed = True
+        if self._open is batch:
+            self._open = None
+
+    async def _lead(self, batch: _Batch[I, O]) -> None:
+        # Every task that is ready now runs once first: their items join this batch.
+        await anyio.lowlevel.checkpoint()
+        async with self._slots:
+            self._close(batch)
+            self.batches += 1
+            self.items += len(batch.items)
+            try:
+                outcomes: Sequence[O | BaseException] = await self._run_batch(batch.items)
+                if len(outcomes) != len(batch.items):
+                    raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")
+            except BaseException as exc:  # noqa: BLE001 - every item of the batch fails with it
+                outcomes = [exc] * len(batch.items)
+            for future, outcome in zip(batch.futures, outcomes, strict=True):
+                if future.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)

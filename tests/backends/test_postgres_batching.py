@@ -1,0 +1,135 @@
+"""The Postgres journal's batching: concurrent claims, swaps and reads share statements, and each
+call is still decided on its own row (the real database, a schema per test)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from mcp_durable import ToolPolicy
+from mcp_durable.engine import Engine, ToolOutcome
+from mcp_durable.errors import JournalError
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
+from mcp_durable.journal.postgres import PostgresJournal
+from tests.conftest import scratch_postgres_url
+
+pytestmark = pytest.mark.postgres
+
+T0 = 1_700_000_000.0
+
+
+def pending(key: str, owner: str = "A", created: float = T0) -> CallRecord:
+    return CallRecord(
+        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
+        run_id=f"run-{key}", attempts=1, created_at=created, updated_at=created, owner=owner,
+        lease_until=created + 30, arguments=b'{"a":1}',
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def journal() -> AsyncIterator[PostgresJournal]:
+    journal = create_journal(scratch_postgres_url("batch"))
+    assert isinstance(journal, PostgresJournal)
+    await journal.open()
+    try:
+        yield journal
+    finally:
+        await journal.aclose()
+
+
+async def test_concurrent_claims_share_statements_and_each_is_decided_on_its_row(journal: PostgresJournal) -> None:
+    # One identity already claimed, one expired (a new claim replaces it), one contested by 8.
+    _, taken = await journal.claim(pending("taken", owner="old"), T0)
+    _, stale = await journal.claim(pending("stale", owner="old"), T0)
+    assert await journal.swap(1, stale.evolve(state=CallState.COMPLETED, result=b"{}", expires_at=T0 + 1))
+    statements = journal._claims.batches
+    results: dict[str, tuple[bool, CallRecord]] = {}
+
+    async def claim(name: str, record: CallRecord) -> None:
+        results[name] = await journal.claim(record, T0 + 5)
+
+    async with anyio.create_task_group() as group:
+        for i in range(48):
+            group.start_soon(claim, f"fresh{i}", pending(f"k{i}", created=T0 + 5))
+        for i in range(8):
+            group.start_soon(claim, f"contest{i}", pending("contested", owner=f"B{i}", created=T0 + 5))
+        group.start_soon(claim, "taken", pending("taken", owner="new", created=T0 + 5))
+        group.start_soon(claim, "stale", pending("stale", owner="new", created=T0 + 5))
+    assert journal._claims.batches - statements < 58 / 4  # shared: far fewer statements than claims
+    assert all(results[f"fresh{i}"] == (True, pending(f"k{i}", created=T0 + 5)) for i in range(48))
+    contest = [results[f"contest{i}"] for i in range(8)]
+    winners = [record.owner for won, record in contest if won]
+    assert len(winners) == 1 and all(record.owner == winners[0] for _, record in contest)
+    assert results["taken"] == (False, taken)
+    assert results["stale"][0] and results["stale"][1].owner == "new"
+    for key, owner in (("contested", winners[0]), ("stale", "new"), ("taken", "old"), ("k7", "A")):
+        stored = await journal.get(CallIdentity("local", "refund", key))
+        assert stored is not None and stored.owner == owner
+
+
+async def test_concurrent_swaps_are_compare_and_set_per_row(journal: PostgresJournal) -> None:
+    records = [(await journal.claim(pending(f"k{i}"), T0))[1] for i in range(20)]
+    outcomes: dict[str, bool] = {}
+
+    async def swap(name: str, expected: int, record: CallRecord) -> None:
+        outcomes[name] = await journal.swap(expected, record)
+
+    statements = journal._swaps.batches
+    async with anyio.create_task_group() as group:
+        for i, record in enumerate(records[:18]):
+            group.start_soon(swap, f"done{i}", 1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+        group.start_soon(swap, "stale-version", 7, records[18].evolve(state=CallState.RELEASED))
+        # Two swaps of one record from the same version: exactly one moves it.
+        group.start_soon(swap, "twin-a", 1, records[19].evolve(state=CallState.COMPLETED, result=b"a"))
+        group.start_soon(swap, "twin-b", 1, records[19].evolve(state=CallState.RELEASED))
+    assert journal._swaps.batches - statements < 10
+    assert all(outcomes[f"done{i}"] for i in range(18)) and not outcomes["stale-version"]
+    assert outcomes["twin-a"] != outcomes["twin-b"]
+    twin = await journal.get(records[19].identity)
+    assert twin is not None and twin.version == 2
+    assert twin.state == (CallState.COMPLETED if outcomes["twin-a"] else CallState.RELEASED)
+    stored = await journal.get(records[18].identity)
+    assert stored == records[18]
+
+
+async def test_a_record_the_database_refuses_fails_alone_not_its_batch(journal: PostgresJournal) -> None:
+    records = [(await journal.claim(pending(f"k{i}"), T0))[1] for i in range(10)]
+    outcomes: dict[int, object] = {}
+
+    async def swap(i: int, record: CallRecord) -> None:
+        try:
+            outcomes[i] = await journal.swap(1, record)
+        except JournalError as exc:
+            outcomes[i] = exc
+
+    async with anyio.create_task_group() as group:
+        for i, record in enumerate(records):
+            # Postgres text cannot hold NUL (row 3), JSON cannot carry a lone surrogate (row 6):
+            # those rows are refused, and only those.
+            error = {3: "bad\x00reason", 6: "bad\udc80reason"}.get(i)
+            group.start_soon(swap, i, record.evolve(state=CallState.RELEASED, error=error))
+    assert isinstance(outcomes.pop(3), JournalError) and isinstance(outcomes.pop(6), JournalError)
+    assert all(outcome is True for outcome in outcomes.values())
+    assert await journal.get(records[3].identity) == records[3]
+    assert await journal.get(records[6].identity) == records[6]
+
+
+async def test_the_engine_sends_no_read_before_a_claim(journal: PostgresJournal) -> None:
+    engine = Engine(journal)
+    await engine.start()
+    policy = ToolPolicy(idempotent=True)
+    runs = 0
+
+    async def run(call: object) -> ToolOutcome:
+        nonlocal runs
+        runs += 1
+        return ToolOutcome("ok", b'{"content":[]}', False)
+
+    reads = journal._gets.items
+    first = await engine.execute(tool="refund", policy=policy, arguments={"n": 1}, meta=None, run=run)
+    engine._finals.clear()  # answer the repeat from the journal, not from the engine's memory
+    again = await engine.execute(tool="refund", policy=policy, arguments={"n": 1}, meta=None, run=run)
+    assert runs == 1 and not first.replayed and again.replayed and again.payload == first.payload
+    assert journal._gets.items == reads  # the miss and the repeat were each answered by the claim

@@ -1,0 +1,202 @@
+"""The SQLite journal's group commit: many calls per transaction, each call still atomic alone.
+
+Real SQLite files throughout; the other process is a real second connection holding the write
+lock, as another server process on the same database would.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+
+from mcp_durable.errors import JournalError
+from mcp_durable.journal import CallIdentity, CallRecord, CallState
+from mcp_durable.journal.sqlite import SQLiteJournal
+
+T0 = 1_700_000_000.0
+
+
+def pending(key: str, owner: str = "A") -> CallRecord:
+    return CallRecord(
+        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
+        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner=owner, lease_until=T0 + 30,
+        arguments=b'{"a":1}',
+    )  # fmt: skip
+
+
+async def test_concurrent_claims_and_completions_share_transactions(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    try:
+        assert journal._writer is not None
+        before = journal._writer.batches
+
+        async def call(i: int) -> None:
+            won, record = await journal.claim(pending(f"k{i}"), T0)
+            assert won
+            done = record.evolve(state=CallState.COMPLETED, result=b"{}", owner=None, lease_until=None)
+            assert await journal.swap(1, done)
+
+        async with anyio.create_task_group() as group:
+            for i in range(64):
+                group.start_soon(call, i)
+        batches = journal._writer.batches - before
+        # 128 writes; one transaction each would be 128 commits (and 128 fsyncs).
+        assert batches < 64, batches
+        for i in range(64):
+            stored = await journal.get(CallIdentity("local", "refund", f"k{i}"))
+            assert stored is not None and stored.state == CallState.COMPLETED and stored.version == 2
+    finally:
+        await journal.aclose()
+
+
+async def test_one_failing_call_in_a_batch_leaves_the_others_committed(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    writer = journal._writer
+    assert writer is not None
+
+    def breaks_after_writing(conn: sqlite3.Connection) -> None:
+        # Writes, then fails: its savepoint must take its row away again, and only its row.
+        conn.execute("INSERT INTO meta VALUES ('half', 'written')")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', 'duplicate')")  # primary key: IntegrityError
+
+    outcomes: dict[str, object] = {}
+
+    async def claim(key: str) -> None:
+        outcomes[key] = await journal.claim(pending(key), T0)
+
+    async def broken() -> None:
+        try:
+            await writer.write(breaks_after_writing)
+        except sqlite3.IntegrityError as exc:
+            outcomes["broken"] = exc
+
+    try:
+        batches = writer.batches
+        async with anyio.create_task_group() as group:
+            group.start_soon(claim, "a")
+            group.start_soon(broken)
+            group.start_soon(claim, "b")
+        assert writer.batches == batches + 1  # the three went in one transaction
+        assert isinstance(outcomes["broken"], sqlite3.IntegrityError)
+        assert outcomes["a"] == (True, pending("a")) and outcomes["b"] == (True, pending("b"))
+        assert await journal.get(CallIdentity("local", "refund", "a")) == pending("a")
+        assert await journal.get(CallIdentity("local", "refund", "b")) == pending("b")
+        half = await journal._run(lambda conn: conn.execute("SELECT value FROM meta WHERE name='half'").fetchone())
+        assert half is None
+    finally:
+        await journal.aclose()
+
+
+async def test_of_two_claims_of_one_identity_in_a_batch_the_loser_sees_the_winner(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    try:
+        assert journal._writer is not None
+        batches = journal._writer.batches
+        results: dict[str, tuple[bool, CallRecord]] = {}
+
+        async def claim(owner: str) -> None:
+            results[owner] = await journal.claim(pending("same", owner), T0)
+
+        async with anyio.create_task_group() as group:
+            for owner in "ABCD":
+                group.start_soon(claim, owner)
+        assert journal._writer.batches == batches + 1
+        winners = [owner for owner, (won, _) in results.items() if won]
+        assert len(winners) == 1
+        assert all(record.owner == winners[0] for _, record in results.values())
+    finally:
+        await journal.aclose()
+
+
+async def test_a_batch_that_cannot_commit_fails_every_call_and_writes_none(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    journal = SQLiteJournal(path, busy_timeout=0.3)
+    await journal.open()
+    other = sqlite3.connect(path, isolation_level=None)  # another process's connection
+    try:
+        won, first = await journal.claim(pending("first"), T0)
+        assert won
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock past our busy timeout
+        errors: list[BaseException] = []
+
+        async def call(coro_fn, *args) -> None:  # type: ignore[no-untyped-def]
+            try:
+                await coro_fn(*args)
+            except JournalError as exc:
+                errors.append(exc)
+
+        done = first.evolve(state=CallState.COMPLETED, result=b"{}")
+        async with anyio.create_task_group() as group:
+            for i in range(5):
+                group.start_soon(call, journal.claim, pending(f"k{i}"), T0)
+            group.start_soon(call, journal.swap, 1, done)
+            group.start_soon(call, journal.renew, first.identity, "A", T0 + 99)
+        assert len(errors) == 7 and all(e.code == "journal_unavailable" for e in errors)  # type: ignore[attr-defined]
+        other.execute("ROLLBACK")
+        for i in range(5):
+            assert await journal.get(CallIdentity("local", "refund", f"k{i}")) is None
+        assert await journal.get(first.identity) == first  # neither swapped nor renewed
+        # The journal works again once the lock is free.
+        assert (await journal.claim(pending("k0"), T0))[0]
+    finally:
+        other.close()
+        await journal.aclose()
+
+
+async def test_calls_after_close_are_refused_with_journal_unavailable(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    await journal.aclose()
+    with pytest.raises(JournalError):
+        await journal.claim(pending("k"), T0)
+
+
+async def test_a_claim_that_finds_a_record_writes_nothing(tmp_path: Path) -> None:
+    # The engine claims without reading first on SQLite (`claim_reads`): a repeat must cost what
+    # a read does, no WAL frame (and so no sync).
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    try:
+        assert journal.claim_reads
+        won, first = await journal.claim(pending("k"), T0)
+        assert won
+        wal = tmp_path / "j.db-wal"
+        size = wal.stat().st_size
+        for owner in "BCDE":
+            assert await journal.claim(pending("k", owner), T0) == (False, first)
+        assert wal.stat().st_size == size
+    finally:
+        await journal.aclose()
+
+
+async def test_calls_made_as_the_journal_closes_are_answered_never_left_waiting(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    outcomes: dict[int, object] = {}
+
+    async def claim(i: int) -> None:
+        try:
+            outcomes[i] = await journal.claim(pending(f"k{i}"), T0)
+        except JournalError as exc:
+            outcomes[i] = exc
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as group:
+            for i in range(20):
+                group.start_soon(claim, i)
+            group.start_soon(journal.aclose)  # in the same turn as the claims: gathered, not sent
+    assert len(outcomes) == 20
+    reopened = SQLiteJournal(tmp_path / "j.db")
+    await reopened.open()
+    try:
+        for i, outcome in outcomes.items():
+            if isinstance(outcome, tuple):  # answered as claimed: it is there
+                assert await reopened.get(pending(f"k{i}").identity) is not None
+    finally:
+        await reopened.aclose()
