@@ -32,6 +32,7 @@ import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter
+from .fsync import make_dirs
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 T = TypeVar("T")
@@ -128,7 +129,10 @@ class SQLiteJournal:
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The directory's entry made durable first: SQLite fsyncs the directory it creates its
+        # journal files in, never the one above, so a power loss could take a new directory,
+        # and every commit in it, away.
+        make_dirs(self.path.parent, 0o700)
         # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
         # same arguments and results) the database file's mode, not 0600.
         for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
