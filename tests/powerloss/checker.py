@@ -51,7 +51,23 @@ def journal_exists(kind: str, root: Path) -> bool:
     path = journal_path(kind, root)
     if kind == "sqlite":
         return path.is_file() and path.stat().st_size > 0
-    return path.is_dir() and any(p.name == "MANIFEST" or p.name.startswith("seg-") for p in path.iterdir())
+    # Empty segments without a manifest are a creation cut short, which opens as a new journal.
+    return path.is_dir() and any(p.name == "MANIFEST" or (p.name.startswith("seg-") and p.stat().st_size)
+                                 for p in path.iterdir())  # fmt: skip
+
+
+def sqlite_schema_exists(path: Path) -> bool:
+    """Whether the database holds the journal's tables (else its creation was cut short)."""
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(path)  # on a copy: reading through the WAL may checkpoint it
+        try:
+            return conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'calls'").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True  # unreadable: a damaged journal, which verify must report
 
 
 def run_verify(url: str) -> dict[str, Any]:
@@ -82,6 +98,9 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
         copy = root.with_name(root.name + "-verify")
         shutil.copytree(root, copy)
         report["verify_before"] = run_verify(journal_url(kind, copy))
+        shutil.rmtree(copy)
+        shutil.copytree(root, copy)
+        report["exists"] = report["exists"] and sqlite_schema_exists(journal_path(kind, copy))
         shutil.rmtree(copy)
     else:
         report["verify_before"] = run_verify(url)
