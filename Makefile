@@ -7,7 +7,7 @@ PORT ?= 8000
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench bench-quick crash-trials clean
+.PHONY: run test bench bench-quick crash-trials powerloss clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks --quick
+
+# The power-loss harness's long run (docs/crash-results.md): 1,000 cut points per journal. Needs strace.
+powerloss: $(STAMP)
+	$(BIN)/python -m tests.powerloss --cuts 1000
 
 clean:
 	rm -rf $(VENV) .mcp-durable .pytest_cache

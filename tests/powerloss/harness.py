@@ -48,6 +48,7 @@ class Options:
     variants: int = 2  # states per cut point: durable-only, then seeded samples
     timeout: float = 60.0  # per state: longer is a hang
     skip_fsync: str | None = None  # the broken build: passed to the workload only
+    synchronous: str | None = None  # SQLite: record with ?synchronous=… instead of the default FULL
     #: Check exactly the cut points this picks from (events, windows) instead (regression tests).
     select: Callable[[list[Event], list[str]], list[int]] | None = None
     workdir: Path | None = None
@@ -102,6 +103,8 @@ def record(options: Options, workdir: Path) -> tuple[Path, Path, Path]:
         env[SKIP_FSYNC_ENV] = options.skip_fsync
     argv = [sys.executable, "-m", "tests.powerloss.workload", options.kind, str(root), str(markers),
             "--calls", str(options.calls), "--seed", str(options.seed)]  # fmt: skip
+    if options.synchronous:
+        argv += ["--synchronous", options.synchronous]
     done = run_traced(argv, log, timeout=600, env=env, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"the workload failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")

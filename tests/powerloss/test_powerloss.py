@@ -49,6 +49,13 @@ def test_the_harness_catches_a_build_without_one_fsync(skip: str) -> None:
     assert "lost_ack" in kinds or "refused" in kinds, kinds
 
 
+def test_the_harness_catches_sqlite_without_a_sync_per_commit() -> None:
+    """The same for SQLite, by configuration: `?synchronous=NORMAL` in WAL mode does not sync the
+    WAL at each commit, so committed (acknowledged) transactions are lost by a power cut."""
+    summary = run(Options("sqlite", cuts=40, calls=20, variants=2, seed=5, synchronous="NORMAL"))
+    assert "lost_ack" in {v.kind for v in summary.violations}
+
+
 # -- regressions: each defect the harness found, at the cut point that showed it ---------------------
 
 

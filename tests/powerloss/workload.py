@@ -58,7 +58,7 @@ def journal_path(kind: str, root: Path) -> Path:
     return root / "journal" if kind == "file" else root / "journal" / "journal.db"
 
 
-def make_journal(kind: str, root: Path) -> Journal:
+def make_journal(kind: str, root: Path, synchronous: str | None = None) -> Journal:
     if kind == "file":
         from mcp_durable.journal.file import FileJournal
         from mcp_durable.journal.file import journal as file_journal
@@ -68,7 +68,8 @@ def make_journal(kind: str, root: Path) -> Journal:
         return FileJournal(journal_path(kind, root), segment_bytes=SEGMENT_BYTES)
     from mcp_durable.journal.sqlite import SQLiteJournal
 
-    return SQLiteJournal.from_url(f"sqlite:///{journal_path(kind, root)}")
+    query = f"?synchronous={synchronous}" if synchronous else ""  # the default (FULL) unless told
+    return SQLiteJournal.from_url(f"sqlite:///{journal_path(kind, root)}{query}")
 
 
 def result_for(key: str, size: int) -> bytes:
@@ -77,8 +78,10 @@ def result_for(key: str, size: int) -> bytes:
 
 
 class Workload:
-    def __init__(self, kind: str, root: Path, markers: Path, calls: int, seed: int) -> None:
+    def __init__(self, kind: str, root: Path, markers: Path, calls: int, seed: int,
+                 synchronous: str | None = None) -> None:  # fmt: skip
         self.kind = kind
+        self.synchronous = synchronous
         self.root = root
         self.rng = random.Random(seed)
         self.calls = calls
@@ -151,7 +154,7 @@ class Workload:
         half = self.calls // 2
         n = 0
         for boot in range(2):
-            journal = make_journal(self.kind, self.root)
+            journal = make_journal(self.kind, self.root, self.synchronous)
             engine = Engine(journal, clock=self.clock)
             self.mark(m="window", name="restart", phase="end" if boot else "open")
             await engine.start()
@@ -177,8 +180,9 @@ def main() -> None:
     parser.add_argument("markers", type=Path)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--synchronous", help="SQLite: the URL's synchronous= (default: the journal's FULL)")
     args = parser.parse_args()
-    anyio.run(Workload(args.kind, args.root, args.markers, args.calls, args.seed).run)
+    anyio.run(Workload(args.kind, args.root, args.markers, args.calls, args.seed, args.synchronous).run)
 
 
 if __name__ == "__main__":
