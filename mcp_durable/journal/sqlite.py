@@ -148,8 +148,14 @@ class SQLiteJournal:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        conn.executescript(_SCHEMA)
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        # One transaction: a power loss leaves the whole schema or none of it (statement by
+        # statement, it could leave `calls` without `entries`, which `journal verify` rejects).
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
+                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")  # fmt: skip
+        except BaseException:
+            conn.close()  # rolls the transaction back
+            raise
         try:
             os.chmod(self.path, 0o600)
         except OSError:
