@@ -186,6 +186,10 @@ class Expected:
         elif kind == "claimed":
             ident = (marker["principal"], marker["tool"], marker["key"])
             self.claims[ident] = [*ident, marker["tool"] == "temp"]
+            if ident in self.acks and self.acks[ident][5]:
+                # Its retention ended and a repeat claimed the key afresh: the old result is gone by
+                # design (the new claim, and its result once acknowledged, are what must survive).
+                del self.acks[ident]
         elif kind == "step":
             self.steps[(marker["process_id"], marker["index"])] = [marker["process_id"], marker["index"],
                                                                    marker["result"]]  # fmt: skip
