@@ -4,7 +4,7 @@
 JSON line per request on stdout, so one process checks many states (the harness kills it and
 starts another if a state makes it hang). A request:
 
-    {"kind": "file"|"sqlite", "root": DIR, "acks": [[principal, tool, key, payload, failed, expires]],
+    {"kind": "file"|"sqlite", "root": DIR, "acks": [[principal, tool, key, payload, failed, expires, at]],
      "claims": [[principal, tool, key, expires]], "steps": [[process_id, index, result]]}
 
 For each state, in order:
@@ -130,12 +130,14 @@ async def boot(request: dict[str, Any], report: dict[str, Any]) -> None:
     report["orphans_in_doubt"] = engine.orphans_found
     lost_acks, lost_claims, lost_steps = [], [], []
     try:
-        for principal, tool, key, payload, failed, expires in request["acks"]:
+        for principal, tool, key, payload, failed, expires, at in request["acks"]:
             record = await journal.get(CallIdentity(principal, tool, key))
             if record is None:
                 if not expires:
                     lost_acks.append([tool, key, "absent"])
                 continue
+            if expires and record.created_at > at:
+                continue  # its retention ended and the key was claimed afresh (workload clock)
             want = CallState.FAILED.value if failed else CallState.COMPLETED.value
             if record.state.value != want:
                 lost_acks.append([tool, key, f"state {record.state.value}, acknowledged {want}"])

@@ -182,7 +182,7 @@ class Expected:
         kind = marker.get("m")
         if kind == "ack":
             ident = (marker["principal"], marker["tool"], marker["key"])
-            self.acks[ident] = [*ident, marker["payload"], marker["failed"], marker["expires"]]
+            self.acks[ident] = [*ident, marker["payload"], marker["failed"], marker["expires"], marker["at"]]
         elif kind == "claimed":
             ident = (marker["principal"], marker["tool"], marker["key"])
             self.claims[ident] = [*ident, marker["tool"] == "temp"]

@@ -125,7 +125,7 @@ class Workload:
             return
         assert outcome.payload is not None
         self.mark(m="ack", principal=principal, tool=tool, key=key, payload=outcome.payload.decode(),
-                  failed=tool == "decline", expires=tool == "temp")  # fmt: skip
+                  failed=tool == "decline", expires=tool == "temp", at=self.clock())  # fmt: skip
         self.done.append((principal, tool, key))
 
     async def batch(self, engine: Engine, first: int, count: int) -> None:
