@@ -55,9 +55,13 @@ def make_dirs(path: Path, mode: int) -> None:
             d.mkdir(mode=mode)
         except FileExistsError:
             pass
-        fsync_dir(d.parent)
+        _sync_parent(d)
     if not missing:
-        try:
-            fsync_dir(path.parent)
-        except PermissionError:
-            pass  # a parent we may not read was made by someone else, who made it durable
+        _sync_parent(path)
+
+
+def _sync_parent(path: Path) -> None:
+    try:
+        fsync_dir(path.parent)
+    except PermissionError:
+        pass  # a parent we may write but not read (mode -wx): nothing more can be done from here

@@ -44,11 +44,11 @@ class Model:
     def __init__(self, root: Path) -> None:
         self.root = str(root)
         self.inodes: dict[int, Inode] = {}
-        self.root_inode = self._new(is_dir=True)
+        self.root_inode = self.new_inode(is_dir=True)
         self.fds: dict[int, int] = {}  # descriptor -> inode (one traced process)
         self.offsets: dict[int, int] = {}
 
-    def _new(self, *, is_dir: bool) -> int:
+    def new_inode(self, *, is_dir: bool) -> int:
         number = len(self.inodes) + 1
         self.inodes[number] = Inode(number, is_dir)
         return number

@@ -115,7 +115,7 @@ class Translator:
             if parent is None or O_CREAT not in flags:
                 model.fds.pop(fd, None)
                 return
-            inode = model._new(is_dir=False)
+            inode = model.new_inode(is_dir=False)
             created = True
         model.fds[fd] = inode
         model.offsets[fd] = 0
@@ -144,7 +144,7 @@ class Translator:
         parent = self.model.parent_of(parts)
         if parent is None:
             return
-        inode = self.model._new(is_dir=True)
+        inode = self.model.new_inode(is_dir=True)
         self.model.link(parent, parts[-1], inode)
         self._event(f"mkdir {path}")
 
