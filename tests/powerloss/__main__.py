@@ -13,16 +13,17 @@ import time
 from .harness import Options, Summary, run
 
 HEADER = ("| journal | events recorded | cut points | states checked | by window | opened / refused | "
-          "repaired at open | acks checked | claims checked | steps checked | lost acks | lost claims | "
-          "other violations | time |")  # fmt: skip
+          "repaired at open | acks checked | claims checked | steps checked | states with a violation | lost acks | "
+          "lost claims | other violations | time |")  # fmt: skip
 
 
 def row(s: Summary) -> str:
     windows = ", ".join(f"{name} {n}" for name, n in sorted(s.cuts_by_window.items()))
     other = len(s.violations) - s.count("lost_ack") - s.count("lost_claim")
+    bad = len({(v.cut, v.variant) for v in s.violations})
     return (f"| {s.kind} | {s.events} | {len(s.cuts)} | {s.states} | {windows} | "
             f"{s.outcomes['opened']} / {s.outcomes['refused']} | {s.recovered_with_repairs} | {s.acks_checked} | "
-            f"{s.claims_checked} | {s.steps_checked} | **{s.count('lost_ack')}** | **{s.count('lost_claim')}** | "
+            f"{s.claims_checked} | {s.steps_checked} | {bad} | **{s.count('lost_ack')}** | **{s.count('lost_claim')}** | "
             f"{other} | {s.seconds_recording + s.seconds_checking:.0f} s |")  # fmt: skip
 
 

@@ -9,7 +9,7 @@ configure it):
   the claim is RELEASED), `temp` (5 s retention, expired and purged by the compactions);
 - repeats of earlier keys (replayed from the journal);
 - the file journal with 8 KiB segments (rotation every few calls), a snapshot every 60
-  frames and on close, `compact()` twice; SQLite with its own checkpoints (at close and on
+  frames and on close, `compact()` twice while calls go on; SQLite with its own checkpoints (at close and on
   its default autocheckpoint) and `purge_expired` where the file journal compacts;
 - a restart in the middle (engine and journal closed and opened again: recovery, orphan
   cleanup, the snapshot written on close).
@@ -166,7 +166,12 @@ class Workload:
                 if n % 50 < count:
                     await self.snapshot(journal)
                 if n % (self.calls // 3 or 1) < count:
-                    await self.maintain(engine, journal)
+                    # Calls keep coming while the journal compacts (records change during the copy).
+                    more = min(4, stop - n)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self.maintain, engine, journal)
+                        tg.start_soon(self.batch, engine, n, more)
+                    n += more
             if boot == 0:
                 self.mark(m="window", name="restart", phase="begin")
             await engine.aclose()
