@@ -34,6 +34,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--calls", type=int, default=200, help="durable calls in the recorded workload")
     parser.add_argument("--variants", type=int, default=2, help="crash states per cut point")
+    parser.add_argument("--restarts", type=int, default=10,
+                        help="crash states that start a second recorded run, cut again (power lost during recovery)")
+    parser.add_argument("--restart-cuts", type=int, default=50, help="cut points in each second run")
     parser.add_argument("--skip-fsync", choices=("dir", "data"), help="record the deliberately broken build")
     parser.add_argument("--synchronous", help="SQLite: record with ?synchronous=NORMAL|OFF (default FULL)")
     args = parser.parse_args()
@@ -48,7 +51,8 @@ def main() -> int:
                 print(f"  {s.kind}: {s.states} states, {len(s.violations)} violations", file=sys.stderr)
 
         summaries.append(run(Options(kind, cuts=args.cuts, seed=args.seed, calls=args.calls, variants=args.variants,
-                                     skip_fsync=args.skip_fsync, synchronous=args.synchronous), progress))  # fmt: skip
+                                     skip_fsync=args.skip_fsync, synchronous=args.synchronous, restarts=args.restarts,
+                                     restart_cuts=args.restart_cuts), progress))  # fmt: skip
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))
     for s in summaries:

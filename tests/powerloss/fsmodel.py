@@ -48,6 +48,18 @@ class Model:
         self.fds: dict[int, int] = {}  # descriptor -> inode (one traced process)
         self.offsets: dict[int, int] = {}
 
+    def load_tree(self, path: Path, node: int | None = None) -> None:
+        """Take the files under `path` as durable (the start of a second recording)."""
+        node = self.root_inode if node is None else node
+        for child in sorted(path.iterdir()):
+            number = self.new_inode(is_dir=child.is_dir())
+            d = self.inodes[node]
+            d.entries[child.name] = d.durable_entries[child.name] = number
+            if child.is_dir():
+                self.load_tree(child, number)
+            else:
+                self.inodes[number].durable = bytearray(child.read_bytes())
+
     def new_inode(self, *, is_dir: bool) -> int:
         number = len(self.inodes) + 1
         self.inodes[number] = Inode(number, is_dir)

@@ -51,6 +51,8 @@ class Options:
     synchronous: str | None = None  # SQLite: record with ?synchronous=… instead of the default FULL
     #: Check exactly the cut points this picks from (events, windows) instead (regression tests).
     select: Callable[[list[Event], list[str]], list[int]] | None = None
+    restarts: int = 0  # crash states that start a second recorded run (power lost during recovery)
+    restart_cuts: int = 50  # cut points in each second run
     workdir: Path | None = None
 
 
@@ -94,15 +96,17 @@ class Summary:
 # -- recording -----------------------------------------------------------------------------------
 
 
-def record(options: Options, workdir: Path) -> tuple[Path, Path, Path]:
-    """Run the workload under strace; returns (log, root, markers)."""
+def record(options: Options, workdir: Path, *, first_key: int = 0, existing: bool = False) -> tuple[Path, Path, Path]:
+    """Run the workload under strace; returns (log, root, markers). `existing`: `workdir/root`
+    already holds a journal (a crash state), which the workload's first boot recovers."""
     root, markers, log = workdir / "root", workdir / "markers.jsonl", workdir / "strace.log"
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=existing)
     env = {k: v for k, v in os.environ.items() if k != SKIP_FSYNC_ENV}
     if options.skip_fsync:
         env[SKIP_FSYNC_ENV] = options.skip_fsync
     argv = [sys.executable, "-m", "tests.powerloss.workload", options.kind, str(root), str(markers),
-            "--calls", str(options.calls), "--seed", str(options.seed)]  # fmt: skip
+            "--calls", str(options.calls if not existing else max(10, options.calls // 4)),
+            "--seed", str(options.seed + first_key), "--first-key", str(first_key)]  # fmt: skip
     if options.synchronous:
         argv += ["--synchronous", options.synchronous]
     done = run_traced(argv, log, timeout=600, env=env, cwd=REPO)
@@ -193,6 +197,9 @@ class Expected:
         elif kind == "step":
             self.steps[(marker["process_id"], marker["index"])] = [marker["process_id"], marker["index"],
                                                                    marker["result"]]  # fmt: skip
+
+    def copy(self) -> Expected:
+        return Expected(dict(self.acks), dict(self.claims), dict(self.steps))
 
     def request(self, kind: str, root: Path) -> dict[str, Any]:
         return {"kind": kind, "root": str(root), "acks": list(self.acks.values()),
@@ -285,7 +292,14 @@ def judge(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def run(options: Options, progress: Any = None) -> Summary:
-    """Record, cut, check; returns the summary (violations included)."""
+    """Record, cut, check; returns the summary (violations included).
+
+    With `options.restarts`, some crash states (half of them ones recovery had to repair) are
+    also the start of a second recorded run: the next boot recovers them (cutting torn tails,
+    deleting orphans, marking orphaned claims in doubt) and goes on working, and that run is cut
+    too — power lost again during or after recovery — with everything acknowledged before the
+    first cut still expected.
+    """
     summary = Summary(options.kind)
     base = options.workdir or Path(tempfile.mkdtemp(prefix=f"powerloss-{options.kind}-"))
     states_dir = Path(tempfile.mkdtemp(prefix="states-", dir=_fast_tmp()))
@@ -295,53 +309,91 @@ def run(options: Options, progress: Any = None) -> Summary:
         log, root, markers = record(options, base / "recording")
         summary.seconds_recording = time.perf_counter() - began
         began = time.perf_counter()
-        # The events are listed once to plan the cuts, then replayed with the model.
-        events = [ev for ev, _ in events_with_states(parse(log), root, markers)]
-        summary.events = len(events)
-        names = windows(events, options.kind)
-        if options.select is not None:
-            cuts = sorted(set(options.select(events, names)))
-        else:
-            cuts = plan_cuts(names, options.cuts, options.seed)
-        summary.cuts = cuts
-        wanted = set(cuts)
-        expected = Expected()
-        for ev, model in events_with_states(parse(log), root, markers):
-            if ev.marker is not None:
-                expected.add(ev.marker)
-            cut = ev.index + 1
-            if cut not in wanted:
-                continue
-            summary.cuts_by_window[names[ev.index]] += 1
-            for variant in range(options.variants):
-                rng = None if variant == 0 else random.Random(f"{options.seed}/{cut}/{variant}")
-                state = states_dir / f"c{cut}v{variant}"
-                crash_model = model.crash_state(state, rng)
-                request = expected.request(options.kind, state)
-                report = checker.check(request)
-                summary.states += 1
-                summary.outcomes[str(report.get("outcome"))] += 1
-                summary.recovered_with_repairs += bool(report.get("problems"))
-                summary.orphans_in_doubt += int(report.get("orphans_in_doubt", 0) or 0)
-                if report.get("outcome") == "opened":
-                    summary.acks_checked += len(expected.acks)
-                    summary.claims_checked += len(expected.claims)
-                    summary.steps_checked += len(expected.steps)
-                for kind, detail in judge(report):
-                    summary.violations.append(
-                        Violation(cut, variant, kind, detail, ev.label, names[ev.index], crash_model))
-                shutil.rmtree(state, ignore_errors=True)
-                shutil.rmtree(state.with_name(state.name + "-verify"), ignore_errors=True)
-            if progress is not None:
-                progress(summary)
-        summary.calls_acknowledged = len(expected.acks)
-        summary.seconds_checking = time.perf_counter() - began
+        starts = _check_recording(options, summary, checker, states_dir, log, root, markers, Expected(),
+                                  generation=1, progress=progress)  # fmt: skip
+        recording_again = 0.0
+        for i, (start, expected) in enumerate(starts):
+            workdir = base / f"restart-{i}"
+            workdir.mkdir()
+            shutil.copytree(start, workdir / "root")
+            shutil.copytree(start, workdir / "start")  # kept with the recording (debugging)
+            began_recording = time.perf_counter()
+            log2, root2, markers2 = record(options, workdir, first_key=100_000 * (i + 1), existing=True)
+            recording_again += time.perf_counter() - began_recording
+            _check_recording(options, summary, checker, states_dir, log2, root2, markers2, expected, generation=2,
+                             progress=progress, initial=start)  # fmt: skip
+        summary.seconds_checking = time.perf_counter() - began - recording_again
+        summary.seconds_recording += recording_again
     finally:
         checker.close()
         shutil.rmtree(states_dir, ignore_errors=True)
         if options.workdir is None:
             shutil.rmtree(base, ignore_errors=True)
     return summary
+
+
+def _check_recording(options: Options, summary: Summary, checker: Checker, states_dir: Path, log: Path, root: Path,
+                     markers: Path, expected: Expected, *, generation: int, progress: Any,
+                     initial: Path | None = None) -> list[tuple[Path, Expected]]:  # fmt: skip
+    """Cut one recording and check its states; returns the starts kept for a second generation.
+
+    `initial`: the crash state a second generation's recording started from (its durable start)."""
+    existing = initial is not None
+    # The events are listed once to plan the cuts, then replayed with the model.
+    events = [ev for ev, _ in events_with_states(parse(log), root, markers, initial=initial)]
+    names = windows(events, options.kind)
+    if existing:  # from the start until the first call runs: the next boot's recovery
+        first_call = next((ev.index for ev in events if ev.marker and ev.marker.get("m") == "claimed"), len(events))
+        names[:first_call] = ["recovery"] * first_call
+        cuts = plan_cuts(names, options.restart_cuts, options.seed + generation)
+    elif options.select is not None:
+        cuts = sorted(set(options.select(events, names)))
+    else:
+        cuts = plan_cuts(names, options.cuts, options.seed)
+    summary.events += len(events)
+    summary.cuts.extend(cuts)
+    wanted = set(cuts)
+    spacing = max(1, len(cuts) // max(1, options.restarts))
+    starts: list[tuple[Path, Expected]] = []
+    repaired_starts = 0
+    for ev, model in events_with_states(parse(log), root, markers, initial=initial):
+        if ev.marker is not None:
+            expected.add(ev.marker)
+        cut = ev.index + 1
+        if cut not in wanted:
+            continue
+        window = names[ev.index] if generation == 1 else f"after restart: {names[ev.index]}"
+        summary.cuts_by_window[window] += 1
+        for variant in range(options.variants):
+            seed = f"{options.seed}/{generation}/{cut}/{variant}"
+            state = states_dir / f"g{generation}c{cut}v{variant}"
+            crash_model = model.crash_state(state, None if variant == 0 else random.Random(seed))
+            report = checker.check(expected.request(options.kind, state))
+            summary.states += 1
+            summary.outcomes[str(report.get("outcome"))] += 1
+            summary.recovered_with_repairs += bool(report.get("problems"))
+            summary.orphans_in_doubt += int(report.get("orphans_in_doubt", 0) or 0)
+            if report.get("outcome") == "opened":
+                summary.acks_checked += len(expected.acks)
+                summary.claims_checked += len(expected.claims)
+                summary.steps_checked += len(expected.steps)
+            found = judge(report)
+            for kind, detail in found:
+                summary.violations.append(Violation(cut, variant, kind, detail, ev.label, window, crash_model))
+            shutil.rmtree(state, ignore_errors=True)
+            shutil.rmtree(state.with_name(state.name + "-verify"), ignore_errors=True)
+            # Keep this state as the start of a second generation? (Rebuilt: the check changed it.)
+            if generation == 1 and not found and len(starts) < options.restarts:
+                repaired = bool(report.get("problems")) and repaired_starts < options.restarts // 2
+                if repaired or (variant == 0 and cuts.index(cut) % spacing == 0):
+                    repaired_starts += repaired
+                    start = states_dir / f"start-{len(starts)}"
+                    model.crash_state(start, None if variant == 0 else random.Random(seed))
+                    starts.append((start, expected.copy()))
+        if progress is not None:
+            progress(summary)
+    summary.calls_acknowledged += len(expected.acks)
+    return starts
 
 
 def _fast_tmp() -> str | None:

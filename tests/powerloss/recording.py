@@ -277,9 +277,14 @@ def _name_of(model: Model, inode: int) -> str:
     return f"inode{inode}"
 
 
-def events_with_states(calls: Iterable[Call], root: Path, marker_path: Path) -> Iterator[tuple[Event, Model]]:
-    """Every event, after it was applied to the model (one model, mutated in place)."""
+def events_with_states(calls: Iterable[Call], root: Path, marker_path: Path, *,
+                       initial: Path | None = None) -> Iterator[tuple[Event, Model]]:  # fmt: skip
+    """Every event, after it was applied to the model (one model, mutated in place).
+
+    `initial`: a copy of what `root` held, durably, before the recording started."""
     model = Model(root)
+    if initial is not None:
+        model.load_tree(initial)
     translator = Translator(model, marker_path)
     seen = 0
     for call in calls:

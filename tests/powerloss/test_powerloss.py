@@ -26,9 +26,12 @@ def _violations(summary: Summary) -> list[str]:
 
 @pytest.mark.parametrize("kind", ["file", "sqlite"])
 def test_short_run_loses_no_acknowledged_result_and_no_durable_claim(kind: str) -> None:
-    summary = run(Options(kind, cuts=60, calls=40, variants=2, seed=3))
-    assert len(summary.cuts) == 60
-    assert summary.states == 120
+    # Two of the crash states also start a second recorded run (the next boot recovers them and
+    # goes on), cut again at 10 points each: power lost during or after recovery.
+    summary = run(Options(kind, cuts=60, calls=40, variants=2, seed=3, restarts=2, restart_cuts=10))
+    assert len(summary.cuts) == 80
+    assert summary.states == 160
+    assert any(window.startswith("after restart") for window in summary.cuts_by_window)
     assert summary.acks_checked > 0 and summary.claims_checked > 0 and summary.steps_checked > 0
     windows = set(summary.cuts_by_window)
     if kind == "file":

@@ -79,8 +79,9 @@ def result_for(key: str, size: int) -> bytes:
 
 class Workload:
     def __init__(self, kind: str, root: Path, markers: Path, calls: int, seed: int,
-                 synchronous: str | None = None) -> None:  # fmt: skip
+                 synchronous: str | None = None, first_key: int = 0) -> None:  # fmt: skip
         self.kind = kind
+        self.first_key = first_key
         self.synchronous = synchronous
         self.root = root
         self.rng = random.Random(seed)
@@ -114,7 +115,7 @@ class Workload:
             principal, tool, key = rng.choice(self.done)  # a repeat: replayed
         else:
             tool = rng.choices(("pay", "decline", "boom", "temp"), weights=(6, 1, 1, 2))[0]
-            principal, key = rng.choice(PRINCIPALS), f"k{n:05d}"
+            principal, key = rng.choice(PRINCIPALS), f"k{n:06d}"
         retention = 5.0 if tool == "temp" else 24 * 3600.0
         policy = ToolPolicy(retention=retention)
         size = rng.choice((20, 200, 900, 3000))
@@ -151,14 +152,14 @@ class Workload:
             self.mark(m="window", name="snapshot", phase="end")
 
     async def run(self) -> None:
-        half = self.calls // 2
-        n = 0
+        half = self.first_key + self.calls // 2
+        n = self.first_key
         for boot in range(2):
             journal = make_journal(self.kind, self.root, self.synchronous)
             engine = Engine(journal, clock=self.clock)
             self.mark(m="window", name="restart", phase="end" if boot else "open")
             await engine.start()
-            stop = half if boot == 0 else self.calls
+            stop = half if boot == 0 else self.first_key + self.calls
             while n < stop:
                 count = min(self.rng.randint(1, 6), stop - n)
                 await self.batch(engine, n, count)
@@ -186,8 +187,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--synchronous", help="SQLite: the URL's synchronous= (default: the journal's FULL)")
+    parser.add_argument("--first-key", type=int, default=0, help="number the keys from here (a second run)")
     args = parser.parse_args()
-    anyio.run(Workload(args.kind, args.root, args.markers, args.calls, args.seed, args.synchronous).run)
+    anyio.run(Workload(args.kind, args.root, args.markers, args.calls, args.seed, args.synchronous,
+                       args.first_key).run)
 
 
 if __name__ == "__main__":
