@@ -56,6 +56,14 @@ def journal_exists(kind: str, root: Path) -> bool:
                                  for p in path.iterdir())  # fmt: skip
 
 
+def kept_aside(kind: str, root: Path) -> list[str]:
+    """The damaged ranges a recovery reported and copied aside (`<segment>.damaged-<offset>`)."""
+    path = journal_path(kind, root)
+    if kind != "file" or not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if ".damaged-" in p.name)
+
+
 def sqlite_schema_exists(path: Path) -> bool:
     """Whether the database holds the journal's tables (else its creation was cut short)."""
     import sqlite3
@@ -104,9 +112,11 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(copy)
     else:
         report["verify_before"] = run_verify(url)
+    report["kept_aside_before"] = kept_aside(kind, root)
     anyio.run(boot, request, report)
     if report["outcome"] == "opened":
         report["verify_after"] = run_verify(url)
+        report["kept_aside_after"] = kept_aside(kind, root)
     return report
 
 
