@@ -36,6 +36,7 @@ from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import (
     CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
 )  # fmt: skip
+from .fsync import make_dirs
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
 from .sqlite_writer import SQLiteWriter
@@ -142,7 +143,10 @@ class SQLiteJournal:
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The directory's entry made durable first: SQLite fsyncs the directory it creates its
+        # journal files in, never the one above, so a power loss could take a new directory,
+        # and every commit in it, away.
+        make_dirs(self.path.parent, 0o700)
         # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
         # same arguments and results) the database file's mode, not 0600.
         for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
@@ -156,12 +160,20 @@ class SQLiteJournal:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        conn.executescript(_SCHEMA)
-        if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
-            conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
-        conn.execute(_TASKS_INDEX)
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
+        # One transaction: a power loss leaves the whole schema or none of it (statement by
+        # statement, it could leave `calls` without `entries`, which `journal verify` rejects).
+        # A database of schema 1 (no `task_id`) then gains the column, and every database the
+        # tasks' index and its schema version, each step atomic on its own.
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
+                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")  # fmt: skip
+            if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
+                conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_TASKS_INDEX};\n"
+                               f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;")  # fmt: skip
+        except BaseException:
+            conn.close()  # rolls the transaction back
+            raise
         try:
             os.chmod(self.path, 0o600)
         except OSError:

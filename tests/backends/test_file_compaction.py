@@ -152,3 +152,27 @@ async def test_purge_then_reopen_without_compaction_does_not_resurrect_expired_r
     finally:
         await journal.aclose()
     await (await check(path, live)).aclose()
+
+
+async def test_writes_after_a_compaction_that_closed_the_journal_do_not_overwrite_it(tmp_path: Path) -> None:
+    """Found by the power-loss harness (a second run started from a crash state): compaction
+    rotates to a new active segment that exists only once a frame is written to it. Closed
+    right after (as `mcp-durable journal compact` does), the next open resumed from the
+    snapshot in the manifest's last segment, the compacted one, at offset 0 — and the next
+    writes overwrote the live records compaction had just copied there."""
+    path = tmp_path / "j"
+    live = await build(path)
+    journal = FileJournal(path, segment_bytes=SEGMENT)
+    await journal.open()
+    await journal.compact(T0 + 50)
+    await journal.aclose()  # nothing written after the compaction
+    again = FileJournal(path, segment_bytes=SEGMENT)
+    await again.open()
+    await again.append("worker", "context_update", {"last_done": 10}, 10.0)
+    await again.aclose()
+    reopened = await check(path, live, entries=11)
+    try:
+        assert reopened.recovery is not None and not reopened.recovery.problems
+    finally:
+        await reopened.aclose()
+    assert verify(path).ok

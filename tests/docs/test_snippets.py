@@ -53,6 +53,8 @@ ELSEWHERE: dict[str, str] = {
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
         "tests/crash/test_danger_window.py::"
         "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry",
+    # The power-loss long run (1,000 cut points per journal) takes minutes; CI runs its short run.
+    "make powerloss": "tests/powerloss/test_powerloss.py::test_short_run_loses_no_acknowledged_result_and_no_durable_claim",
     # 200 SIGKILLed writers take minutes; CI runs the same test with its default 12 trials.
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_file_kill_during_append\.py -s":
         "tests/crash/test_file_kill_during_append.py::"

@@ -27,7 +27,6 @@ the next call, in place: what is on disk is then the truth).
 
 from __future__ import annotations
 
-import os
 import time
 
 import anyio
@@ -35,6 +34,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from ...errors import JournalError
+from ..fsync import sync_data
 from .writer import SegmentWriter
 
 #: Flushes are inline (in the event loop) while their moving average is under this; a thread
@@ -138,5 +138,5 @@ class GroupCommit:
         for segment, offset, frames in batch.chunks:
             fd = self.writer.write(segment, offset, b"".join(frames))
             if self._sync:
-                os.fdatasync(fd)  # before the writer may move on to (and close) another segment
+                sync_data(fd)  # before the writer may move on to (and close) another segment
         self.flush_s = 0.8 * self.flush_s + 0.2 * (time.perf_counter() - began)

@@ -16,6 +16,7 @@ import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
 from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, sort_key
+from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from . import snapshot as snapshots
 from .codec import (call_payload, entry_from_dict, entry_payload, identity_hash, process_hash, purge_payload,
@@ -114,17 +115,22 @@ class FileJournal:
                 except JournalCorruptError:
                     time.sleep(0.05)
             return self._load(Manifest.read(self.directory))
-        self.directory.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        make_dirs(self.directory, DIR_MODE)  # its entry durable before anything durable is put in it
         os.chmod(self.directory, DIR_MODE)
         self._lock = WriterLock(self.directory)
         self._lock.acquire()
         manifest = Manifest.read(self.directory)
         if manifest is None:
-            if any(p.name.startswith("seg-") for p in self.directory.iterdir()):
+            segments = [p for p in self.directory.iterdir() if p.name.startswith("seg-")]
+            if any(p.stat().st_size for p in segments):
                 raise JournalCorruptError(str(self.directory / "MANIFEST"), 0, "missing, but segments exist")
+            # New (or its creation was cut short: empty segments, no manifest yet). The first
+            # segment is created before the manifest that names it, and the manifest's
+            # directory fsync makes both names durable: a power loss never leaves a manifest
+            # naming a segment that is not there.
+            os.close(os.open(self.directory / segment_name(1), os.O_WRONLY | os.O_CREAT, FILE_MODE))
             manifest = Manifest.new()
             manifest.write(self.directory)
-            os.close(os.open(self.directory / segment_name(1), os.O_WRONLY | os.O_CREAT, FILE_MODE))
         self._keeper = ManifestKeeper(self.directory, manifest)
         self._load(manifest)
 

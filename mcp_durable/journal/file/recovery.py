@@ -107,6 +107,17 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
                                                  out, writable=writable, sealed=sealed)  # fmt: skip
         except FileNotFoundError:
             raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
+    if start_index >= len(manifest.segments):
+        # The snapshot's active segment was never created: compaction rotates to a segment that
+        # exists only once a frame is written to it, and nothing was (e.g. `journal compact`
+        # closes right after). Writing goes on after the data of the manifest's last segment,
+        # never from its offset 0 over the records the snapshot indexes there.
+        path = directory / segment_name(manifest.segments[-1])
+        try:
+            with open(path, "rb") as f:
+                out.active_end = data_end(f.fileno(), os.fstat(f.fileno()).st_size)
+        except FileNotFoundError:
+            raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
     out.last_seq = max(out.last_seq, manifest.seq_floor - 1)
     if writable:
         _delete_orphans(directory, manifest, snap)

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from ...errors import JournalCorruptError
+from ..fsync import fsync_dir as fsync_dir  # re-exported: the file journal's modules import it from here
 
 FORMAT = 1
 MANIFEST = "MANIFEST"
@@ -35,14 +36,6 @@ def segment_name(number: int) -> str:
 def segment_number(name: str) -> int | None:
     match = _SEGMENT_RE.match(name)
     return int(match.group(1)) if match else None
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
