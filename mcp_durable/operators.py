@@ -13,7 +13,8 @@ not replayed. Every action journals an audit entry (who, what, why) as an entry 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import orjson
 
@@ -22,13 +23,26 @@ from .journal.base import Journal
 from .journal.model import CallIdentity, CallRecord, CallState, JournalEntry
 from .policy import DEFAULT_RETENTION
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
 RESOLUTIONS = ("completed", "failed", "not_applied")
 #: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
 AUDIT_PROCESS = "mcp-durable/operator-actions"
 AUDIT_ENTRY = "operator_action"
+
+
+class Engine(Protocol):
+    """What an operator action uses of the engine (`mcp_durable.engine.Engine` is one): its
+    journal and clock, whether a pending record's owner is alive, and its change listeners.
+    A protocol, not the class, so this module does not import the engine that calls it."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def owner_alive(self, record: CallRecord, now: float) -> bool: ...
+
+    async def notify_changed(self, record: CallRecord) -> None: ...
 
 
 async def resolve(

@@ -218,7 +218,7 @@ class Console:
         if detail is None:  # another's record answers exactly like a missing one
             return self.render(request, "error.html", status=404, viewer=viewer,
                                message=f"No call {identity.tool}/{identity.key}.")  # fmt: skip
-        from ..server.redact import record_uri
+        from ..uris import record_uri
 
         return self.render(request, "call.html", viewer=viewer, d=detail, v=detail["view"],
                            ident={"principal": identity.principal, "tool": identity.tool, "key": identity.key},

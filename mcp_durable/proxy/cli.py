@@ -22,7 +22,7 @@ ENV_UPSTREAM_TOKEN = "MCP_DURABLE_UPSTREAM_TOKEN"
 
 
 def add_proxy_command(commands: Any) -> None:
-    from ..cli import add_serving_options
+    from ..serving import add_serving_options
 
     proxy = commands.add_parser(
         "proxy", help="serve another MCP server (a command or a URL) with durable tools",
@@ -43,7 +43,7 @@ def add_proxy_command(commands: Any) -> None:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from ..cli import serve_server
+    from ..serving import serve_server
     from ..journal import ENV_JOURNAL
     from ..policy_file import Policies, load_policies
 

@@ -33,7 +33,9 @@ from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
+from .admin import admins_from_env, register_admin_tools
 from .auth import token_auth_kwargs, tokens_from_env
+from .notifications import JournalNotifier
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
@@ -95,7 +97,7 @@ class DurableServer(MCPServer[Any]):
         self._lifespan_users = 0
         if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
             # serverInfo.version: the server's own when given, else this package's (not "").
-            from .. import __version__
+            from ..version import __version__
 
             kwargs["version"] = __version__
         # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
@@ -121,8 +123,11 @@ class DurableServer(MCPServer[Any]):
         self.output_schemas = OutputSchemas()
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
-        self.admin_principals: frozenset[str] = frozenset(admin_principals)
+        self.admin_principals: frozenset[str] = frozenset(admin_principals) or admins_from_env()
         self.journal_views = register_journal_resources(self)
+        self.journal_views.notifier = JournalNotifier(self)
+        self.journal_views.notifier.install()
+        register_admin_tools(self)
         # Tasks: served in both generations; in-doubt tasks are resumed at start.
         self.tasks = TaskProtocol(self)
         tasks_extension.protocol = self.tasks

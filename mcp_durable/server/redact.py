@@ -20,19 +20,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from mcp.shared.uri_template import UriTemplate
 
 from ..journal.base import Journal
 from ..journal.model import CallRecord, CallState, JournalEntry
 from ..policy import ToolPolicy
 from ..tasks import task_view
+from ..uris import record_uri
 
 MASK = "[redacted]"
 RESULT_MARK = "*result*"
 #: The process under which servers journal their tools' sensitive names (one checkpoint, merged).
 REDACTION_PROCESS = "mcp-durable/redaction"
-
-CALL_TEMPLATE = UriTemplate.parse("journal://calls/{tool}/{key}")
 
 Sensitive = Mapping[str, Collection[str]]  # tool name -> sensitive argument names
 
@@ -120,12 +118,6 @@ def scrub(value: Any, secrets: Collection[str]) -> Any:
     if isinstance(value, list):
         return [scrub(v, secrets) for v in value]
     return value
-
-
-def record_uri(tool: str, key: str) -> str:
-    """The canonical `journal://calls/{tool}/{key}` URI of a record (RFC 6570 expansion: every
-    character of the key outside the unreserved set is percent-encoded, so `/` becomes `%2F`)."""
-    return CALL_TEMPLATE.expand({"tool": tool, "key": key})
 
 
 def task_status(record: CallRecord, policies: Mapping[str, ToolPolicy] | None) -> str | None:

@@ -11,7 +11,7 @@
 | `journal://processes/{process_id}` | a process's state as `ReplayEngine.recover` rebuilds it | admins only |
 
 Every resource is `application/json`. Keys are percent-encoded in URIs (RFC 6570: `a/b` is
-`a%2Fb`); `redact.record_uri` gives the canonical form, which is also what change
+`a%2Fb`); `uris.record_uri` gives the canonical form, which is also what change
 notifications carry. A record the caller may not see, and an admin resource read by a
 non-admin, answer exactly like an unknown URI (`ResourceNotFoundError`), revealing nothing.
 Values a tool marks sensitive are masked in every view (`redact.py`). A read that the journal
@@ -46,7 +46,8 @@ from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
 from ..journal.transfer import iter_calls
 from ..policy import DEFAULT_RETENTION
-from .redact import SensitiveNames, iso, record_summary, record_uri, record_view
+from ..uris import IN_DOUBT_URI, RECOVERY_URI, STATS_URI, record_uri
+from .redact import SensitiveNames, iso, record_summary, record_view
 from .results import refusal_body
 
 if TYPE_CHECKING:
@@ -55,9 +56,6 @@ if TYPE_CHECKING:
     from .notifications import JournalNotifier
 
 JSON = "application/json"
-STATS_URI = "journal://stats"
-RECOVERY_URI = "journal://recovery"
-IN_DOUBT_URI = "journal://in-doubt"
 PROCESS_TEMPLATE = UriTemplate.parse("journal://processes/{process_id}")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -382,12 +380,8 @@ def _install_read_context(server: DurableServer) -> None:
 
 
 def register_journal_resources(server: DurableServer) -> JournalResources:
-    """Register the journal resources, change notifications and (with admins) the admin tools."""
-    from .admin import admins_from_env, register_admin_tools
-    from .notifications import JournalNotifier
-
-    if not server.admin_principals:
-        server.admin_principals = admins_from_env()
+    """Register the journal resources (`DurableServer.__init__` adds the change notifications
+    and the admin tools beside them)."""
     views = JournalResources(server)
 
     def add(uri: str, **options: Any) -> Callable[[Callable[..., Awaitable[str]]], Any]:
@@ -409,9 +403,6 @@ def register_journal_resources(server: DurableServer) -> JournalResources:
     add("journal://processes/{process_id}", name="journal-process", mime_type=JSON,
         description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)  # fmt: skip
     _install_read_context(server)
-    views.notifier = JournalNotifier(server)
-    views.notifier.install()
-    register_admin_tools(server)
     return views
 
 

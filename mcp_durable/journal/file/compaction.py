@@ -24,15 +24,37 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+import anyio
 import anyio.to_thread
 
-from .index import DEAD, pack, unpack
-from .segments import FILE_MODE, fsync_dir, segment_name
+from .commit import GroupCommit
+from .index import DEAD, CallIndex, EntryIndex, pack, unpack
+from .segments import FILE_MODE, ManifestKeeper, fsync_dir, segment_name
 
-if TYPE_CHECKING:
-    from .journal import FileJournal
+
+class Compactable(Protocol):
+    """The parts of a `FileJournal` a compaction reads and changes, named here so this module
+    does not import the journal that calls it (`FileJournal.compact`). They are its private
+    state: compaction is part of the file journal, in its own module for size."""
+
+    directory: Path
+    _keeper: ManifestKeeper | None
+    _maintenance: anyio.Lock
+    _calls: CallIndex
+    _entries: EntryIndex
+    _readers: dict[int, int]
+    _next_seq: int
+    _active: int
+
+    def _writable(self) -> GroupCommit: ...
+
+    def _rotate(self) -> None: ...
+
+    async def purge_expired(self, now: float) -> int: ...
+
+    async def snapshot(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +108,7 @@ def _segment_bytes(directory: Path, segments: tuple[int, ...]) -> int:
     return sum((directory / segment_name(s)).stat().st_size for s in segments)
 
 
-async def compact(journal: FileJournal, now: float) -> CompactionReport:
+async def compact(journal: Compactable, now: float) -> CompactionReport:
     started = time.perf_counter()
     commit = journal._writable()
     keeper = journal._keeper
