@@ -115,7 +115,7 @@ def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 
 async def _sensitive(journal: Journal) -> dict[str, tuple[str, ...]]:
-    from .server.redact import SensitiveNames
+    from .views import SensitiveNames
 
     return await SensitiveNames.load(journal)
 
@@ -145,7 +145,7 @@ async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:
 
 
 async def _stats(args: argparse.Namespace) -> int:
-    from .server.redact import iso
+    from .views import iso
 
     journal = await _open(args)
     try:
@@ -176,7 +176,7 @@ def _state(value: str | None) -> CallState | None:
 
 async def _list(args: argparse.Namespace) -> int:
     from .journal.transfer import iter_calls
-    from .server.redact import record_summary
+    from .views import record_summary
 
     state = _state(args.state)
     journal = await _open(args)
@@ -202,7 +202,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    from .server.redact import record_view
+    from .views import record_view
 
     journal = await _open(args)
     try:
@@ -224,7 +224,7 @@ async def _show(args: argparse.Namespace) -> int:
 
 
 def _print_entries(args: argparse.Namespace, entries: list[Any]) -> None:
-    from .server.redact import iso
+    from .views import iso
 
     for entry in entries:
         line = {"seq": entry.seq, "ts": iso(entry.ts), "process_id": entry.process_id,
@@ -350,7 +350,7 @@ async def _import(args: argparse.Namespace) -> int:
 async def _resolve(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .server.admin import operator_payload
-    from .server.redact import record_view
+    from .views import record_view
 
     result: Any = None
     if args.result is not None:
@@ -382,7 +382,7 @@ async def _resolve(args: argparse.Namespace) -> int:
 
 async def _forget(args: argparse.Namespace) -> int:
     from .engine import Engine
-    from .server.redact import record_view
+    from .views import record_view
 
     journal = await _open(args, read_only=False)
     try:
