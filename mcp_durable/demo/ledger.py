@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .store import connect
 
 ENV_LEDGER = "PAYMENTS_LEDGER"
@@ -62,7 +63,7 @@ class PaymentProvider:
     """The stand-in provider over one ledger file. Safe for several processes (SQLite locking)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path or os.environ.get(ENV_LEDGER) or DEFAULT_LEDGER)
+        self.path = Path(path or config.demo_path(ENV_LEDGER, DEFAULT_LEDGER))
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _connect(self) -> sqlite3.Connection:

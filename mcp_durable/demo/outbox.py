@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .store import connect
 
 ENV_OUTBOX = "MAILER_OUTBOX"
@@ -56,7 +57,7 @@ class Outbox:
     """The outbox over one SQLite file. Safe for several processes (SQLite locking)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path or os.environ.get(ENV_OUTBOX) or DEFAULT_OUTBOX)
+        self.path = Path(path or config.demo_path(ENV_OUTBOX, DEFAULT_OUTBOX))
 
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path, _SCHEMA)

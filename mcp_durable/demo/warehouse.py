@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .store import connect
 
 ENV_WAREHOUSE = "WAREHOUSE_DB"
@@ -40,7 +41,7 @@ class Warehouse:
     """The stand-in over one SQLite file. Safe for several processes (SQLite locking)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
+        self.path = Path(path or config.demo_path(ENV_WAREHOUSE, DEFAULT_WAREHOUSE))
 
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path, _SCHEMA)

@@ -15,10 +15,11 @@ import os
 import sys
 from typing import Any
 
+from .. import config
 from ..errors import ConfigError
 
 #: The upstream's bearer token, when not given by --upstream-token (which shows in `ps`).
-ENV_UPSTREAM_TOKEN = "MCP_DURABLE_UPSTREAM_TOKEN"
+ENV_UPSTREAM_TOKEN = config.UPSTREAM_TOKEN
 
 
 def add_proxy_command(commands: Any) -> None:
@@ -44,7 +45,6 @@ def add_proxy_command(commands: Any) -> None:
 
 def _proxy(args: argparse.Namespace) -> int:
     from ..serving import serve_server
-    from ..journal import ENV_JOURNAL
     from ..policy_file import Policies, load_policies
 
     logging.getLogger().setLevel(args.log_level.upper())
@@ -57,7 +57,7 @@ def _proxy(args: argparse.Namespace) -> int:
         return 0
     from .server import ProxyServer
 
-    journal = args.journal or os.environ.get(ENV_JOURNAL)
+    journal = args.journal or config.journal_url()
     server = ProxyServer(spec, policies, name=args.name, journal=journal)
     return serve_server(server, args, f"the upstream {spec.describe()}")
 
@@ -65,12 +65,12 @@ def _proxy(args: argparse.Namespace) -> int:
 def _spec(args: argparse.Namespace) -> Any:
     from .upstream import UpstreamSpec, child_environment
 
-    token = args.upstream_token or os.environ.get(ENV_UPSTREAM_TOKEN) or None
+    token = args.upstream_token or config.upstream_token()
     if args.upstream_url:
         return UpstreamSpec(url=args.upstream_url, token=token)
     if args.upstream_token:
         raise ConfigError("--upstream-token goes with --upstream-url")
-    return UpstreamSpec.from_command_line(args.upstream_command, env=child_environment(os.environ), cwd=os.getcwd())
+    return UpstreamSpec.from_command_line(args.upstream_command, env=child_environment(config.environment()), cwd=os.getcwd())
 
 
 async def _render_config(spec: Any, policies: Any) -> str:

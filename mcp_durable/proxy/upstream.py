@@ -33,6 +33,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, InputRequiredResult, Tool
 
+from .. import config
 from ..errors import ConfigError, UpstreamUnavailableError
 from .router import Router
 
@@ -336,7 +337,6 @@ async def _all_tools(client: Client) -> list[Tool]:
 
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a stdio upstream gets: ours, without mcp-durable's own secrets."""
-    return {name: value for name, value in environ.items()
-            if name not in ("MCP_DURABLE_TOKENS", "MCP_DURABLE_UPSTREAM_TOKEN")}  # fmt: skip
+    return config.without_secrets(environ)
 
 

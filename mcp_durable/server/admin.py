@@ -22,13 +22,13 @@ the code in `_meta["mcp-durable/error"]` (`results.refusal`).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Literal
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
+from .. import config
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
 from .redact import record_view
@@ -37,14 +37,13 @@ from .results import dump_result
 if TYPE_CHECKING:
     from .app import DurableServer
 
-ENV_ADMINS = "MCP_DURABLE_ADMINS"
+ENV_ADMINS = config.ADMINS
 Resolution = Literal["completed", "not_applied", "failed"]
 
 
 def admins_from_env() -> frozenset[str]:
     """The admin principals named in `$MCP_DURABLE_ADMINS` (comma-separated), if any."""
-    text = os.environ.get(ENV_ADMINS, "")
-    return frozenset(filter(None, (part.strip() for part in text.split(","))))
+    return config.admins()
 
 
 def operator_payload(value: Any, *, failed: bool, note: str = "") -> bytes:

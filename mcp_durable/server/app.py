@@ -14,7 +14,6 @@ already become identical `isError` results.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -27,7 +26,7 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
-from .. import limits
+from .. import config, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
@@ -41,7 +40,7 @@ from .results import OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
-ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
+ENV_INSTANCE = config.INSTANCE
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
@@ -107,7 +106,7 @@ class DurableServer(MCPServer[Any]):
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
         # on a shared journal one replica's `running` must not read as another's unclean stop.
-        replica = os.environ.get(ENV_INSTANCE)
+        replica = config.instance()
         process_id = f"server/{self.name}" + (f"/{replica}" if replica else "")
         engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": process_id}
         if clock is not None:

@@ -29,6 +29,7 @@ from typing import Protocol
 import anyio
 import anyio.to_thread
 
+from ... import config
 from .commit import GroupCommit
 from .index import DEAD, CallIndex, EntryIndex, pack, unpack
 from .segments import FILE_MODE, ManifestKeeper, fsync_dir, segment_name
@@ -73,7 +74,7 @@ class CompactionReport:
 
 def crash_point(name: str) -> None:
     """SIGKILL this process here if `MCP_DURABLE_CRASH_AT` names this point (crash tests)."""
-    if os.environ.get("MCP_DURABLE_CRASH_AT") == name:
+    if config.crash_at() == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
