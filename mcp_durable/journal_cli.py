@@ -13,7 +13,6 @@ Values a tool marks sensitive are masked (the server journals its tools' sensiti
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +24,7 @@ import orjson
 
 from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
+from .journal.base import Maintainable
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -292,15 +292,13 @@ async def _compact(args: argparse.Namespace) -> int:
     journal = await _open(args, read_only=False)
     try:
         now = time.time()
-        compact = getattr(journal, "compact", None)
         with _console(stderr=True).status("compacting"):
-            outcome = await compact(now) if compact is not None else await journal.purge_expired(now)
+            if isinstance(journal, Maintainable):
+                body = (await journal.compact(now)).as_dict()
+            else:
+                body = {"purged": await journal.purge_expired(now)}
     finally:
         await journal.aclose()
-    if dataclasses.is_dataclass(outcome) and not isinstance(outcome, type):
-        body = dataclasses.asdict(outcome)
-    else:
-        body = {"purged" if compact is None else "result": outcome}
     if _wants_json(args):
         _emit_json(body)
     else:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -35,7 +36,7 @@ from .index import DEAD, CallIndex, EntryIndex, pack, unpack
 from .segments import FILE_MODE, ManifestKeeper, fsync_dir, segment_name
 
 
-class Compactable(Protocol):
+class CompactionTarget(Protocol):
     """The parts of a `FileJournal` a compaction reads and changes, named here so this module
     does not import the journal that calls it (`FileJournal.compact`). They are its private
     state: compaction is part of the file journal, in its own module for size."""
@@ -70,6 +71,9 @@ class CompactionReport:
     bytes_before: int
     bytes_after: int
     duration_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def crash_point(name: str) -> None:
@@ -109,7 +113,7 @@ def _segment_bytes(directory: Path, segments: tuple[int, ...]) -> int:
     return sum((directory / segment_name(s)).stat().st_size for s in segments)
 
 
-async def compact(journal: Compactable, now: float) -> CompactionReport:
+async def compact(journal: CompactionTarget, now: float) -> CompactionReport:
     started = time.perf_counter()
     commit = journal._writable()
     keeper = journal._keeper
