@@ -79,7 +79,7 @@ async def _rate(clients: list[Client], args: Callable[[], dict[str, int]], total
 
 
 async def _measure(url: str, variants: dict[str, Callable[[], dict[str, int]]], total: int,
-                   reps: int) -> dict[str, list[float]]:  # fmt: skip
+                   reps: int) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {}
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)]
@@ -99,7 +99,7 @@ async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[floa
     fresh = fresh_arguments(itertools.count(1))
     async with AsyncExitStack() as stack:
         urls = [await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind]))
-                for server in ("durable", "console")]  # fmt: skip
+                for server in ("durable", "console")]
         sides = [[await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)] for url in urls]
         for clients in sides:
             await _rate(clients, fresh, 2 * CLIENTS)  # warm-up
@@ -129,14 +129,14 @@ async def run(settings: Settings) -> CaseResult:
         counter = itertools.count(1)
         async with http_server("durable", journal) as url:
             rates = await _measure(url, {"miss": fresh_arguments(counter), "replay": lambda: {"n": 0}},
-                                   total, reps)  # fmt: skip
+                                   total, reps)
         for kind in ("miss", "replay"):
             value = median(rates[kind])
             table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain))
         if index == 0:  # the console mounted and nobody looking, against the same server without it
             without, with_console, ratios = await _console_cost(settings, name, total)
             table.add(f"durable, {name} journal, miss, console mounted", rate(with_console),
-                      ratio(with_console / plain))  # fmt: skip
+                      ratio(with_console / plain))
             table.notes.append(
                 f"console mounted, nobody looking: {median(ratios):.2f}x the misses of the same server without it "
                 f"(median of {len(ratios)} alternating pairs, both servers up at once: {rate(with_console)} "

@@ -35,7 +35,7 @@ from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry,
 from .keys import KEY_META
 from .policy import NOT_APPLIED, ToolPolicy
 from .steps import DurableCall, current_call, current_key
-from .version import __version__
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:  # the class for type checkers; at run time it is loaded on first use (below)
     from .server import DurableServer

@@ -106,7 +106,7 @@ def _console(args: argparse.Namespace) -> int:
     tokens = tokens_from_env()
     verifier = StaticTokenVerifier(tokens) if tokens else None
     source = JournalSource(args.journal or default_journal_url(), verifier=verifier, admins=admins_from_env(),
-                           principal_of=default_principal)  # fmt: skip
+                           principal_of=default_principal)
     app = standalone_app(source, args.host)
     signin = "a bearer token of $MCP_DURABLE_TOKENS" if tokens else f"none configured: everyone is {LOCAL_PRINCIPAL!r}"
     print(

@@ -66,8 +66,8 @@ from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .keys import LOCAL_PRINCIPAL as LOCAL_PRINCIPAL  # where it has always been imported from
-from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
+from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
 from .task_runs import TaskRuns
@@ -573,7 +573,7 @@ class Engine(TaskRuns):
                         outcome = await run(call)
                     else:
                         outcome = await self._run_cancellable(identity, run, call)
-                except BaseException as exc:  # re-raised below, unwrapped from the task group
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, unwrapped from the task group
                     failure = exc
         finally:
             unbind(token)

@@ -91,7 +91,7 @@ def _progress(description: str, total: int | None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=_console(stderr=True), transient=False)  # fmt: skip
+                    console=_console(stderr=True), transient=False)
 
 
 def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
@@ -154,7 +154,7 @@ async def _stats(args: argparse.Namespace) -> int:
         await journal.aclose()
     body = {"backend": stats.backend, "calls": sum(stats.calls_by_state.values()),
             "calls_by_state": stats.calls_by_state, "calls_by_tool": stats.calls_by_tool, "entries": stats.entries,
-            "size_bytes": stats.size_bytes, "oldest_record_at": iso(stats.oldest_record_at)}  # fmt: skip
+            "size_bytes": stats.size_bytes, "oldest_record_at": iso(stats.oldest_record_at)}
     if _wants_json(args):
         _emit_json(body)
         return 0
@@ -211,15 +211,17 @@ async def _show(args: argparse.Namespace) -> int:
     finally:
         await journal.aclose()
     if not records:
-        raise DurableError(f"no call {args.tool}/{args.key}" + (f" of principal {args.principal}" if args.principal else ""))
+        whose = f" of principal {args.principal}" if args.principal else ""
+        raise DurableError(f"no call {args.tool}/{args.key}{whose}")
     for record in records:
         view = record_view(record, sensitive.get(record.identity.tool, ()))
         if _wants_json(args):
             _emit_json(view)
         else:
             rows = [[name, orjson.dumps(value).decode() if isinstance(value, dict | list) else value]
-                    for name, value in view.items()]  # fmt: skip
-            _table(f"{record.identity.principal} {record.identity.tool}/{record.identity.key}", ["field", "value"], rows)
+                    for name, value in view.items()]
+            i = record.identity
+            _table(f"{i.principal} {i.tool}/{i.key}", ["field", "value"], rows)
     return 0
 
 
@@ -228,12 +230,12 @@ def _print_entries(args: argparse.Namespace, entries: list[Any]) -> None:
 
     for entry in entries:
         line = {"seq": entry.seq, "ts": iso(entry.ts), "process_id": entry.process_id,
-                "entry_type": entry.entry_type, "data": entry.data}  # fmt: skip
+                "entry_type": entry.entry_type, "data": entry.data}
         if _wants_json(args):
             _emit_json(line)
         else:
             _console().print(f"{entry.seq:>8} {line['ts']} {entry.process_id} {entry.entry_type} "
-                             f"{orjson.dumps(entry.data).decode()}", markup=False, highlight=False)  # fmt: skip
+                             f"{orjson.dumps(entry.data).decode()}", markup=False, highlight=False)
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -280,7 +282,7 @@ async def _verify(args: argparse.Namespace) -> int:
             _emit_json({"path": problem.path, "offset": problem.offset, "reason": problem.reason})
         else:
             _console().print(f"CORRUPT {problem.path} at offset {problem.offset}: {problem.reason}",
-                             markup=False, highlight=False)  # fmt: skip
+                             markup=False, highlight=False)
     if report.ok:
         _say(f"ok: {report.records} record(s) verified")
         return 0
@@ -362,10 +364,10 @@ async def _resolve(args: argparse.Namespace) -> int:
     try:
         record = await _one_record(journal, args)
         payload = None if args.resolution == "not_applied" else operator_payload(
-            result, failed=args.resolution == "failed", note=args.note)  # fmt: skip
+            result, failed=args.resolution == "failed", note=args.note)
         resolved = await Engine(journal).resolve(record.identity, args.resolution, payload=payload,
                                                  note=args.note or "mcp-durable journal resolve",
-                                                 by=_operator())  # fmt: skip
+                                                 by=_operator())
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()
@@ -374,7 +376,7 @@ async def _resolve(args: argparse.Namespace) -> int:
         _emit_json(view)
     else:
         _say(f"resolved {resolved.identity.principal} {args.tool}/{args.key} as {args.resolution}: "
-             f"now {resolved.state.value}")  # fmt: skip
+             f"now {resolved.state.value}")
     return 0
 
 
@@ -414,7 +416,7 @@ def _common() -> argparse.ArgumentParser:
     # level's default overwriting the other's value.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--journal", dest="journal_url", default=argparse.SUPPRESS,
-                        help="journal URL (default: $MCP_DURABLE_JOURNAL or the embedded journal)")  # fmt: skip
+                        help="journal URL (default: $MCP_DURABLE_JOURNAL or the embedded journal)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object per line")
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return common

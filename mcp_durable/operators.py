@@ -78,12 +78,12 @@ async def resolve(
         expires = None if retention is None else now + retention
         if resolution == "not_applied":
             resolved = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                     error=f"resolved not applied by an operator{suffix}", expires_at=expires)  # fmt: skip
+                                     error=f"resolved not applied by an operator{suffix}", expires_at=expires)
         else:
             state = CallState.COMPLETED if resolution == "completed" else CallState.FAILED
             resolved = record.evolve(state=state, owner=None, lease_until=None, updated_at=now, completed_at=now,
                                      result=payload, expires_at=expires,
-                                     error=f"resolved {resolution} by an operator{suffix}")  # fmt: skip
+                                     error=f"resolved {resolution} by an operator{suffix}")
         # A lost swap means the record moved meanwhile (a retry took it over, another operator):
         # re-read and judge again.
         if await engine.journal.swap(record.version, resolved):
@@ -105,7 +105,7 @@ async def forget(engine: Engine, identity: CallIdentity, *, by: str = "", note: 
     while True:
         record, now = await _undecided(engine, identity)
         forgotten = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                  expires_at=now, error=f"forgotten by an operator{suffix}")  # fmt: skip
+                                  expires_at=now, error=f"forgotten by an operator{suffix}")
         if await engine.journal.swap(record.version, forgotten):
             await _audit(engine, record, forgotten, "forget", by=by, note=note)
             await engine.notify_changed(forgotten)
@@ -129,7 +129,7 @@ async def _audit(engine: Engine, before: CallRecord, after: CallRecord, action: 
     i = before.identity
     data: dict[str, Any] = {"action": action, "principal": i.principal, "tool": i.tool, "key": i.key,
                             "run_id": before.run_id, "from": before.state.value, "to": after.state.value,
-                            "by": by or "operator", "note": note}  # fmt: skip
+                            "by": by or "operator", "note": note}
     await engine.journal.append(AUDIT_PROCESS, AUDIT_ENTRY, data, after.updated_at)
 
 
@@ -137,4 +137,4 @@ async def audit_entries(journal: Journal, identity: CallIdentity) -> list[Journa
     """The audit entries of operator actions on the call `identity`, oldest first."""
     entries = await journal.entries(process_id=AUDIT_PROCESS)
     return [e for e in entries if e.entry_type == AUDIT_ENTRY and (e.data.get("principal"), e.data.get("tool"),
-            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]  # fmt: skip
+            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]

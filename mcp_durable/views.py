@@ -106,7 +106,8 @@ def sensitive_values(arguments: Any, names: Collection[str]) -> list[str]:
     wherever it appears in a view (a result's free text, an error message), not only under its name."""
     if not names or not isinstance(arguments, dict):
         return []
-    found = {str(v) for k, v in arguments.items() if k in names and isinstance(v, str | int) and not isinstance(v, bool)}
+    found = {str(v) for k, v in arguments.items()
+             if k in names and isinstance(v, str | int) and not isinstance(v, bool)}
     return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
 
 
@@ -179,7 +180,9 @@ def record_view(
     return view
 
 
-def steps_view(record: CallRecord, steps: Collection[JournalEntry], sensitive: Collection[str] = ()) -> list[dict[str, Any]]:
+def steps_view(
+    record: CallRecord, steps: Collection[JournalEntry], sensitive: Collection[str] = ()
+) -> list[dict[str, Any]]:
     """A call's durable steps as they may be shown: index, name, time and result, the result
     masked like the call's result (sensitive names anywhere, the arguments' secret values)."""
     secrets = sensitive_values(_json_or_text(record.arguments), sensitive)

@@ -92,7 +92,7 @@ class PaymentProvider:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (time.time(), op, subject, amount_cents, idempotency_key,
                  "deduplicated" if effect.deduplicated else "applied", effect.id),
-            )  # fmt: skip
+            )
             conn.execute("COMMIT")
             return effect
         finally:

@@ -14,7 +14,6 @@ from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 import anyio
 
 from ..errors import JournalError
-
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 

@@ -32,8 +32,14 @@ import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import (
-    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
-)  # fmt: skip
+    CHECKPOINT,
+    SQL_LISTING_ORDER,
+    CallCursor,
+    ChangeSignals,
+    RecoveryReport,
+    sql_listing_filter,
+    stored_decoder,
+)
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
 

@@ -69,7 +69,7 @@ def call_to_json(record: CallRecord) -> dict[str, Any]:
         "run_id": record.run_id, "attempts": record.attempts, "created_at": record.created_at,
         "updated_at": record.updated_at, "owner": record.owner, "lease_until": record.lease_until,
         "completed_at": record.completed_at, "expires_at": record.expires_at, "error": record.error,
-    }  # fmt: skip
+    }
     _bytes_out(out, "result", record.result)
     _bytes_out(out, "arguments", record.arguments)
     if record.task_id is not None:
@@ -87,12 +87,12 @@ def call_from_json(line: dict[str, Any]) -> CallRecord:
         completed_at=line.get("completed_at"), expires_at=line.get("expires_at"),
         result=_bytes_in(line, "result"), error=line.get("error"), arguments=_bytes_in(line, "arguments"),
         task_id=line.get("task_id"),
-    )  # fmt: skip
+    )
 
 
 def entry_to_json(entry: JournalEntry) -> dict[str, Any]:
     return {"type": "entry", "process_id": entry.process_id, "entry_type": entry.entry_type,
-            "data": entry.data, "ts": entry.ts, "seq": entry.seq}  # fmt: skip
+            "data": entry.data, "ts": entry.ts, "seq": entry.seq}
 
 
 async def iter_calls(journal: Journal, **filters: Any) -> AsyncIterator[CallRecord]:
@@ -219,7 +219,7 @@ async def import_journal(
                 record = call_from_json(line)
             elif kind == "entry":
                 entry = JournalEntry(str(line["process_id"]), str(line["entry_type"]), dict(line["data"]),
-                                     float(line["ts"]))  # fmt: skip
+                                     float(line["ts"]))
             else:
                 raise ValueError(f"unknown line type {kind!r}")
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, AttributeError) as exc:

@@ -28,7 +28,7 @@ def add_proxy_command(commands: Any) -> None:
     proxy = commands.add_parser(
         "proxy", help="serve another MCP server (a command or a URL) with durable tools",
         description="Durability for a server you did not write: see docs/proxy.md.",
-    )  # fmt: skip
+    )
     upstream = proxy.add_mutually_exclusive_group(required=True)
     upstream.add_argument("--upstream-command", metavar="CMD",
                           help='the upstream as a command speaking stdio, one shell-quoted string ("npx -y …")')
@@ -44,8 +44,8 @@ def add_proxy_command(commands: Any) -> None:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from ..serving import serve_server
     from ..policy_file import Policies, load_policies
+    from ..serving import serve_server
 
     logging.getLogger().setLevel(args.log_level.upper())
     policies = load_policies(args.policies) if args.policies else Policies()
@@ -70,7 +70,8 @@ def _spec(args: argparse.Namespace) -> Any:
         return UpstreamSpec(url=args.upstream_url, token=token)
     if args.upstream_token:
         raise ConfigError("--upstream-token goes with --upstream-url")
-    return UpstreamSpec.from_command_line(args.upstream_command, env=child_environment(config.environment()), cwd=os.getcwd())
+    env = child_environment(config.environment())
+    return UpstreamSpec.from_command_line(args.upstream_command, env=env, cwd=os.getcwd())
 
 
 async def _render_config(spec: Any, policies: Any) -> str:
@@ -91,7 +92,7 @@ async def _render_config(spec: Any, policies: Any) -> str:
     unknown = policies.unknown(upstream.tools)
     if unknown:
         print(f"mcp-durable: the policies name tools the upstream does not have: {', '.join(unknown)}",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
     text: str = render_policies(tools, policies)
     return text
 

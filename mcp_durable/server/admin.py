@@ -103,10 +103,10 @@ def register_admin_tools(server: DurableServer) -> bool:
             raise OperatorError("resolving as completed needs the result to replay")
         payload = None if resolution == "not_applied" else operator_payload(
             result, failed=resolution == "failed", note=note
-        )  # fmt: skip
+        )
         record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
                                              note=note or f"by {caller}", retention=_retention(server, tool),
-                                             by=caller)  # fmt: skip
+                                             by=caller)
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
@@ -128,7 +128,7 @@ def register_admin_tools(server: DurableServer) -> bool:
     server.add_tool(journal_resolve, name="journal_resolve", annotations=operator)
     server.add_tool(journal_forget, name="journal_forget", annotations=operator)
     server.add_tool(journal_purge_expired, name="journal_purge_expired",
-                    annotations=operator.model_copy(update={"idempotent_hint": True}))  # fmt: skip
+                    annotations=operator.model_copy(update={"idempotent_hint": True}))
     return True
 
 

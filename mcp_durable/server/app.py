@@ -158,7 +158,7 @@ class DurableServer(MCPServer[Any]):
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
             logger.warning("journal %s unavailable at start: %s",
-                           display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+                           display_url(self.journal.url), display_url(str(exc)))
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -173,7 +173,7 @@ class DurableServer(MCPServer[Any]):
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
                     logger.warning("journal %s: the stop could not be journaled: %s",
-                                   display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+                                   display_url(self.journal.url), display_url(str(exc)))
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -203,7 +203,7 @@ class DurableServer(MCPServer[Any]):
         super().add_tool(
             fn, name=name, title=title, description=description, annotations=annotations,
             icons=list(icons) if icons is not None else None, meta=meta, structured_output=structured_output,
-        )  # fmt: skip
+        )
         tool_name = name or fn.__name__
         if policy is not None:
             try:
@@ -352,7 +352,7 @@ class DurableServer(MCPServer[Any]):
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
                 principal=self.principal_of(context), canonical=canonical,
-            )  # fmt: skip
+            )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
         except DurableError as exc:
@@ -384,7 +384,7 @@ class DurableServer(MCPServer[Any]):
             tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
             run=self._runner(name, arguments, None, policy), encode=_encoder(tool),
             principal=self.principal_of(context), canonical=canonical,
-        )  # fmt: skip
+        )
 
     async def _resume_task(self, record: CallRecord) -> None:
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
@@ -443,7 +443,7 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
             "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
             "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
             name, ", ".join(sorted(resolved)),
-        )  # fmt: skip
+        )
 
 
 def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:

@@ -16,7 +16,6 @@ from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
 
 from .. import config
-from ..config import parse_token_map
 from ..errors import ConfigError
 
 ENV_TOKENS = config.TOKENS

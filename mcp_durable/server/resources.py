@@ -3,7 +3,7 @@
 | URI | what | who |
 |---|---|---|
 | `journal://stats` | counts by state and tool, backend, size, oldest record, retention | own records; admins all |
-| `journal://recovery` | what the last start found: snapshot, entries replayed, time, bytes truncated, in doubt | anyone; the in-doubt count is the principal's own (admins: all) |
+| `journal://recovery` | last start: snapshot, entries, time, cut bytes, in doubt | any; in doubt: own (admins all) |
 | `journal://calls{?tool,state,limit,cursor}` | records newest first, `next_cursor` to page on | own; admins all |
 | `journal://calls/{tool}/{key}` | one record (admins add `?principal=P` for another's) | own; admins all |
 | `journal://in-doubt` | records in doubt (and pending ones whose lease ran out) | own; admins all |
@@ -40,7 +40,6 @@ from mcp.shared.uri_template import UriTemplate
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ReadResourceRequestParams
 
 from ..errors import DurableError
-
 from ..journal.base import CallCursor, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
@@ -216,7 +215,7 @@ def recovery_body(report: RecoveryReport | None, engine: Engine | None, scope: s
             "start_duration_s": engine.start_duration_s,
             "instance_id": engine.instance_id,
             "process_id": engine.process_id,
-        })  # fmt: skip
+        })
     return body
 
 
@@ -343,7 +342,7 @@ class JournalResources:
             {
                 "entries": [
                     {"seq": e.seq, "process_id": e.process_id, "entry_type": e.entry_type, "ts": iso(e.ts),
-                     "data": e.data}  # fmt: skip
+                     "data": e.data}
                     for e in rows
                 ],
                 "next_after": rows[-1].seq if rows else start,
@@ -389,19 +388,19 @@ def register_journal_resources(server: DurableServer) -> JournalResources:
         return lambda read: register(answering_durable_errors(read))
     add(STATS_URI, name="journal-stats", mime_type=JSON, description=JournalResources.stats.__doc__)(views.stats)
     add(RECOVERY_URI, name="journal-recovery", mime_type=JSON,
-        description=JournalResources.recovery.__doc__)(views.recovery)  # fmt: skip
+        description=JournalResources.recovery.__doc__)(views.recovery)
     add(IN_DOUBT_URI, name="journal-in-doubt", mime_type=JSON,
-        description=JournalResources.in_doubt.__doc__)(views.in_doubt)  # fmt: skip
+        description=JournalResources.in_doubt.__doc__)(views.in_doubt)
     add("journal://calls{?tool,state,limit,cursor}", name="journal-calls", mime_type=JSON,
-        description=JournalResources.calls.__doc__, security=_DATA_PARAMS)(views.calls)  # fmt: skip
+        description=JournalResources.calls.__doc__, security=_DATA_PARAMS)(views.calls)
     add("journal://calls/{tool}/{key}", name="journal-call", mime_type=JSON,
-        description=JournalResources.call.__doc__, security=_DATA_PARAMS)(_two(views.call))  # fmt: skip
+        description=JournalResources.call.__doc__, security=_DATA_PARAMS)(_two(views.call))
     add("journal://calls/{tool}/{key}{?principal}", name="journal-call-of-principal", mime_type=JSON,
-        description=JournalResources.call_of_principal.__doc__, security=_DATA_PARAMS)(views.call_of_principal)  # fmt: skip
+        description=JournalResources.call_of_principal.__doc__, security=_DATA_PARAMS)(views.call_of_principal)
     add("journal://entries{?after,limit}", name="journal-entries", mime_type=JSON,
-        description=JournalResources.entries.__doc__)(views.entries)  # fmt: skip
+        description=JournalResources.entries.__doc__)(views.entries)
     add("journal://processes/{process_id}", name="journal-process", mime_type=JSON,
-        description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)  # fmt: skip
+        description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)
     _install_read_context(server)
     return views
 

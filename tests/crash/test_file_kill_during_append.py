@@ -32,7 +32,7 @@ WRITERS = 4
 def run_writer(url: str, start: int, delay: float) -> tuple[list[tuple[int, int]], int]:
     """Start a writer, SIGKILL it `delay` seconds after it is ready; its acks and its exit code."""
     child = subprocess.Popen([sys.executable, "-m", "tests.crash.file_writer", url, str(start), str(WRITERS)],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert child.stdout is not None
     first = child.stdout.readline()
     assert first == b"ready\n", (first, child.stderr.read() if child.stderr else b"")

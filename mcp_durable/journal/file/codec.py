@@ -39,7 +39,8 @@ def identity_hash(key: bytes, identity: CallIdentity) -> int:
 
 def process_hash(process_id: str) -> int:
     """A 64-bit hash of a process id (collisions are harmless: entries are checked on read)."""
-    return int.from_bytes(hashlib.blake2b(process_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    digest = hashlib.blake2b(process_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def record_to_dict(record: CallRecord) -> dict[str, Any]:
@@ -50,7 +51,7 @@ def record_to_dict(record: CallRecord) -> dict[str, Any]:
         "attempts": record.attempts, "created_at": record.created_at, "updated_at": record.updated_at,
         "owner": record.owner, "lease_until": record.lease_until, "completed_at": record.completed_at,
         "expires_at": record.expires_at, "error": record.error,
-    }  # fmt: skip
+    }
     for name in _BYTES_FIELDS:
         value: bytes | None = getattr(record, name)
         if value is None:
@@ -83,7 +84,7 @@ def record_from_dict(d: dict[str, Any]) -> CallRecord:
         updated_at=d["updated_at"], owner=d["owner"], lease_until=d["lease_until"],
         completed_at=d["completed_at"], expires_at=d["expires_at"], result=blobs["result"],
         error=d["error"], arguments=blobs["arguments"], task_id=d.get("task_id"),
-    )  # fmt: skip
+    )
 
 
 def call_payload(op: str, h: int, record: CallRecord) -> bytes:

@@ -19,10 +19,10 @@ The environment variable `MCP_DURABLE_CRASH_AT` (`compaction:copied`, `compactio
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -159,7 +159,7 @@ async def compact(journal: CompactionTarget, now: float) -> CompactionReport:
         segments_after = len(keeper.current.segments)
     await journal.snapshot()
     return CompactionReport(purged, kept_records, kept_entries, len(sealed), segments_after, bytes_before,
-                            bytes_after, time.perf_counter() - started)  # fmt: skip
+                            bytes_after, time.perf_counter() - started)
 
 
 def _delete(directory: Path, segments: tuple[int, ...]) -> None:

@@ -83,7 +83,7 @@ class Manifest:
              "segments": [segment_name(n) for n in self.segments], "next_segment": self.next_segment,
              "seq_floor": self.seq_floor},
             option=orjson.OPT_INDENT_2,
-        )  # fmt: skip
+        )
 
     @classmethod
     def read(cls, directory: Path) -> Manifest | None:
@@ -98,7 +98,7 @@ class Manifest:
             if any(n is None for n in numbers) or not numbers:
                 raise ValueError("bad segment list")
             return cls(d["journal_id"], bytes.fromhex(d["hash_key"]), numbers, int(d["next_segment"]),  # type: ignore[arg-type]
-                       int(d.get("seq_floor", 0)), int(d["format"]))  # fmt: skip
+                       int(d.get("seq_floor", 0)), int(d["format"]))
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             raise JournalCorruptError(str(path), 0, f"unreadable manifest: {exc}") from exc
 
@@ -141,7 +141,7 @@ class ManifestKeeper:
             updated = replace(
                 m, segments=(new, *m.segments[len(old) :]), next_segment=max(m.next_segment, new + 1),
                 seq_floor=max(m.seq_floor, seq_floor),
-            )  # fmt: skip
+            )
             updated.write(self.directory)
             self.current = updated
 

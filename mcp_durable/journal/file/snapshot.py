@@ -82,7 +82,7 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "end": data.end, "byteorder": sys.byteorder, "crc": crc,
         "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
         "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
-    }  # fmt: skip
+    }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
@@ -156,7 +156,8 @@ def load(path: Path) -> LoadedSnapshot:
         # Absent from snapshots written before tasks existed (there were none then).
         calls.tasks = {(p, t): (int(h, 16), tool, key) for p, t, h, tool, key in header.get("tasks", ())}
         size = len(calls.table)
-        if size < 2 or size & (size - 1) or any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1]):
+        lengths_differ = any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1])
+        if size < 2 or size & (size - 1) or lengths_differ:
             raise SnapshotError("snapshot arrays do not fit together")
         calls.after_load()
         entries = EntryIndex()

@@ -36,8 +36,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
 from ..base import (
-    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
-)  # fmt: skip
+    CHECKPOINT,
+    SQL_LISTING_ORDER,
+    CallCursor,
+    ChangeSignals,
+    RecoveryReport,
+    sql_listing_filter,
+    stored_decoder,
+)
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from ..secrets import display_url
 from .listener import Listener
