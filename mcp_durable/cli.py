@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import ConfigError, DurableError
 from .journal import ENV_JOURNAL, create_journal, default_journal_url
-from .serving import INSPECTOR, add_serving_options, freeze_startup_heap, run_uvicorn, serve_server
+from .serving import INSPECTOR, add_serving_options, announce, freeze_startup_heap, run_uvicorn, serve_server
 
 __all__ = ["INSPECTOR", "build_parser", "freeze_startup_heap", "load_target", "main", "serve_server"]
 
@@ -109,12 +109,10 @@ def _console(args: argparse.Namespace) -> int:
                            principal_of=default_principal)
     app = standalone_app(source, args.host)
     signin = "a bearer token of $MCP_DURABLE_TOKENS" if tokens else f"none configured: everyone is {LOCAL_PRINCIPAL!r}"
-    print(
-        f"mcp-durable: console at http://{args.host}:{args.port}/console/\n"
-        f"  journal: {source.journal_url}\n"
+    announce(
+        f"mcp-durable: console at http://{args.host}:{args.port}/console/",
+        f"  journal: {source.journal_url}",
         f"  sign in: {signin}; admins: {', '.join(sorted(source.admins)) or 'none ($MCP_DURABLE_ADMINS)'}",
-        file=sys.stderr,
-        flush=True,
     )
     return run_uvicorn(app, args)
 

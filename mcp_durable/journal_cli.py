@@ -25,6 +25,7 @@ import orjson
 from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 from .journal.base import Maintainable
+from .operators import RESOLUTIONS
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -458,7 +459,7 @@ def add_journal_commands(subparsers: Any) -> None:
     resolve = command("resolve", _resolve, "an operator's verdict on a call in doubt")
     resolve.add_argument("tool")
     resolve.add_argument("key")
-    resolve.add_argument("--as", dest="resolution", required=True, choices=("completed", "not_applied", "failed"))
+    resolve.add_argument("--as", dest="resolution", required=True, choices=RESOLUTIONS)
     resolve.add_argument("--result", help="the JSON result repeats will replay (completed, failed)")
     resolve.add_argument("--principal", help="whose record (needed when several principals used the key)")
     resolve.add_argument("--note", default="", help="why, kept in the record's error field")

@@ -14,7 +14,7 @@ not replayed. Every action journals an audit entry (who, what, why) as an entry 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 import orjson
 
@@ -23,7 +23,9 @@ from .journal.base import Journal
 from .journal.model import CallIdentity, CallRecord, CallState, JournalEntry
 from .policy import DEFAULT_RETENTION
 
-RESOLUTIONS = ("completed", "failed", "not_applied")
+#: An operator's verdicts on a call in doubt (the admin tool's schema, the CLI's and the console's choices).
+Resolution = Literal["completed", "failed", "not_applied"]
+RESOLUTIONS: tuple[Resolution, ...] = get_args(Resolution)
 #: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
 AUDIT_PROCESS = "mcp-durable/operator-actions"
 AUDIT_ENTRY = "operator_action"

@@ -58,17 +58,20 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
     console = _mount_console(app, server, base_url) if not args.no_console else "off (--no-console)"
     heap = "collected as usual (--no-gc-freeze)" if args.no_gc_freeze else (
         f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
-    print(
-        f"mcp-durable: serving {label} over streamable HTTP at {url}\n"
-        f"  journal: {journal}\n"
-        f"  heap:    {heap}\n"
-        f"  console: {console}\n"
-        f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
+    announce(
+        f"mcp-durable: serving {label} over streamable HTTP at {url}",
+        f"  journal: {journal}",
+        f"  heap:    {heap}",
+        f"  console: {console}",
+        f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']",
         f"  e.g.:    npx -y {INSPECTOR} --cli {url} --transport http --method tools/list",
-        file=sys.stderr,
-        flush=True,
     )
     return run_uvicorn(app, args)
+
+
+def announce(*lines: str) -> None:
+    """A serving command's start-up banner, on stderr (stdout may be the stdio transport)."""
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def run_uvicorn(app: Any, args: argparse.Namespace) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .store import connect
+from .store import connect, read
 
 ENV_LEDGER = "PAYMENTS_LEDGER"
 DEFAULT_LEDGER = ".mcp-durable/payments-ledger.db"
@@ -108,13 +108,8 @@ class PaymentProvider:
 
     def find(self, idempotency_key: str) -> Effect | None:
         """The effect made under a key, if any (what a reconcile hook asks)."""
-        conn = self._connect()
-        try:
-            row = conn.execute(
-                "SELECT id, op, subject, amount_cents FROM effects WHERE idempotency_key=?", (idempotency_key,)
-            ).fetchone()
-        finally:
-            conn.close()
+        sql = "SELECT id, op, subject, amount_cents FROM effects WHERE idempotency_key=?"
+        row = next(iter(read(self.path, _SCHEMA, sql, (idempotency_key,))), None)
         return None if row is None else Effect(row[0], row[1], row[2], row[3], idempotency_key, False)
 
     def effects(self, op: str | None = None, subject: str | None = None) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ the code in `_meta["mcp-durable/error"]` (`results.refusal`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from .. import config
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
+from ..operators import Resolution
 from .redact import record_view
 from .results import dump_result
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
     from .app import DurableServer
 
 ENV_ADMINS = config.ADMINS
-Resolution = Literal["completed", "not_applied", "failed"]
 
 
 def admins_from_env() -> frozenset[str]:

@@ -27,7 +27,7 @@ from ..base import CHECKPOINT
 from .codec import process_hash
 from .framing import Damage, scan
 from .index import STATE_CODES, CallIndex, EntryIndex, pack
-from .segments import FILE_MODE, Manifest, fsync_dir, segment_name, segment_number
+from .segments import Manifest, fsync_dir, segment_name, segment_number, write_synced
 from .snapshot import LoadedSnapshot, SnapshotError, list_snapshots, load
 from .writer import data_end
 
@@ -186,14 +186,7 @@ def _repair(
 
 
 def _keep_aside(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(path, data)
     fsync_dir(path.parent)
 
 

@@ -45,17 +45,27 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new file, whole."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+def write_synced(path: Path, *chunks: bytes) -> None:
+    """Create (or truncate) `path` holding `chunks` in order, and fsync it before returning.
+
+    The one write-and-fsync loop of the file journal's side files (manifest, snapshots, bytes
+    kept aside); the directory entry is the caller's to fsync (`fsync_dir`), after a rename if
+    there is one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new file, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from .index import CallIndex, EntryIndex, Interned
-from .segments import FILE_MODE, fsync_dir, segment_name, segment_number
+from .segments import fsync_dir, segment_name, segment_number, write_synced
 
 FORMAT = 2  # 2: the call index's hash table is saved too
 PREFIX = "snapshot-"
@@ -84,15 +84,7 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        for blob in (orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)):
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(tmp, orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections))
     return tmp
 
 
