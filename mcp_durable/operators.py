@@ -13,7 +13,8 @@ not replayed. Every action journals an audit entry (who, what, why) as an entry 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, get_args
 
 import orjson
 
@@ -22,13 +23,28 @@ from .journal.base import Journal
 from .journal.model import CallIdentity, CallRecord, CallState, JournalEntry
 from .policy import DEFAULT_RETENTION
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-RESOLUTIONS = ("completed", "failed", "not_applied")
+#: An operator's verdicts on a call in doubt (the admin tool's schema, the CLI's and the console's choices).
+Resolution = Literal["completed", "failed", "not_applied"]
+RESOLUTIONS: tuple[Resolution, ...] = get_args(Resolution)
 #: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
 AUDIT_PROCESS = "mcp-durable/operator-actions"
 AUDIT_ENTRY = "operator_action"
+
+
+class Engine(Protocol):
+    """What an operator action uses of the engine (`mcp_durable.engine.Engine` is one): its
+    journal and clock, whether a pending record's owner is alive, and its change listeners.
+    A protocol, not the class, so this module does not import the engine that calls it."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def owner_alive(self, record: CallRecord, now: float) -> bool: ...
+
+    async def notify_changed(self, record: CallRecord) -> None: ...
 
 
 async def resolve(
@@ -64,12 +80,12 @@ async def resolve(
         expires = None if retention is None else now + retention
         if resolution == "not_applied":
             resolved = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                     error=f"resolved not applied by an operator{suffix}", expires_at=expires)  # fmt: skip
+                                     error=f"resolved not applied by an operator{suffix}", expires_at=expires)
         else:
             state = CallState.COMPLETED if resolution == "completed" else CallState.FAILED
             resolved = record.evolve(state=state, owner=None, lease_until=None, updated_at=now, completed_at=now,
                                      result=payload, expires_at=expires,
-                                     error=f"resolved {resolution} by an operator{suffix}")  # fmt: skip
+                                     error=f"resolved {resolution} by an operator{suffix}")
         # A lost swap means the record moved meanwhile (a retry took it over, another operator):
         # re-read and judge again.
         if await engine.journal.swap(record.version, resolved):
@@ -91,7 +107,7 @@ async def forget(engine: Engine, identity: CallIdentity, *, by: str = "", note: 
     while True:
         record, now = await _undecided(engine, identity)
         forgotten = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                  expires_at=now, error=f"forgotten by an operator{suffix}")  # fmt: skip
+                                  expires_at=now, error=f"forgotten by an operator{suffix}")
         if await engine.journal.swap(record.version, forgotten):
             await _audit(engine, record, forgotten, "forget", by=by, note=note)
             await engine.notify_changed(forgotten)
@@ -115,7 +131,7 @@ async def _audit(engine: Engine, before: CallRecord, after: CallRecord, action: 
     i = before.identity
     data: dict[str, Any] = {"action": action, "principal": i.principal, "tool": i.tool, "key": i.key,
                             "run_id": before.run_id, "from": before.state.value, "to": after.state.value,
-                            "by": by or "operator", "note": note}  # fmt: skip
+                            "by": by or "operator", "note": note}
     await engine.journal.append(AUDIT_PROCESS, AUDIT_ENTRY, data, after.updated_at)
 
 
@@ -123,4 +139,4 @@ async def audit_entries(journal: Journal, identity: CallIdentity) -> list[Journa
     """The audit entries of operator actions on the call `identity`, oldest first."""
     entries = await journal.entries(process_id=AUDIT_PROCESS)
     return [e for e in entries if e.entry_type == AUDIT_ENTRY and (e.data.get("principal"), e.data.get("tool"),
-            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]  # fmt: skip
+            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]

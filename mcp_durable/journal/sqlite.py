@@ -34,8 +34,14 @@ import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import (
-    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
-)  # fmt: skip
+    CHECKPOINT,
+    SQL_LISTING_ORDER,
+    CallCursor,
+    ChangeSignals,
+    RecoveryReport,
+    sql_listing_filter,
+    stored_decoder,
+)
 from .fsync import make_dirs
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
@@ -78,7 +84,7 @@ def _row(record: CallRecord) -> tuple[Any, ...]:
         i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
         record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
         record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
-    )  # fmt: skip
+    )
 
 
 @stored_decoder("call record")
@@ -114,7 +120,7 @@ class SQLiteJournal:
     single_writer = False
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", poll_interval: float = 0.02,
-                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:  # fmt: skip
+                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:
         self.path = Path(path)
         self.single_writer = single_writer
         self._lock_fd: int | None = None
@@ -150,7 +156,7 @@ class SQLiteJournal:
         # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
         # same arguments and results) the database file's mode, not 0600.
         for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
-                            (Path(f"{self.path}-shm"), os.O_RDWR)):  # fmt: skip
+                            (Path(f"{self.path}-shm"), os.O_RDWR)):
             try:
                 os.close(os.open(path, flags, 0o600))
                 os.chmod(path, 0o600)
@@ -166,11 +172,11 @@ class SQLiteJournal:
         # tasks' index and its schema version, each step atomic on its own.
         try:
             conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
-                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")  # fmt: skip
+                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")
             if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
                 conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
             conn.executescript(f"BEGIN IMMEDIATE;\n{_TASKS_INDEX};\n"
-                               f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;")  # fmt: skip
+                               f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;")
         except BaseException:
             conn.close()  # rolls the transaction back
             raise
@@ -326,7 +332,7 @@ class SQLiteJournal:
         tasks_only: bool = False,
     ) -> list[CallRecord]:
         where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="?",
-                                         tasks_only=tasks_only)  # fmt: skip
+                                         tasks_only=tasks_only)
         sql = f"SELECT {_COLUMNS} FROM calls {where} {SQL_LISTING_ORDER} LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*args, max(0, limit))).fetchall())
         return [_record(row) for row in rows]

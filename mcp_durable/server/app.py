@@ -14,7 +14,6 @@ already become identical `isError` results.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -27,20 +26,22 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
-from .. import limits
+from .. import config, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from . import prevalidated
+from .admin import admins_from_env, register_admin_tools
 from .auth import token_auth_kwargs, tokens_from_env
+from .notifications import JournalNotifier
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
-ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
+ENV_INSTANCE = config.INSTANCE
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class DurableServer(MCPServer[Any]):
         self._lifespan_users = 0
         if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
             # serverInfo.version: the server's own when given, else this package's (not "").
-            from .. import __version__
+            from ..version import __version__
 
             kwargs["version"] = __version__
         # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
@@ -106,7 +107,7 @@ class DurableServer(MCPServer[Any]):
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
         # on a shared journal one replica's `running` must not read as another's unclean stop.
-        replica = os.environ.get(ENV_INSTANCE)
+        replica = config.instance()
         process_id = f"server/{self.name}" + (f"/{replica}" if replica else "")
         engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": process_id}
         if clock is not None:
@@ -122,8 +123,11 @@ class DurableServer(MCPServer[Any]):
         self.output_schemas = OutputSchemas()
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
-        self.admin_principals: frozenset[str] = frozenset(admin_principals)
+        self.admin_principals: frozenset[str] = frozenset(admin_principals) or admins_from_env()
         self.journal_views = register_journal_resources(self)
+        self.journal_views.notifier = JournalNotifier(self)
+        self.journal_views.notifier.install()
+        register_admin_tools(self)
         # Tasks: served in both generations; in-doubt tasks are resumed at start.
         self.tasks = TaskProtocol(self)
         tasks_extension.protocol = self.tasks
@@ -155,7 +159,7 @@ class DurableServer(MCPServer[Any]):
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
             logger.warning("journal %s unavailable at start: %s",
-                           display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+                           display_url(self.journal.url), display_url(str(exc)))
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -170,7 +174,7 @@ class DurableServer(MCPServer[Any]):
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
                     logger.warning("journal %s: the stop could not be journaled: %s",
-                                   display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+                                   display_url(self.journal.url), display_url(str(exc)))
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -200,7 +204,7 @@ class DurableServer(MCPServer[Any]):
         super().add_tool(
             fn, name=name, title=title, description=description, annotations=annotations,
             icons=list(icons) if icons is not None else None, meta=meta, structured_output=structured_output,
-        )  # fmt: skip
+        )
         tool_name = name or fn.__name__
         if policy is not None:
             try:
@@ -367,7 +371,7 @@ class DurableServer(MCPServer[Any]):
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
                 principal=self.principal_of(context), canonical=canonical,
-            )  # fmt: skip
+            )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
         except DurableError as exc:
@@ -399,7 +403,7 @@ class DurableServer(MCPServer[Any]):
             tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
             run=self._runner(name, arguments, None, policy, model), encode=_encoder(tool),
             principal=self.principal_of(context), canonical=canonical,
-        )  # fmt: skip
+        )
 
     async def _resume_task(self, record: CallRecord) -> None:
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
@@ -458,7 +462,7 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
             "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
             "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
             name, ", ".join(sorted(resolved)),
-        )  # fmt: skip
+        )
 
 
 def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:

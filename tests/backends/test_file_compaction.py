@@ -29,12 +29,12 @@ anyio.run(main)
 
 
 def call(key: str, version: int, state: CallState, *, expires_at: float | None = None,
-         result: bytes | None = None, lease: float = 30) -> CallRecord:  # fmt: skip
+         result: bytes | None = None, lease: float = 30) -> CallRecord:
     return CallRecord(
         identity=CallIdentity("local", "refund", key), fingerprint="f", state=state, version=version,
         run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + lease,
         result=result, expires_at=expires_at, arguments=b'{"order":"%s"}' % key.encode(),
-    )  # fmt: skip
+    )
 
 
 async def build(path: Path) -> dict[str, CallRecord]:
@@ -125,7 +125,7 @@ async def test_a_crash_at_any_phase_of_compaction_leaves_every_live_record(tmp_p
     child = subprocess.run(
         [sys.executable, "-c", COMPACT_CHILD, str(path), str(SEGMENT), str(T0 + 50)],
         cwd=ROOT, env={**os.environ, "MCP_DURABLE_CRASH_AT": phase}, capture_output=True, timeout=120,
-    )  # fmt: skip
+    )
     assert child.returncode == -9, child.stderr.decode()
     on_disk = sorted(p.name for p in path.glob("seg-*.log"))
     if phase == "compaction:copied":

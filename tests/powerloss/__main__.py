@@ -14,7 +14,7 @@ from .harness import Options, Summary, run
 
 HEADER = ("| journal | events recorded | cut points | states checked | by window | opened / refused | "
           "repaired at open | acks checked | claims checked | steps checked | states with a violation | lost acks | "
-          "lost claims | other violations | time |")  # fmt: skip
+          "lost claims | other violations | time |")
 
 
 def row(s: Summary) -> str:
@@ -23,8 +23,9 @@ def row(s: Summary) -> str:
     bad = len({(v.cut, v.variant) for v in s.violations})
     return (f"| {s.kind} | {s.events} | {len(s.cuts)} | {s.states} | {windows} | "
             f"{s.outcomes['opened']} / {s.outcomes['refused']} | {s.recovered_with_repairs} | {s.acks_checked} | "
-            f"{s.claims_checked} | {s.steps_checked} | {bad} | **{s.count('lost_ack')}** | **{s.count('lost_claim')}** | "
-            f"{other} | {s.seconds_recording + s.seconds_checking:.0f} s |")  # fmt: skip
+            f"{s.claims_checked} | {s.steps_checked} | {bad} | "
+            f"**{s.count('lost_ack')}** | **{s.count('lost_claim')}** | "
+            f"{other} | {s.seconds_recording + s.seconds_checking:.0f} s |")
 
 
 def main() -> int:
@@ -45,14 +46,14 @@ def main() -> int:
     for kind in kinds:
         last = [time.monotonic()]
 
-        def progress(s: Summary) -> None:
+        def progress(s: Summary, last: list[float] = last) -> None:
             if time.monotonic() - last[0] > 10:
                 last[0] = time.monotonic()
                 print(f"  {s.kind}: {s.states} states, {len(s.violations)} violations", file=sys.stderr)
 
         summaries.append(run(Options(kind, cuts=args.cuts, seed=args.seed, calls=args.calls, variants=args.variants,
                                      skip_fsync=args.skip_fsync, synchronous=args.synchronous, restarts=args.restarts,
-                                     restart_cuts=args.restart_cuts), progress))  # fmt: skip
+                                     restart_cuts=args.restart_cuts), progress))
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))
     for s in summaries:

@@ -270,7 +270,7 @@ def _iov(arg: str) -> bytes:
 
 
 def _name_of(model: Model, inode: int) -> str:
-    for number, node in model.inodes.items():
+    for node in model.inodes.values():
         for name, child in node.entries.items():
             if child == inode:
                 return name
@@ -278,7 +278,7 @@ def _name_of(model: Model, inode: int) -> str:
 
 
 def events_with_states(calls: Iterable[Call], root: Path, marker_path: Path, *,
-                       initial: Path | None = None) -> Iterator[tuple[Event, Model]]:  # fmt: skip
+                       initial: Path | None = None) -> Iterator[tuple[Event, Model]]:
     """Every event, after it was applied to the model (one model, mutated in place).
 
     `initial`: a copy of what `root` held, durably, before the recording started."""

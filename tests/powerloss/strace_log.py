@@ -38,13 +38,13 @@ def traced_command(argv: Sequence[str], log: Path) -> list[str]:
     if strace is None:
         raise RuntimeError("strace is not installed (apt-get install strace)")
     return [strace, "-f", "-xx", "-s", "1000000", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}",
-            "-o", str(log), *argv]  # fmt: skip
+            "-o", str(log), *argv]
 
 
 def run_traced(argv: Sequence[str], log: Path, *, timeout: float, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(traced_command(argv, log), capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=cwd, check=False)  # fmt: skip
+                          cwd=cwd, check=False)
 
 
 @dataclass(frozen=True, slots=True)

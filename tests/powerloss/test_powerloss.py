@@ -16,7 +16,7 @@ from .strace_log import strace_binary
 if strace_binary() is None:
     if os.environ.get("CI"):
         pytest.fail("strace is required in CI for the power-loss harness (apt-get install strace)",
-                    pytrace=False)  # fmt: skip
+                    pytrace=False)
     pytest.skip("strace is not installed: the power-loss harness cannot record", allow_module_level=True)
 
 
@@ -70,7 +70,8 @@ def _first_ack(events: list[Event], _windows: list[str]) -> list[int]:
 
 def _creation(events: list[Event], windows: list[str]) -> list[int]:
     """Power lost at every event while the journal is being created (up to its first write)."""
-    stop = next(ev.index for ev in events if ev.label.startswith("write seg-") or ev.label.startswith("write journal.db-wal"))
+    first_writes = ("write seg-", "write journal.db-wal")
+    stop = next(ev.index for ev in events if ev.label.startswith(first_writes))
     return list(range(1, stop + 2))
 
 

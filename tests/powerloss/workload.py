@@ -79,7 +79,7 @@ def result_for(key: str, size: int) -> bytes:
 
 class Workload:
     def __init__(self, kind: str, root: Path, markers: Path, calls: int, seed: int,
-                 synchronous: str | None = None, first_key: int = 0) -> None:  # fmt: skip
+                 synchronous: str | None = None, first_key: int = 0) -> None:
         self.kind = kind
         self.first_key = first_key
         self.synchronous = synchronous
@@ -121,12 +121,12 @@ class Workload:
         size = rng.choice((20, 200, 900, 3000))
         try:
             outcome = await engine.execute(tool=tool, policy=policy, arguments={"n": key}, meta={KEY_META: key},
-                                           run=self.tool(tool, key, principal, size), principal=principal)  # fmt: skip
+                                           run=self.tool(tool, key, principal, size), principal=principal)
         except RuntimeError:
             return
         assert outcome.payload is not None
         self.mark(m="ack", principal=principal, tool=tool, key=key, payload=outcome.payload.decode(),
-                  failed=tool == "decline", expires=tool == "temp", at=self.clock())  # fmt: skip
+                  failed=tool == "decline", expires=tool == "temp", at=self.clock())
         self.done.append((principal, tool, key))
 
     async def batch(self, engine: Engine, first: int, count: int) -> None:

@@ -126,7 +126,7 @@ class GroupCommit:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._write, batch)
             self.durable_seq = max(self.durable_seq, batch.last_seq)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - kept for every writer waiting on the batch
             self.failure = exc
         finally:
             batch.finished = True

@@ -19,15 +19,22 @@ from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, sort_k
 from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from . import snapshot as snapshots
-from .codec import (call_payload, entry_from_dict, entry_payload, identity_hash, process_hash, purge_payload,
-                    record_from_dict)  # fmt: skip
+from .codec import (
+    call_payload,
+    entry_from_dict,
+    entry_payload,
+    identity_hash,
+    process_hash,
+    purge_payload,
+    record_from_dict,
+)
 from .commit import Batch, GroupCommit
 from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
 from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
 from .lock import WriterLock
 from .recovery import recover
-from .writer import SegmentWriter
 from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
+from .writer import SegmentWriter
 
 if TYPE_CHECKING:
     from .compaction import CompactionReport
@@ -45,7 +52,7 @@ class FileJournal:
     single_writer = True
 
     def __init__(self, directory: str | os.PathLike[str], *, durability: str = "strict", read_only: bool = False,
-                 url: str | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:  # fmt: skip
+                 url: str | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:
         if durability not in ("strict", "relaxed"):
             raise ConfigError(f"durability must be strict or relaxed, not {durability!r}")
         self.directory = Path(directory)
@@ -149,7 +156,7 @@ class FileJournal:
             "file", 0.0, snapshot_used=found.snapshot_used, records_loaded=len(found.calls),
             entries_replayed=found.frames_replayed, bytes_truncated=found.bytes_truncated,
             truncated_to=found.truncated_to, problems=tuple(found.problems),
-        )  # fmt: skip
+        )
 
     async def aclose(self) -> None:
         if self._manifest is None:
@@ -400,7 +407,7 @@ class FileJournal:
             and (tool_id is None or idx.tool[s] == tool_id)
             and (principal_id is None or idx.principal[s] == principal_id) and idx.created[s] <= top
             and (task_slots is None or s in task_slots)
-        ]  # fmt: skip
+        ]
         candidates.sort(reverse=True)
         out: list[CallRecord] = []
         i = 0
