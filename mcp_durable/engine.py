@@ -51,7 +51,7 @@ from typing import Any
 import anyio
 import orjson
 
-from . import keys, operators
+from . import keys, observe, operators
 from .errors import (
     ConfigError,
     DeterminismError,
@@ -389,7 +389,8 @@ class Engine(TaskRuns):
                     # whose tool never ran, later mistaken for a crash in the danger window.
                     self._hold(identity)  # before the claim is sent: see `_running`
                     try:
-                        won, record = await self.journal.claim(fresh, now)
+                        with observe.span("durable.claim"):
+                            won, record = await self.journal.claim(fresh, now)
                         if won:
                             await self.notify_changed(record)
                             return await self._run(record, policy, run)
@@ -437,6 +438,7 @@ class Engine(TaskRuns):
                     raise InProgressError(identity.tool, identity.key, retry_after)
                 # Latch on: sleep until the record changes (or a lease check is due), re-read.
                 lease_left = max(0.01, (record.lease_until or now) - now)
+                observe.waited()
                 await self.journal.wait_for_change(identity, min(remaining, lease_left))
                 return None  # re-read and decide again
             doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
@@ -502,7 +504,9 @@ class Engine(TaskRuns):
         with anyio.CancelScope(shield=True):
             self._hold(record.identity)  # before the swap is sent: see `_running`
             try:
-                if not await self.journal.swap(record.version, claimed):
+                with observe.span("durable.claim", take_over=True):
+                    taken = await self.journal.swap(record.version, claimed)
+                if not taken:
                     return None
                 await self.notify_changed(claimed)
                 return await self._run(claimed, policy, run)
@@ -626,7 +630,9 @@ class Engine(TaskRuns):
             owner=None, lease_until=None, completed_at=now, updated_at=now, result=outcome.payload,
             expires_at=None if policy.retention is None else now + policy.retention,
         )  # fmt: skip
-        if not await self.journal.swap(record.version, done):
+        with observe.span("durable.persist", state=done.state.value):
+            persisted = await self.journal.swap(record.version, done)
+        if not persisted:
             current = await self.journal.get(record.identity)
             if current is not None and current.state.is_final:
                 return current, False  # someone resolved it meanwhile (an operator); theirs stands

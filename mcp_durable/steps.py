@@ -26,6 +26,7 @@ from typing import Any
 
 import anyio.from_thread
 
+from . import observe
 from .errors import DeterminismError
 from .journal.base import Journal
 from .journal.model import CallIdentity, JournalEntry
@@ -107,13 +108,15 @@ class DurableCall:
             if recorded["name"] != name:
                 raise DeterminismError(index, recorded["name"], name)
             self.steps_replayed += 1
-            return recorded["result"]
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        await self._journal.append(
-            self.process_id, STEP_ENTRY, {"index": index, "name": name, "result": result}, self._clock()
-        )
+            with observe.span("durable.step", step=name, index=index, replayed=True):
+                return recorded["result"]
+        with observe.span("durable.step", step=name, index=index, replayed=False):
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            await self._journal.append(
+                self.process_id, STEP_ENTRY, {"index": index, "name": name, "result": result}, self._clock()
+            )
         self.steps_run += 1
         return result
 

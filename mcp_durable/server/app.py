@@ -33,6 +33,7 @@ from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
+from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
 from .auth import token_auth_kwargs, tokens_from_env
 from .resources import register_journal_resources
@@ -68,7 +69,9 @@ class DurableServer(MCPServer[Any]):
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
     (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
     durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
-    refused (`non_finite_argument`).
+    refused (`non_finite_argument`). `telemetry` (a
+    `Telemetry`, or True for one on the global OpenTelemetry providers) adds durable attributes,
+    child spans and metrics to every durable call (docs/telemetry.md); None emits nothing.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class DurableServer(MCPServer[Any]):
         max_argument_bytes: int | None = limits.DEFAULT_MAX_ARGUMENT_BYTES,
         max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
         max_argument_depth: int | None = limits.DEFAULT_MAX_ARGUMENT_DEPTH,
+        telemetry: Telemetry | bool | None = None,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -123,6 +127,9 @@ class DurableServer(MCPServer[Any]):
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals)
+        self.telemetry: Telemetry | None = Telemetry() if telemetry is True else (telemetry or None)
+        if self.telemetry is not None:
+            self.telemetry.attach(self.engine)
         self.journal_views = register_journal_resources(self)
         # Tasks: served in both generations; in-doubt tasks are resumed at start.
         self.tasks = TaskProtocol(self)
@@ -156,6 +163,9 @@ class DurableServer(MCPServer[Any]):
             # the fault clears without a restart.
             logger.warning("journal %s unavailable at start: %s",
                            display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+        else:
+            if self.telemetry is not None and self._lifespan_users == 0:
+                await self.telemetry.start(self.journal)
         self._lifespan_users += 1
         try:
             if self._user_lifespan is None:
@@ -166,6 +176,8 @@ class DurableServer(MCPServer[Any]):
         finally:
             self._lifespan_users -= 1
             if self._lifespan_users == 0:
+                if self.telemetry is not None:
+                    self.telemetry.stop()
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
@@ -363,24 +375,44 @@ class DurableServer(MCPServer[Any]):
         (`DurableError`) become `isError` results; a replay carries the replay `_meta`. Used by
         `call_tool` here and by the proxy (mcp_durable/proxy/), whose `run` forwards upstream.
         """
+        principal = self.principal_of(context)
+        if self.telemetry is None:
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None)
+        with self.telemetry.call(name, principal) as observed:
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, observed)
+
+    async def _run_durable(
+        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes,
+        context: Context[Any, Any] | None, run: Runner, encode: Encoder | None, principal: str,
+        observed: ObservedCall | None,
+    ) -> CallToolResult | InputRequiredResult:  # fmt: skip
         try:
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
-                principal=self.principal_of(context), canonical=canonical,
+                principal=principal, canonical=canonical,
             )  # fmt: skip
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
+            if observed is not None:
+                observed.refused(exc)
             return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
         except DurableError as exc:
+            if observed is not None:
+                observed.refused(exc)
             return self.refuse(name, exc, getattr(exc, "key", None))
         except ToolError as exc:
             # A DurableError inside the tool (e.g. the journal failing under a durable step),
             # wrapped by the SDK: answered with its code, not as an anonymous crash.
             if isinstance(exc.__cause__, DurableError):
+                if observed is not None:
+                    observed.refused(exc.__cause__)
                 return self.refuse(name, exc.__cause__, getattr(exc.__cause__, "key", None))
             raise
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
-        return answer(outcome)
+        result = answer(outcome)
+        if observed is not None:
+            observed.answered(outcome, bool(result.is_error))
+        return result
 
     # -- tasks (server/tasks.py serves the protocol; these run them) -------------------------------
 

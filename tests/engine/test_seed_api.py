@@ -13,7 +13,6 @@ from mcp_durable.journal.replay import ProcessJournal
 from mcp_durable.journal.replay import ReplayEngine as NativeReplayEngine
 from mcp_durable.seed import FileJournal, InMemoryJournal, JournalEntry, ReplayEngine, SeedJournal, SQLiteJournal, import_seed_files, open_journal
 
-pytestmark = pytest.mark.anyio
 
 
 def seed_journals(tmp_path: Path) -> dict[str, SeedJournal]:

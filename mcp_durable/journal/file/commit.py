@@ -34,6 +34,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from ... import observe
 from ...errors import JournalError
 from .writer import SegmentWriter
 
@@ -117,6 +118,7 @@ class GroupCommit:
         assert batch is self.current
         self.current = Batch()
         self.flushing = batch
+        began = time.perf_counter()
         try:
             if batch.chunks:
                 if self.flush_s < INLINE_FLUSH_S:
@@ -126,6 +128,8 @@ class GroupCommit:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._write, batch)
             self.durable_seq = max(self.durable_seq, batch.last_seq)
+            if batch.chunks:
+                observe.journal_committed("file", time.perf_counter() - began, sum(len(c[2]) for c in batch.chunks))
         except Exception as exc:
             self.failure = exc
         finally:
