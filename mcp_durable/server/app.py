@@ -36,6 +36,7 @@ from ..steps import DurableCall
 from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
 from .auth import token_auth_kwargs, tokens_from_env
+from .lookup import register_lookup_tool
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
@@ -71,7 +72,8 @@ class DurableServer(MCPServer[Any]):
     durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
     refused (`non_finite_argument`). `telemetry` (a
     `Telemetry`, or True for one on the global OpenTelemetry providers) adds durable attributes,
-    child spans and metrics to every durable call (docs/telemetry.md); None emits nothing.
+    child spans and metrics to every durable call (docs/telemetry.md); None emits nothing. `lookup_tool=True` adds `journal_lookup(tool, key)`, a read tool any caller
+    may use on its own records (server/lookup.py).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class DurableServer(MCPServer[Any]):
         max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
         max_argument_depth: int | None = limits.DEFAULT_MAX_ARGUMENT_DEPTH,
         telemetry: Telemetry | bool | None = None,
+        lookup_tool: bool = False,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -137,6 +140,8 @@ class DurableServer(MCPServer[Any]):
         self.middleware.append(self.tasks.middleware)
         self.engine.task_resumer = self._resume_task
         self.engine.task_policy = self.policies.get
+        if lookup_tool:
+            register_lookup_tool(self)
 
     @property
     def journal(self) -> Journal:
