@@ -70,10 +70,11 @@ class DurableServer(MCPServer[Any]):
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
     (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
     durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
-    refused (`non_finite_argument`). `telemetry` (a
-    `Telemetry`, or True for one on the global OpenTelemetry providers) adds durable attributes,
-    child spans and metrics to every durable call (docs/telemetry.md); None emits nothing. `lookup_tool=True` adds `journal_lookup(tool, key)`, a read tool any caller
-    may use on its own records (server/lookup.py).
+    refused (`non_finite_argument`). `telemetry` (a `Telemetry`, or True for one on the global
+    OpenTelemetry providers) adds durable attributes, child spans and metrics to every durable
+    call (docs/telemetry.md); None emits nothing. `lookup_tool=True` adds
+    `journal_lookup(tool, key)`, a read tool any caller may use on its own records
+    (server/lookup.py).
     """
 
     def __init__(
