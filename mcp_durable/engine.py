@@ -514,10 +514,22 @@ class Engine(TaskRuns):
                 self._unhold(record.identity)
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
+    async def reconcile_unattended(self, record: CallRecord, policy: ToolPolicy, encode: Encoder) -> CallRecord | None:
+        """Reconcile an in-doubt record with no caller waiting (background recovery, `recovery.py`).
+
+        The hook's answer completes the record, as for a call; NOT_APPLIED releases it instead of
+        running the tool (there is nobody to answer, and the next call with the key runs it).
+        Returns the record as it is afterwards (None if it vanished); raises `InDoubtError` when
+        the hook could not tell (the record stays in doubt, with the reason in `error`).
+        """
+        await self._reconcile(record, policy, None, encode)
+        return await self.journal.get(record.identity)
+
     async def _reconcile(
-        self, record: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder | None
+        self, record: CallRecord, policy: ToolPolicy, run: Runner | None, encode: Encoder | None
     ) -> CallOutcome | None:
-        """Ask the downstream system whether the in-doubt effect happened, then complete or run."""
+        """Ask the downstream system whether the in-doubt effect happened, then complete or run
+        (or, with no `run`, release it for the next call)."""
         assert policy.reconcile is not None and encode is not None
         now = self.clock()
         identity = record.identity
@@ -533,7 +545,7 @@ class Engine(TaskRuns):
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
     async def _reconcile_owned(
-        self, record: CallRecord, claimed: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder
+        self, record: CallRecord, claimed: CallRecord, policy: ToolPolicy, run: Runner | None, encode: Encoder
     ) -> CallOutcome | None:
         """`_reconcile` once this instance holds the identity: own it, ask the hook, complete or run."""
         assert policy.reconcile is not None
@@ -557,6 +569,9 @@ class Engine(TaskRuns):
         finally:
             unbind(token)
         if isinstance(found, NotApplied):
+            if run is None:  # unattended: nobody to run it for; the next call with the key runs it
+                await self._release(claimed, policy, "reconciled in the background: not applied")
+                return None
             running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
             if not await self._swap(claimed, running):
                 return None

@@ -88,12 +88,18 @@ class Telemetry:
 
     async def start(self, journal: Journal) -> None:
         """Load the calls in doubt and start observing journal commits and leases (process-wide)."""
-        cursor: CallCursor | None = None
-        while page := await journal.list_calls(state=CallState.IN_DOUBT, limit=500, cursor=cursor):
-            self.in_doubt.update(r.identity for r in page)
-            cursor = CallCursor.after(page[-1])
+        await self.refresh(journal)
         if self._detach is None:
             self._detach = observe.add_journal_observer(self)
+
+    async def refresh(self, journal: Journal) -> None:
+        """Re-read the calls in doubt from the journal (other replicas' changes included)."""
+        found: set[CallIdentity] = set()
+        cursor: CallCursor | None = None
+        while page := await journal.list_calls(state=CallState.IN_DOUBT, limit=500, cursor=cursor):
+            found.update(r.identity for r in page)
+            cursor = CallCursor.after(page[-1])
+        self.in_doubt = found
 
     def stop(self) -> None:
         if self._detach is not None:

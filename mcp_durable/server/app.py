@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+import anyio
 import orjson
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context, MCPServer
@@ -33,6 +34,7 @@ from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
+from ..recovery import BackgroundRecovery, ReconcilePass
 from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
 from .auth import token_auth_kwargs, tokens_from_env
@@ -43,6 +45,9 @@ from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
+
+#: Seconds between background reconcile passes (`reconcile_interval`); the first runs at start.
+DEFAULT_RECONCILE_INTERVAL = 60.0
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
@@ -93,6 +98,7 @@ class DurableServer(MCPServer[Any]):
         max_argument_depth: int | None = limits.DEFAULT_MAX_ARGUMENT_DEPTH,
         telemetry: Telemetry | bool | None = None,
         lookup_tool: bool = False,
+        reconcile_interval: float | None = DEFAULT_RECONCILE_INTERVAL,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -143,6 +149,13 @@ class DurableServer(MCPServer[Any]):
         self.engine.task_policy = self.policies.get
         if lookup_tool:
             register_lookup_tool(self)
+        # In-doubt calls of `reconcile` tools are reconciled at start and every interval (recovery.py).
+        self.recovery: BackgroundRecovery | None = None
+        if reconcile_interval is not None:
+            if reconcile_interval <= 0:
+                raise ConfigError(f"reconcile_interval must be positive seconds or None, not {reconcile_interval!r}")
+            self.recovery = BackgroundRecovery(self.engine, self.policies, self.result_encoder, reconcile_interval,
+                                               after_pass=self._after_recovery_pass)  # fmt: skip
 
     @property
     def journal(self) -> Journal:
@@ -174,11 +187,18 @@ class DurableServer(MCPServer[Any]):
                 await self.telemetry.start(self.journal)
         self._lifespan_users += 1
         try:
-            if self._user_lifespan is None:
-                yield {}
-            else:
-                async with self._user_lifespan(app) as state:
-                    yield state
+            # Background work (recovery) runs while the first user of the lifespan is inside it.
+            async with anyio.create_task_group() as background:
+                if self._lifespan_users == 1 and self.recovery is not None:
+                    background.start_soon(self.recovery.run_forever)
+                try:
+                    if self._user_lifespan is None:
+                        yield {}
+                    else:
+                        async with self._user_lifespan(app) as state:
+                            yield state
+                finally:
+                    background.cancel_scope.cancel()
         finally:
             self._lifespan_users -= 1
             if self._lifespan_users == 0:
@@ -341,6 +361,15 @@ class DurableServer(MCPServer[Any]):
             return self.tool_outcome(name, policy, result)
 
         return run
+
+    def result_encoder(self, name: str) -> Encoder | None:
+        """How a value a reconcile hook found for tool `name` becomes its stored result (None: not a tool here)."""
+        tool = self._tool_manager.get_tool(name)
+        return None if tool is None else _encoder(tool)
+
+    async def _after_recovery_pass(self, report: ReconcilePass) -> None:
+        if self.telemetry is not None:
+            await self.telemetry.refresh(self.journal)  # in-doubt calls other replicas marked, too
 
     def tool_outcome(
         self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult
