@@ -294,6 +294,14 @@ class Engine(TaskRuns):
         return await operators.resolve(self, identity, resolution, payload=payload, note=note, retention=retention,
                                        by=by)  # fmt: skip
 
+    async def rerun(
+        self, identity: CallIdentity, *, from_step: int | None = None, by: str = "", note: str = "",
+        retention: float | None = DEFAULT_RETENTION,
+    ) -> CallRecord:  # fmt: skip
+        """Re-run a completed or failed call under a new attempt: see `operators.rerun`."""
+        await self.start()
+        return await operators.rerun(self, identity, from_step=from_step, by=by, note=note, retention=retention)
+
     async def forget(self, identity: CallIdentity, *, by: str = "", note: str = "") -> CallRecord:
         """Forget an in-doubt (or released) call so its key runs anew: see `operators.forget`."""
         await self.start()

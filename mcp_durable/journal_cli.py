@@ -1,7 +1,7 @@
 """`mcp-durable journal …`: inspect and operate a journal from the shell.
 
     mcp-durable journal [--journal URL] [--json] stats | list | show | tail | verify | compact
-                                                 | export FILE | import FILE | resolve | forget
+                                                 | export FILE | import FILE | resolve | forget | rerun
 
 Data goes to stdout (rich tables, or with `--json` one JSON object per line), messages and
 progress to stderr. Exit 0 ok, 1 a `DurableError` (or a corrupt journal for `verify`), 2 a usage
@@ -398,6 +398,26 @@ async def _forget(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _rerun(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    from .server.redact import record_view
+
+    journal = await _open(args, read_only=False)
+    try:
+        record = await _one_record(journal, args)
+        released = await Engine(journal).rerun(record.identity, from_step=args.from_step, by=_operator(),
+                                               note=args.note)  # fmt: skip
+        sensitive = await _sensitive(journal)
+    finally:
+        await journal.aclose()
+    if _wants_json(args):
+        _emit_json(record_view(released, sensitive.get(args.tool, ())))
+    else:
+        start = "" if args.from_step is None else f" from step {args.from_step}"
+        _say(f"re-run {released.identity.principal} {args.tool}/{args.key}{start}: the next call with this key runs it")
+    return 0
+
+
 def _operator() -> str:
     """Who acts from the shell, for the audit entry: the OS user."""
     import getpass
@@ -467,6 +487,12 @@ def add_journal_commands(subparsers: Any) -> None:
     forget.add_argument("key")
     forget.add_argument("--principal", help="whose record (needed when several principals used the key)")
     forget.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
+    rerun = command("rerun", _rerun, "re-run a completed or failed call: the next call with its key runs it again")
+    rerun.add_argument("tool")
+    rerun.add_argument("key")
+    rerun.add_argument("--from-step", type=int, help="replay the durable steps before this index, run the rest")
+    rerun.add_argument("--principal", help="whose record (needed when several principals used the key)")
+    rerun.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
 
 
 __all__ = ["ConfigError", "JournalError", "UsageError", "add_journal_commands", "read_only_url"]
