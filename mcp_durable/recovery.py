@@ -18,13 +18,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-import anyio
-
 from .engine import Encoder, Engine
 from .errors import DurableError
 from .journal.base import CallCursor
 from .journal.model import CallState
 from .policy import ToolPolicy
+from .schedule import run_every
 
 logger = logging.getLogger(__name__)
 
@@ -100,15 +99,14 @@ class BackgroundRecovery:
         """Whether any tool could be reconciled unattended (else the pass is skipped)."""
         return any(p.reconcile is not None and p.in_doubt_policy == "reconcile" for p in self.policies.values())
 
+    async def run_once(self) -> ReconcilePass | None:
+        """One pass (None when no tool could be reconciled unattended)."""
+        if not self.wanted():
+            return None
+        self.last = await reconcile_in_doubt(self.engine, self.policies, self.encoder)
+        if self.after_pass is not None:
+            await self.after_pass(self.last)
+        return self.last
+
     async def run_forever(self) -> None:
-        while True:
-            if not self.wanted():
-                await anyio.sleep(self.interval)
-                continue
-            try:
-                self.last = await reconcile_in_doubt(self.engine, self.policies, self.encoder)
-                if self.after_pass is not None:
-                    await self.after_pass(self.last)
-            except Exception:  # noqa: BLE001 - e.g. the journal is down: try again next interval
-                logger.warning("background recovery pass failed", exc_info=True)
-            await anyio.sleep(self.interval)
+        await run_every(self.interval, self.run_once, "recovery")

@@ -7,7 +7,7 @@ record means. A backend is done when it passes `tests/contract/`, unchanged.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
@@ -119,6 +119,10 @@ class Journal(Protocol):
     - `list_calls` is newest first by `(created_at, identity)`, strictly after `cursor`;
       `tasks_only` keeps the records that are tasks (`task_id` set).
     - Process entries get strictly increasing `seq` numbers across the journal.
+    - `purge_entries(process_ids, before_seq)` drops the entries of those processes (only those
+      with `seq < before_seq` when given; retention uses it for the durable steps of expired
+      records and old lifecycle entries); returns how many. Later reads never return them; the
+      space comes back as the backend reuses it (the file journal: at its next compaction).
     - Stores never read the clock: every time is passed in.
     - Faults: every failure of the storage (an OS error, a driver error, a lost or unreadable
       file, a row or frame that does not decode as a record) raises `JournalError`, never the
@@ -171,6 +175,8 @@ class Journal(Protocol):
     ) -> list[JournalEntry]: ...
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None: ...
+
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int: ...
 
 
 CHECKPOINT = "checkpoint"

@@ -35,6 +35,8 @@ from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from ..recovery import BackgroundRecovery, ReconcilePass
+from ..retention import BackgroundRetention, RetentionSchedule
+from ..schedule import check_interval
 from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
 from .auth import token_auth_kwargs, tokens_from_env
@@ -79,7 +81,10 @@ class DurableServer(MCPServer[Any]):
     OpenTelemetry providers) adds durable attributes, child spans and metrics to every durable
     call (docs/telemetry.md); None emits nothing. `lookup_tool=True` adds
     `journal_lookup(tool, key)`, a read tool any caller may use on its own records
-    (server/lookup.py).
+    (server/lookup.py). `reconcile_interval` (60 s; None: off) reconciles in-doubt calls of
+    `reconcile` tools in the background (recovery.py); `retention_schedule` (None: off) purges
+    expired records, their steps and old lifecycle entries, and compacts the file journal,
+    every `interval` (retention.py).
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class DurableServer(MCPServer[Any]):
         telemetry: Telemetry | bool | None = None,
         lookup_tool: bool = False,
         reconcile_interval: float | None = DEFAULT_RECONCILE_INTERVAL,
+        retention_schedule: RetentionSchedule | None = RetentionSchedule(),
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -151,11 +157,15 @@ class DurableServer(MCPServer[Any]):
             register_lookup_tool(self)
         # In-doubt calls of `reconcile` tools are reconciled at start and every interval (recovery.py).
         self.recovery: BackgroundRecovery | None = None
-        if reconcile_interval is not None:
-            if reconcile_interval <= 0:
-                raise ConfigError(f"reconcile_interval must be positive seconds or None, not {reconcile_interval!r}")
+        if check_interval("reconcile_interval", reconcile_interval) is not None:
+            assert reconcile_interval is not None
             self.recovery = BackgroundRecovery(self.engine, self.policies, self.result_encoder, reconcile_interval,
                                                after_pass=self._after_recovery_pass)  # fmt: skip
+        # Expired records, their steps and old lifecycle entries purged on a schedule (retention.py).
+        self.retention: BackgroundRetention | None = None
+        if retention_schedule is not None:
+            check_interval("retention_schedule.interval", retention_schedule.interval)
+            self.retention = BackgroundRetention(self.engine, retention_schedule)
 
     @property
     def journal(self) -> Journal:
@@ -189,8 +199,10 @@ class DurableServer(MCPServer[Any]):
         try:
             # Background work (recovery) runs while the first user of the lifespan is inside it.
             async with anyio.create_task_group() as background:
-                if self._lifespan_users == 1 and self.recovery is not None:
-                    background.start_soon(self.recovery.run_forever)
+                if self._lifespan_users == 1:
+                    for job in (self.recovery, self.retention):
+                        if job is not None:
+                            background.start_soon(job.run_forever)
                 try:
                     if self._user_lifespan is None:
                         yield {}

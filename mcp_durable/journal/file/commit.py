@@ -82,6 +82,27 @@ class GroupCommit:
         batch.last_seq = seq
         return batch
 
+    def pending(self, segment: int, offset: int) -> bytes | None:
+        """The frame at `(segment, offset)` if it waits in a batch not written yet, else None.
+
+        The index points at a frame as soon as it is queued, so a reader that did not wait for
+        this very frame (a listing while writers go on) may find its bytes not in the file yet.
+        """
+        for batch in (self.flushing, self.current):
+            if batch is None:
+                continue
+            for chunk_segment, start, frames in batch.chunks:
+                if chunk_segment != segment or offset < start:
+                    continue
+                at = start
+                for frame in frames:
+                    if at == offset:
+                        return frame
+                    at += len(frame)
+                    if at > offset:
+                        break
+        return None
+
     def check(self) -> None:
         if self.failure is not None:
             raise JournalError(f"the journal failed to write: {self.failure}") from self.failure
