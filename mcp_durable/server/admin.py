@@ -130,11 +130,8 @@ def register_admin_tools(server: DurableServer) -> bool:
         """Re-run a completed or failed call under a new attempt: the next call with its key runs the
         tool again, replaying durable steps before index `from_step` (None: every step runs again)."""
         caller = require_admin(ctx)
-        try:
-            record = await server.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
-                                               by=caller, note=note, retention=_retention(server, tool))  # fmt: skip
-        except DurableError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
+        record = await server.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
+                                           by=caller, note=note, retention=_retention(server, tool))  # fmt: skip
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 

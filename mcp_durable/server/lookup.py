@@ -14,10 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
-from ..errors import DurableError
 from ..journal.model import CallIdentity
 from .redact import record_view
 
@@ -36,11 +34,8 @@ def register_lookup_tool(server: DurableServer) -> None:
         of its result): whether it ran (`state`: pending, completed, failed, in_doubt, released)
         and, when completed or failed, its result. `found` is false for a key you never used."""
         identity = CallIdentity(server.principal_of(ctx), tool, key)
-        try:
-            await server.engine.start()
-            record = await server.journal.get(identity)
-        except DurableError as exc:
-            raise ToolError(f"{exc.code}: {exc.message}") from None
+        await server.engine.start()  # a JournalError is answered as journal_unavailable by the server
+        record = await server.journal.get(identity)
         if record is None or record.is_expired(server.engine.clock()):
             return {"found": False, "tool": tool, "key": key}
         policy = server.policies.get(tool)

@@ -457,7 +457,9 @@ class FileJournal:
         idx, e = self._calls, self._entries
         live = sum(idx.size[s] for s in range(len(idx.state)) if idx.state[s] != DEAD)
         live += sum(e.size[i] for i in range(len(e)) if i not in self._dropped)
-        total = sum(p.stat().st_size for p in self.directory.glob("seg-*.log"))
+        # The active segment counts up to its data: the space allocated ahead of it is not garbage.
+        total = self._active_end + sum(p.stat().st_size for p in self.directory.glob("seg-*.log")
+                                       if p.name != segment_name(self._active))  # fmt: skip
         return total, live
 
     async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
