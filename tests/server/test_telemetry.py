@@ -249,3 +249,33 @@ async def test_keys_are_recorded_in_clear_only_when_configured_and_nothing_is_em
                 and s.parent is not None and without.context is not None and s.parent.span_id == without.context.span_id]
 
 
+
+
+async def test_a_lease_renewal_that_finds_the_call_taken_from_its_owner_is_counted(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    server = DurableServer("otel", journal="memory://", telemetry=telemetry)
+    started, release = anyio.Event(), anyio.Event()
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",), lease=0.3))
+    async def hold(order_id: str) -> str:
+        started.set()
+        await release.wait()
+        return order_id
+
+    async with Client(server) as client, anyio.create_task_group() as group:
+        group.start_soon(client.call_tool, "hold", {"order_id": "O-8"})
+        await started.wait()
+        identity = CallIdentity("local", "hold", "O-8")
+        record = await server.journal.get(identity)
+        assert record is not None
+        # Another party moves the record on (as a replica taking over a lease it saw lapse would).
+        assert await server.journal.swap(record.version, record.evolve(state=CallState.IN_DOUBT, owner=None))
+        with anyio.fail_after(30):
+            while not points(reader, "mcp_durable.lease.renewals_failed"):
+                await anyio.sleep(0.05)
+        release.set()
+    [failed] = points(reader, "mcp_durable.lease.renewals_failed")
+    assert failed.value >= 1 and failed.attributes == {"backend": "memory"}
