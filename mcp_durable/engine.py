@@ -53,6 +53,7 @@ import orjson
 
 from . import keys, observe, operators
 from .errors import (
+    CallCancelledError,
     ConfigError,
     DeterminismError,
     DurableError,
@@ -71,7 +72,7 @@ from .leases import LeaseKeeper
 from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
 from .task_runs import TaskRuns
-from .tasks import RECONCILE_FAILED, is_cancelled
+from .tasks import RECONCILE_FAILED, is_cancelled, is_operator_cancelled
 
 logger = logging.getLogger(__name__)
 
@@ -302,6 +303,18 @@ class Engine(TaskRuns):
         await self.start()
         return await operators.rerun(self, identity, from_step=from_step, by=by, note=note, retention=retention)
 
+    async def cancel(
+        self, identity: CallIdentity, *, by: str = "", note: str = "", retention: float | None = DEFAULT_RETENTION,
+    ) -> CallRecord:  # fmt: skip
+        """An operator's cancel of a running (or in-doubt) call: see `operators.cancel`. A run of it
+        here stops at once; an owner elsewhere stops at its next lease renewal or durable step."""
+        await self.start()
+        cancelled = await operators.cancel(self, identity, by=by, note=note, retention=retention)
+        scope = self._task_scopes.get(identity)
+        if scope is not None:
+            scope.cancel()
+        return cancelled
+
     async def forget(self, identity: CallIdentity, *, by: str = "", note: str = "") -> CallRecord:
         """Forget an in-doubt (or released) call so its key runs anew: see `operators.forget`."""
         await self.start()
@@ -454,6 +467,8 @@ class Engine(TaskRuns):
                 await self.notify_changed(doubted)
             return None
         if record.state == CallState.RELEASED:
+            if is_operator_cancelled(record):
+                raise CallCancelledError(identity.tool, identity.key)  # never resumed
             return await self._take_over(record, policy, run)
         # IN_DOUBT
         if record.attempts >= policy.max_attempts:
@@ -605,10 +620,8 @@ class Engine(TaskRuns):
         try:
             async with self._lease_kept(identity, policy):
                 try:
-                    if record.task_id is None:
-                        outcome = await run(call)
-                    else:
-                        outcome = await self._run_cancellable(identity, run, call)
+                    # Every run can be stopped: a task by `tasks/cancel`, any call by an operator's cancel.
+                    outcome = await self._run_cancellable(identity, run, call)
                 except BaseException as exc:  # re-raised below, unwrapped from the task group
                     failure = exc
         finally:
@@ -621,7 +634,7 @@ class Engine(TaskRuns):
             await self._doubt(record, failure.reason)
             raise InDoubtError(identity.tool, identity.key, record.attempts, failure.reason) from failure
         if failure is not None or outcome is None:
-            failure = failure or TaskCancelledError(identity.tool, identity.key)
+            failure = failure or _cancelled(record)
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
                 raise failure.__cause__  # the face wrapped it; it is ours to report with its code
@@ -661,7 +674,7 @@ class Engine(TaskRuns):
                 return current, False  # someone resolved it meanwhile (an operator); theirs stands
             if current is not None and is_cancelled(current):
                 # Cancelled while the tool finished: a cancelled task stays cancelled.
-                raise TaskCancelledError(record.identity.tool, record.identity.key)
+                raise _cancelled(record)
             # Our claim was taken over (our lease was lost) but the effect happened: record it,
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
@@ -710,6 +723,13 @@ class Engine(TaskRuns):
             rebased = _rebase(released, current)
             if await self.journal.swap(current.version, rebased):
                 await self.notify_changed(rebased)
+
+
+def _cancelled(record: CallRecord) -> DurableError:
+    """The error a stopped run answers with: its task was cancelled, or an operator cancelled it."""
+    if record.task_id is not None:
+        return TaskCancelledError(record.identity.tool, record.identity.key)
+    return CallCancelledError(record.identity.tool, record.identity.key)
 
 
 def _live_owners(journal: Journal) -> set[str]:

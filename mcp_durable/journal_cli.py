@@ -1,7 +1,7 @@
 """`mcp-durable journal …`: inspect and operate a journal from the shell.
 
     mcp-durable journal [--journal URL] [--json] stats | list | show | tail | verify | compact
-                                                 | export FILE | import FILE | resolve | forget | rerun
+                                                 | export FILE | import FILE | resolve | forget | rerun | cancel
 
 Data goes to stdout (rich tables, or with `--json` one JSON object per line), messages and
 progress to stderr. Exit 0 ok, 1 a `DurableError` (or a corrupt journal for `verify`), 2 a usage
@@ -398,6 +398,25 @@ async def _forget(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cancel(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    from .server.redact import record_view
+
+    journal = await _open(args, read_only=False)
+    try:
+        record = await _one_record(journal, args)
+        cancelled = await Engine(journal).cancel(record.identity, by=_operator(), note=args.note)
+        sensitive = await _sensitive(journal)
+    finally:
+        await journal.aclose()
+    if _wants_json(args):
+        _emit_json(record_view(cancelled, sensitive.get(args.tool, ())))
+    else:
+        _say(f"cancelled {cancelled.identity.principal} {args.tool}/{args.key}: its owner stops it at its next "
+             "lease renewal or durable step")  # fmt: skip
+    return 0
+
+
 async def _rerun(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .server.redact import record_view
@@ -487,6 +506,11 @@ def add_journal_commands(subparsers: Any) -> None:
     forget.add_argument("key")
     forget.add_argument("--principal", help="whose record (needed when several principals used the key)")
     forget.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
+    cancel = command("cancel", _cancel, "cancel a running call: its owner stops it; it is never resumed")
+    cancel.add_argument("tool")
+    cancel.add_argument("key")
+    cancel.add_argument("--principal", help="whose record (needed when several principals used the key)")
+    cancel.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
     rerun = command("rerun", _rerun, "re-run a completed or failed call: the next call with its key runs it again")
     rerun.add_argument("tool")
     rerun.add_argument("key")

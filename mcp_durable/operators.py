@@ -28,6 +28,7 @@ from .journal.base import Journal
 from .journal.model import CallIdentity, CallRecord, CallState, JournalEntry
 from .policy import DEFAULT_RETENTION
 from .steps import STEP_ENTRY, load_steps, steps_process_id
+from .tasks import OPERATOR_CANCELLED
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -103,6 +104,42 @@ async def forget(engine: Engine, identity: CallIdentity, *, by: str = "", note: 
             await _audit(engine, record, forgotten, "forget", by=by, note=note)
             await engine.notify_changed(forgotten)
             return forgotten
+
+
+async def cancel(
+    engine: Engine,
+    identity: CallIdentity,
+    *,
+    by: str = "",
+    note: str = "",
+    retention: float | None = DEFAULT_RETENTION,
+) -> CallRecord:
+    """Cancel a running call (or one in doubt): it is never resumed.
+
+    The record becomes RELEASED with `error` "cancelled by an operator…" (`tasks.is_cancelled`).
+    Its owner stops the tool: at once when it runs in this process (`Engine.cancel`), else at its
+    next lease renewal (the renewal finds the record no longer its own, reads why, and cancels
+    the run) or its next durable step (which reads the record first), whichever comes first; the
+    caller is answered `cancelled`, and so is every repeat of the key until the record expires
+    (`retention`) or is forgotten. Raises `OperatorError` for no such call, or one that is not
+    running or in doubt (completed, failed, released).
+    """
+    suffix = f": {note}" if note else ""
+    while True:
+        record = await engine.journal.get(identity)
+        now = engine.clock()
+        if record is None or record.is_expired(now):
+            raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+        if record.state not in (CallState.PENDING, CallState.IN_DOUBT):
+            raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}: only a running or "
+                                "in-doubt call can be cancelled")  # fmt: skip
+        cancelled = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
+                                  expires_at=None if retention is None else now + retention,
+                                  error=f"{OPERATOR_CANCELLED}{suffix}"[:500])  # fmt: skip
+        if await engine.journal.swap(record.version, cancelled):
+            await _audit(engine, record, cancelled, "cancel", by=by, note=note)
+            await engine.notify_changed(cancelled)
+            return cancelled
 
 
 async def rerun(

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import pytest
 from mcp import Client
@@ -113,3 +114,70 @@ async def test_the_cli_reruns_a_call_from_a_step_and_the_next_call_runs_only_the
         await store.aclose()
     assert audit.data["action"] == "rerun from step 3" and audit.data["note"] == "retry the shipment"
     assert audit.data["by"]  # the OS user who ran the CLI
+
+
+def refusal_code(result: Any) -> str | None:
+    error = (result.meta or {}).get("mcp-durable/error") if result.is_error else None
+    return None if error is None else str(error["error"])
+
+
+async def wait_for(log: Counter, event: str) -> None:
+    with anyio.fail_after(60):  # a bound on a hang, never a timing assertion
+        while not log.count(event):
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_resumed(mode: str, tmp_path: Path) -> None:
+    log = Counter(tmp_path / "steps.log")
+    server = make_server(f"sqlite:///{tmp_path}/journal.db", str(log.path), admins=("local",))
+    results: list[Any] = []
+    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with anyio.create_task_group() as group:
+            async def held() -> None:
+                with anyio.fail_after(60):  # a bound on a hang, never a timing assertion
+                    results.append(await client.call_tool("five_steps", {"job": "J-4", "hold": True}))
+
+            group.start_soon(held)
+            await wait_for(log, "charge J-4")
+            done = structured(await client.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-4",
+                                                                        "note": "customer withdrew"}))  # fmt: skip
+        log.open_gate()
+        again = await client.call_tool("five_steps", {"job": "J-4", "hold": True})
+        refused = await client.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-4"})
+        (audit,) = await audit_entries(server.journal, CallIdentity("local", "five_steps", "J-4"))
+    assert done["state"] == "released" and "cancelled by an operator" in done["error"]
+    [stopped] = results
+    assert refusal_code(stopped) == "cancelled"
+    assert refusal_code(again) == "cancelled"  # never resumed: the repeat is refused, nothing runs
+    assert runs_per_step(log, "J-4") == [1, 1, 0, 0, 0]
+    assert refused.is_error and "only a running or in-doubt call" in str(refused.content)
+    assert (audit.data["action"], audit.data["by"], audit.data["note"]) == ("cancel", "local", "customer withdrew")
+    assert (audit.data["from"], audit.data["to"]) == ("pending", "released")
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_over_http_a_non_admin_cannot_cancel_another_principals_call(mode: str, tmp_path: Path) -> None:
+    env = {"STEPS_LOG": str(tmp_path / "steps.log"), "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
+           "MCP_DURABLE_ADMINS": "ops"}  # fmt: skip
+    log = Counter(tmp_path / "steps.log")
+    results: list[Any] = []
+    async with serve_http(TARGET, journal=f"sqlite:///{tmp_path}/journal.db", env=env) as served:
+        async with anyio.create_task_group() as group:
+            async def alice_call() -> None:
+                with anyio.fail_after(60):  # a bound on a hang, never a timing assertion
+                    async with client_as(served.url, "tokA", mode) as alice:
+                        results.append(await alice.call_tool("five_steps", {"job": "J-5", "hold": True}))
+
+            group.start_soon(alice_call)
+            await wait_for(log, "charge J-5")
+            async with client_as(served.url, "tokB", mode) as bob:
+                denied = await bob.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5", "principal": "alice"})
+                own = await bob.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5"})
+            async with client_as(served.url, "tokO", mode) as ops:
+                done = structured(await ops.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5",
+                                                                         "principal": "alice"}))  # fmt: skip
+    assert refusal_code(denied) == "forbidden" and refusal_code(own) == "forbidden"
+    assert done["principal"] == "alice" and done["state"] == "released"
+    assert [refusal_code(r) for r in results] == ["cancelled"]
+    assert runs_per_step(log, "J-5") == [1, 1, 0, 0, 0]

@@ -1,7 +1,9 @@
 """A test target: `five_steps(job)`, a durable tool of five durable steps that log each real execution.
 
-`mcp-durable serve tests/server/servers/five_steps.py:make_server` (the log is `$STEPS_LOG`; admins
-from `$MCP_DURABLE_ADMINS`, tokens from `$MCP_DURABLE_TOKENS`), or `make_server(journal, log)`.
+`mcp-durable serve tests/server/servers/five_steps.py:make_server` (the log is `$STEPS_LOG`, the
+lease `$STEPS_LEASE` seconds; admins from `$MCP_DURABLE_ADMINS`, tokens from `$MCP_DURABLE_TOKENS`),
+or `make_server(journal, log)`. With `hold=true` the tool waits after its second step until the
+gate file beside the log exists.
 Each step's result carries a fresh id, so a step that ran again can never pass for a replay.
 """
 
@@ -24,9 +26,10 @@ from tests.server.servers.counting import Counter  # noqa: E402
 STEPS = ("reserve", "charge", "pack", "ship", "notify")
 
 
-def make_server(journal: str | None = None, log: str | None = None, *, lease: float = 30.0,
+def make_server(journal: str | None = None, log: str | None = None, *, lease: float | None = None,
                 admins: tuple[str, ...] = ()) -> DurableServer:  # fmt: skip
     events = Counter(log or os.environ["STEPS_LOG"])
+    lease = lease if lease is not None else float(os.environ.get("STEPS_LEASE", "30"))
     server = DurableServer("five", journal=journal, admin_principals=admins)
     gate = events.gate
 
