@@ -8,8 +8,11 @@ read per seam. Observers watch, never decide: an observer's failure is logged an
   `bind_call`): `span(name, attributes)` wraps the claim, each durable step and the persist in a
   child span; `waited()` marks a call that latched on to a running duplicate.
 - Per process (`add_journal_observer`): `journal_committed(backend, seconds, batch)` after each
-  commit a journal makes durable (a group-commit batch of `batch` writes), and
-  `lease_renewal_failed(backend)` when a running call's lease could not be renewed.
+  commit a journal makes durable (a group-commit batch of `batch` writes: the file journal's
+  flush, SQLite's batch transaction, a Postgres batched statement), and
+  `lease_renewal_failed(backend)` when a running call's lease could not be renewed. Journal
+  observers may be called from a journal's worker thread (SQLite's): they must be thread-safe
+  (OpenTelemetry's instruments are).
 """
 
 from __future__ import annotations

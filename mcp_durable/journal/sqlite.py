@@ -379,7 +379,7 @@ class SQLiteJournal:
                 args.append(before_seq)
             return conn.execute(sql, args).rowcount
 
-        return await self._run(lambda conn: self._write(conn, body))
+        return await self._write(body)
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._run(

@@ -279,3 +279,26 @@ async def test_a_lease_renewal_that_finds_the_call_taken_from_its_owner_is_count
         release.set()
     [failed] = points(reader, "mcp_durable.lease.renewals_failed")
     assert failed.value >= 1 and failed.attributes == {"backend": "memory"}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_group_commits_of_sqlite_and_postgres_are_measured_with_their_batch_size(
+    kind: str, tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    from tests.conftest import scratch_postgres_url
+
+    url = f"sqlite:///{tmp_path}/journal.db" if kind == "sqlite" else scratch_postgres_url()
+    reader = InMemoryMetricReader()
+    server = DurableServer("otel", journal=url, telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",)))
+    async def refund(order_id: str) -> str:
+        return order_id
+
+    async with Client(server) as client, anyio.create_task_group() as group:
+        for i in range(8):  # concurrent calls: their writes share commits
+            group.start_soon(client.call_tool, "refund", {"order_id": f"O-{i}"})
+    [sizes] = points(reader, "mcp_durable.journal.commit.batch_size")
+    [durations] = points(reader, "mcp_durable.journal.commit.duration")
+    assert sizes.attributes == {"backend": kind} and durations.attributes == {"backend": kind}
+    assert sizes.count == durations.count >= 1 and sizes.sum >= 16  # a claim and a persist per call
