@@ -18,13 +18,16 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
 
 from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -380,61 +383,42 @@ async def _resolve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _forget(args: argparse.Namespace) -> int:
+async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity], Awaitable[CallRecord]],
+                   said: str) -> int:  # fmt: skip
+    """An operator action on the one record `args` name: `act` through an engine on the journal,
+    then the record (masked) as JSON or `said` (formatted with `who`) as a message."""
     from .engine import Engine
     from .server.redact import record_view
 
     journal = await _open(args, read_only=False)
     try:
         record = await _one_record(journal, args)
-        forgotten = await Engine(journal).forget(record.identity, by=_operator(), note=args.note)
+        after = await act(Engine(journal), record.identity)
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()
     if _wants_json(args):
-        _emit_json(record_view(forgotten, sensitive.get(args.tool, ())))
+        _emit_json(record_view(after, sensitive.get(args.tool, ())))
     else:
-        _say(f"forgot {forgotten.identity.principal} {args.tool}/{args.key}: the next call with this key runs anew")
+        _say(said.format(who=f"{after.identity.principal} {args.tool}/{args.key}"))
     return 0
+
+
+async def _forget(args: argparse.Namespace) -> int:
+    return await _operate(args, lambda engine, identity: engine.forget(identity, by=_operator(), note=args.note),
+                          "forgot {who}: the next call with this key runs anew")  # fmt: skip
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    from .engine import Engine
-    from .server.redact import record_view
-
-    journal = await _open(args, read_only=False)
-    try:
-        record = await _one_record(journal, args)
-        cancelled = await Engine(journal).cancel(record.identity, by=_operator(), note=args.note)
-        sensitive = await _sensitive(journal)
-    finally:
-        await journal.aclose()
-    if _wants_json(args):
-        _emit_json(record_view(cancelled, sensitive.get(args.tool, ())))
-    else:
-        _say(f"cancelled {cancelled.identity.principal} {args.tool}/{args.key}: its owner stops it at its next "
-             "lease renewal or durable step")  # fmt: skip
-    return 0
+    return await _operate(args, lambda engine, identity: engine.cancel(identity, by=_operator(), note=args.note),
+                          "cancelled {who}: its owner stops it at its next lease renewal or durable step")  # fmt: skip
 
 
 async def _rerun(args: argparse.Namespace) -> int:
-    from .engine import Engine
-    from .server.redact import record_view
-
-    journal = await _open(args, read_only=False)
-    try:
-        record = await _one_record(journal, args)
-        released = await Engine(journal).rerun(record.identity, from_step=args.from_step, by=_operator(),
-                                               note=args.note)  # fmt: skip
-        sensitive = await _sensitive(journal)
-    finally:
-        await journal.aclose()
-    if _wants_json(args):
-        _emit_json(record_view(released, sensitive.get(args.tool, ())))
-    else:
-        start = "" if args.from_step is None else f" from step {args.from_step}"
-        _say(f"re-run {released.identity.principal} {args.tool}/{args.key}{start}: the next call with this key runs it")
-    return 0
+    start = "" if args.from_step is None else f" from step {args.from_step}"
+    return await _operate(
+        args, lambda engine, identity: engine.rerun(identity, from_step=args.from_step, by=_operator(), note=args.note),
+        f"re-run {{who}}{start}: the next call with this key runs it")  # fmt: skip
 
 
 def _operator() -> str:

@@ -126,10 +126,7 @@ async def cancel(
     """
     suffix = f": {note}" if note else ""
     while True:
-        record = await engine.journal.get(identity)
-        now = engine.clock()
-        if record is None or record.is_expired(now):
-            raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+        record, now = await _current(engine, identity)
         if record.state not in (CallState.PENDING, CallState.IN_DOUBT):
             raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}: only a running or "
                                 "in-doubt call can be cancelled")  # fmt: skip
@@ -162,10 +159,7 @@ async def rerun(
     """
     suffix = f": {note}" if note else ""
     while True:
-        record = await engine.journal.get(identity)
-        now = engine.clock()
-        if record is None or record.is_expired(now):
-            raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+        record, now = await _current(engine, identity)
         if not record.state.is_final:
             raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}: only a completed or "
                                 "failed call can be re-run (resolve or forget one in doubt)")  # fmt: skip
@@ -189,12 +183,19 @@ async def rerun(
             return released
 
 
-async def _undecided(engine: Engine, identity: CallIdentity) -> tuple[CallRecord, float]:
-    """The record an operator may act on, and now; `OperatorError` when there is none."""
+async def _current(engine: Engine, identity: CallIdentity) -> tuple[CallRecord, float]:
+    """The record of `identity`, and now; `OperatorError` when there is none (or it expired: an
+    expired, e.g. forgotten, record is no call any more)."""
     record = await engine.journal.get(identity)
     now = engine.clock()
-    if record is None or record.is_expired(now):  # an expired (e.g. forgotten) record is no call any more
+    if record is None or record.is_expired(now):
         raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+    return record, now
+
+
+async def _undecided(engine: Engine, identity: CallIdentity) -> tuple[CallRecord, float]:
+    """The record an operator may act on, and now; `OperatorError` when there is none."""
+    record, now = await _current(engine, identity)
     dead_pending = record.state == CallState.PENDING and not engine.owner_alive(record, now)
     if record.state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
         raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}, not in doubt")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import __version__, observe
@@ -131,17 +131,10 @@ class Telemetry:
     @contextmanager
     def call(self, tool: str, principal: str) -> Iterator[ObservedCall]:
         """Observe one durable call: annotate the current span (or open one), bind the call's seams."""
-        current = self._trace.get_current_span()
-        if current.is_recording():
-            observed = ObservedCall(self, current, tool, principal)
-            token = observe.bind_call(observed)
-            try:
-                yield observed
-            finally:
-                observe.unbind_call(token)
-                observed.close()
-            return
-        with self.tracer.start_as_current_span(f"durable call {tool}") as span:
+        with ExitStack() as stack:
+            span = self._trace.get_current_span()
+            if not span.is_recording():  # no SDK span to add to (e.g. `call_tool` from a script)
+                span = stack.enter_context(self.tracer.start_as_current_span(f"durable call {tool}"))
             observed = ObservedCall(self, span, tool, principal)
             token = observe.bind_call(observed)
             try:
