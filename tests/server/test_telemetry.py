@@ -302,3 +302,44 @@ async def test_group_commits_of_sqlite_and_postgres_are_measured_with_their_batc
     [durations] = points(reader, "mcp_durable.journal.commit.duration")
     assert sizes.attributes == {"backend": kind} and durations.attributes == {"backend": kind}
     assert sizes.count == durations.count >= 1 and sizes.sum >= 16  # a claim and a persist per call
+
+
+async def test_the_in_doubt_gauge_falls_to_zero_by_itself_when_background_recovery_reconciles(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    reader = InMemoryMetricReader()
+    asked: list[str] = []
+    downstream_up = anyio.Event()
+
+    async def found(key: str, arguments: Any) -> Any:
+        asked.append(key)
+        if not downstream_up.is_set():
+            raise ConnectionError("the carrier's API is down")  # the call stays in doubt
+        return f"shipped {arguments['order_id']}"
+
+    server = DurableServer("otel", journal=f"sqlite:///{tmp_path}/journal.db", reconcile_interval=0.2,
+                           telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))  # fmt: skip
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",), reconcile=found))
+    async def ship(order_id: str) -> str:
+        raise AssertionError("not reached: the hook finds the effect")
+
+    identity = CallIdentity("local", "ship", "O-9")
+    await server.engine.start()
+    now = time.time()
+    planted = CallRecord(identity=identity, fingerprint=fingerprint({"order_id": "O-9"}), state=CallState.IN_DOUBT,
+                         version=1, run_id="dead-run", attempts=1, created_at=now, updated_at=now,
+                         arguments=canonical_json({"order_id": "O-9"}))  # fmt: skip
+    assert (await server.journal.claim(planted, now))[0]
+    async with Client(server):  # no call for the key: the server's background recovery decides it
+        with anyio.fail_after(30):  # a bound on a hang, never a timing assertion
+            while not asked or (await server.journal.get(identity)).state != CallState.IN_DOUBT:  # type: ignore[union-attr]
+                await anyio.sleep(0.05)
+        [gauge] = points(reader, "mcp_durable.calls.in_doubt")
+        assert gauge.value == 1  # the hook could not tell yet
+        downstream_up.set()
+        with anyio.fail_after(30):
+            while (await server.journal.get(identity)).state != CallState.COMPLETED:  # type: ignore[union-attr]
+                await anyio.sleep(0.05)
+        [gauge] = points(reader, "mcp_durable.calls.in_doubt")
+        assert gauge.value == 0
