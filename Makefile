@@ -7,7 +7,7 @@ PORT ?= 8000
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: run test bench bench-quick crash-trials clean console-screenshots
+.PHONY: run test bench bench-quick crash-trials powerloss clean console-screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ bench-quick: $(BENCH_STAMP)
 # The console screenshots in docs/img/ (docs/console.md): a real server, Debian's headless chromium.
 console-screenshots: $(STAMP)
 	$(BIN)/python docs/console_screenshots.py
+
+# The power-loss harness's long run (docs/crash-results.md): 1,000 cut points per journal. Needs strace.
+powerloss: $(STAMP)
+	$(BIN)/python -m tests.powerloss --cuts 1000
 
 clean:
 	rm -rf $(VENV) .mcp-durable .pytest_cache

@@ -134,5 +134,5 @@ async def run(settings: Settings) -> CaseResult:
         value = median(rates[(TARGET_WRITERS, "file")]) / base
         result.targets.append(Target(name, f"≥ {TARGET_RATIO:.0f}x",
                                      f"{ratio(value)} ({rate(value * base)} vs {rate(base)})",
-                                     value >= TARGET_RATIO))  # fmt: skip
+                                     value >= TARGET_RATIO))
     return result

@@ -3,9 +3,9 @@
 A journal of N call records (each COMPLETED, as the durable no-op leaves them) or N process
 entries (context updates, a checkpoint every 1,000) is built through the journal's own API
 with relaxed durability (`file://DIR?durability=relaxed`: no fsync) and many concurrent
-writers, then closed cleanly (which writes its snapshot), or, for SQLite, by its bulk path: `executemany` into the journal's own schema with its own
-row layout, in large transactions. A finished build is marked `READY`; a half-built one is
-rebuilt.
+writers, then closed cleanly (which writes its snapshot), or, for SQLite, by its bulk path:
+`executemany` into the journal's own schema with its own row layout, in large transactions. A
+finished build is marked `READY`; a half-built one is rebuilt.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def call_record(i: int) -> CallRecord:
         run_id=hashlib.md5(identity.key.encode()).hexdigest(), attempts=1, created_at=created,
         updated_at=created, completed_at=created, expires_at=None, result=RESULT,
         arguments=b'{"n":%d}' % i,
-    )  # fmt: skip
+    )
 
 
 def entry(i: int) -> tuple[str, dict[str, object]]:
@@ -139,7 +139,7 @@ def _fill_sqlite(path: Path, kind: str, count: int, batch: int = 50_000) -> None
             conn.execute("BEGIN")
             if kind == "calls":
                 conn.executemany(f"INSERT INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})",
-                                 (_row(call_record(i)) for i in range(start, stop)))  # fmt: skip
+                                 (_row(call_record(i)) for i in range(start, stop)))
             else:
                 conn.executemany(
                     "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",

@@ -94,7 +94,7 @@ async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[floa
     fresh = fresh_arguments(itertools.count(1))
     async with AsyncExitStack() as stack:
         urls = [await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind]))
-                for server in ("durable", "console")]  # fmt: skip
+                for server in ("durable", "console")]
         sides = [[await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)] for url in urls]
         for clients in sides:
             await _rate(clients, fresh, 2 * CLIENTS)  # warm-up
@@ -143,7 +143,7 @@ async def run(settings: Settings) -> CaseResult:
             result.targets.append(Target(
                 f"HTTP miss at {CLIENTS} clients ≥ {bar}× plain [{name}]", f"≥ {bar:.2f}x",
                 f"{ratio(value / plain)} ({rate(value)} vs {rate(plain)})", value / plain >= bar,
-            ))  # fmt: skip
+            ))
     # The console mounted and nobody looking, against the same server without it (the first journal).
     first = next(iter(urls), None)
     if first is not None:

@@ -16,7 +16,19 @@ from typing import Any
 
 from mcp import Client
 
-from .common import CaseResult, FsyncProbe, Settings, Table, Target, journal_urls, median, ratio, skipped_journals, us, verdict
+from .common import (
+    CaseResult,
+    FsyncProbe,
+    Settings,
+    Table,
+    Target,
+    journal_urls,
+    median,
+    ratio,
+    skipped_journals,
+    us,
+    verdict,
+)
 from .servers import TOOL, durable_server, plain_server, plain_server_with_meta
 from .timing import check_result, fresh_arguments, timed_calls
 
@@ -78,9 +90,10 @@ async def run(settings: Settings) -> CaseResult:
         "1. Sequential latency, in-memory client (median per call)",
         ["journal", "era", "plain", "miss", "miss − plain", "replay", "replay / plain",
          "replay ≤ 1.0x", "miss ≤ plain + 2·fsync"],
-    )  # fmt: skip
+    )
     table.notes.append(
-        f"{rounds} interleaved rounds × {per_round} calls per cell ({per_round_miss} for misses); fsync (4 KiB append + fsync) "
+        f"{rounds} interleaved rounds × {per_round} calls per cell ({per_round_miss} for misses); "
+        "fsync (4 KiB append + fsync) "
         f"sampled in every round: {us(fsync)} (at start: {us(settings.fsync_s)}); "
         "miss = a new key per call (claim and result durable before the answer), replay = the same key again."
     )
@@ -105,7 +118,7 @@ async def run(settings: Settings) -> CaseResult:
             replay_ok = replay_s <= plain_s
             miss_ok = miss_s <= plain_s + 2 * fsync
             table.add(name, era_label, us(plain_s), us(miss_s), us(miss_s - plain_s), us(replay_s),
-                      ratio(replay_s / plain_s, 3), verdict(replay_ok), verdict(miss_ok))  # fmt: skip
+                      ratio(replay_s / plain_s, 3), verdict(replay_ok), verdict(miss_ok))
             verdicts.setdefault(name, []).append((era, replay_s / plain_s, replay_ok, miss_s - plain_s, miss_ok))
     result.tables.append(table)
     result.tables.append(control)
@@ -114,7 +127,7 @@ async def run(settings: Settings) -> CaseResult:
             f"Replay latency ≤ 1.0× plain [{name}]", "≤ 1.000x in both eras",
             ", ".join(f"{ERAS[era].split(' ')[0]}: {ratio(r, 3)}" for era, r, _, _, _ in rows),
             all(ok for _, _, ok, _, _ in rows),
-        ))  # fmt: skip
+        ))
         if name != "file":
             # Nothing to fsync in memory; SQLite and Postgres show their extra in the table, but
             # the bar is the embedded default's (issue 15), as a database's commit is not one fsync.
@@ -123,5 +136,5 @@ async def run(settings: Settings) -> CaseResult:
             f"Sequential miss ≤ plain + 2 × fsync [{name}]", f"extra ≤ {us(2 * fsync)}",
             ", ".join(f"{ERAS[era].split(' ')[0]}: +{us(extra)}" for era, _, _, extra, _ in rows),
             all(ok for *_, ok in rows),
-        ))  # fmt: skip
+        ))
     return result

@@ -109,7 +109,7 @@ def dbos_session(system_database_url: str, schema: str | None = None) -> Iterato
 
     _dbos_registered()
     config: dict[str, Any] = {"name": "mcp-durable-bench-peers", "system_database_url": system_database_url,
-                              "run_admin_server": False, "log_level": "WARNING"}  # fmt: skip
+                              "run_admin_server": False, "log_level": "WARNING"}
     if schema is not None:
         config["dbos_system_schema"] = schema
     DBOS(config=config)  # type: ignore[arg-type]
@@ -196,7 +196,7 @@ def redis_fsync_always() -> Iterator[int]:
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--appendonly", "yes",
          "--appendfsync", "always", "--save", "", "--protected-mode", "yes", "--daemonize", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         import redis
 

@@ -43,9 +43,18 @@ from mcp import Client
 from mcp.server.mcpserver import MCPServer
 
 from .common import (
-    CaseResult, Settings, Table, Target, file_journal_available, median, postgres_available, postgres_url, rate, ratio,
+    CaseResult,
+    Settings,
+    Table,
+    Target,
+    file_journal_available,
+    median,
+    postgres_available,
+    postgres_url,
+    rate,
+    ratio,
     us,
-)  # fmt: skip
+)
 from .servers import TOOL, plain_server
 from .throughput import _burst
 from .timing import check_result, timed_calls
@@ -118,7 +127,7 @@ async def _measure_phase(settings: Settings, variants: list[Variant]) -> None:
             for variant, kind in order:
                 call, counter = clients[variant.name]
                 if kind == "miss":
-                    variant.miss.extend(await timed_calls(call, lambda: {"n": next(counter)}, per_round))
+                    variant.miss.extend(await timed_calls(call, lambda c=counter: {"n": next(c)}, per_round))
                 else:
                     variant.replay.extend(await timed_calls(call, lambda: {"n": 0}, per_round))
         for _ in range(reps):
@@ -127,7 +136,7 @@ async def _measure_phase(settings: Settings, variants: list[Variant]) -> None:
                     continue
                 call, counter = clients[variant.name]
                 try:
-                    variant.rates.append(await _burst(call, lambda: {"n": next(counter)}, CALLERS, total))
+                    variant.rates.append(await _burst(call, lambda c=counter: {"n": next(c)}, CALLERS, total))
                 except Exception as exc:  # noqa: BLE001 - e.g. DBOS on SQLite: "database is locked"
                     variant.failure = f"at {CALLERS} callers: {type(exc).__name__}: {exc}"[:200]
 
@@ -184,9 +193,7 @@ async def run(settings: Settings) -> CaseResult:
         table.add(missing)
         result.tables.append(table)
         return result
-    from .peer_servers import (
-        dbos_peer, dbos_session, durable_peer, powertools_peer, redis_config, redis_fsync_always,
-    )  # fmt: skip
+    from .peer_servers import dbos_peer, dbos_session, durable_peer, powertools_peer, redis_config, redis_fsync_always
 
     shared = _shared_redis_up()
     pg = postgres_available()
@@ -197,9 +204,9 @@ async def run(settings: Settings) -> CaseResult:
         redis_variants = [(f"Powertools + Redis ({redis_config(aof_port)})", aof_port)]
         if shared:
             redis_variants.append((f"Powertools + Redis as configured here ({redis_config(SHARED_REDIS_PORT)})",
-                                   SHARED_REDIS_PORT))  # fmt: skip
+                                   SHARED_REDIS_PORT))
         backends = [("sqlite", f"sqlite:///{settings.workdir}/peers-{uuid.uuid4().hex[:8]}.db",
-                     f"sqlite:///{settings.workdir}/dbos-{uuid.uuid4().hex[:8]}.db", None)]  # fmt: skip
+                     f"sqlite:///{settings.workdir}/dbos-{uuid.uuid4().hex[:8]}.db", None)]
         if pg:
             schema = f"bench_dbos_{uuid.uuid4().hex[:8]}"
             backends.append(("postgres", postgres_url(), _pg_base(), schema))
@@ -207,7 +214,7 @@ async def run(settings: Settings) -> CaseResult:
             with dbos_session(dbos_url, dbos_schema):
                 variants = [Variant("plain MCPServer", plain_server()),
                             Variant(f"mcp-durable, {backend}", durable_peer(journal)),
-                            Variant(f"DBOS, {backend}", dbos_peer())]  # fmt: skip
+                            Variant(f"DBOS, {backend}", dbos_peer())]
                 variants += [Variant(name, powertools_peer(port)) for name, port in redis_variants]
                 if backend == "sqlite" and file_journal_available():  # the embedded default, for reference
                     variants.append(Variant("mcp-durable, file (the default)",
@@ -256,7 +263,7 @@ def _figures_table(phases: dict[str, list[Variant]]) -> Table:
         "9. Peers side by side: the same no-op tool, idempotent by key, in-memory client (2026-07-28)",
         ["phase", "system", "miss", "replay", f"misses/s at {CALLERS}", "miss / plain", "replay / plain",
          "misses/s / plain"],
-    )  # fmt: skip
+    )
     for phase, variants in phases.items():
         plain = variants[0]
         p_miss, p_replay, p_rate = median(plain.miss), median(plain.replay), median(plain.rates)
@@ -269,11 +276,12 @@ def _figures_table(phases: dict[str, list[Variant]]) -> Table:
             table.add(phase, variant.name, us(miss), us(replay),
                       rate(throughput) if variant.rates else f"failed: {variant.failure}",
                       ratio(miss / p_miss), ratio(replay / p_replay, 3),
-                      ratio(throughput / p_rate) if variant.rates else "–")  # fmt: skip
+                      ratio(throughput / p_rate) if variant.rates else "–")
     table.notes.append(
         "per phase, every system measured side by side: latency in interleaved rounds (5 misses and 5 replays per "
         "system per round, each a cell of its own in a new order every round; medians), then misses per second "
-        "with 64 concurrent callers (medians of the repetitions). A miss is a new key; a replay repeats one key. Every store syncs each write except the "
+        "with 64 concurrent callers (medians of the repetitions). A miss is a new key; a replay repeats one key. "
+        "Every store syncs each write except the "
         "Redis 'as configured here' (the machine's shared Redis, shown as Powertools is usually deployed)."
     )
     return table
@@ -300,7 +308,7 @@ def _targets(phases: dict[str, list[Variant]]) -> list[Target]:
             measured = (f"peer/ours: miss {ratio(miss)}, replay {ratio(replay)}; ours/peer misses/s {ratio(speed)}"
                         + ("" if ahead else " — PEER AHEAD on " + ", ".join(
                             what for what, value in (("miss", miss), ("replay", replay), ("misses/s", speed))
-                            if value <= 1)))  # fmt: skip
+                            if value <= 1)))
             targets.append(Target(name, "> 1.00x on each", measured, ahead))
     return targets
 

@@ -22,9 +22,9 @@ from mcp import Client, StdioServerParameters
 
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
 
+from ._proxy_upstream import PASS_TOOL
 from .common import CaseResult, Settings, Table, journal_urls, median, us
 from .timing import check_result, fresh_arguments, timed_calls
-from ._proxy_upstream import PASS_TOOL
 
 ERAS = {"legacy": "2025-11-25 (legacy)", "auto": "2026-07-28"}
 REPLAY_N = -1
@@ -52,7 +52,7 @@ async def run(settings: Settings) -> CaseResult:
         for name, url in urls.items():
             counter = itertools.count(1)
             proxy = ProxyServer(UpstreamSpec(command=[sys.executable, "-m", "benchmarks._proxy_upstream"]),
-                                journal=url, log_level="WARNING")  # fmt: skip
+                                journal=url, log_level="WARNING")
             for era in ERAS:
                 client = await stack.enter_async_context(Client(proxy, mode=era))
                 variants.append(((era, "pass", name), renamed(client.call_tool, PASS_TOOL), lambda: {"n": 1}))
@@ -80,7 +80,7 @@ async def run(settings: Settings) -> CaseResult:
             miss_s = median(samples[(era, "miss", name)])
             replay_s = median(samples[(era, "replay", name)])
             table.add(name, era_label, us(direct_s), us(pass_s), us(pass_s - direct_s), us(miss_s),
-                      us(miss_s - direct_s), us(replay_s), us(replay_s - direct_s))  # fmt: skip
+                      us(miss_s - direct_s), us(replay_s), us(replay_s - direct_s))
     table.notes.append(
         f"{rounds} interleaved rounds × {per_round} calls per cell ({per_round // 2} for misses). direct = the SDK "
         "client over stdio to the upstream (2025-11-25); through the proxy = an in-process client of a ProxyServer "

@@ -28,7 +28,7 @@ TOOL = "work"
 
 def _server(url: str, schedule: RetentionSchedule | None) -> DurableServer:
     server = DurableServer("bench-retention", journal=url, retention_schedule=schedule, reconcile_interval=None,
-                           log_level="WARNING")  # fmt: skip
+                           log_level="WARNING")
 
     async def work(n: int) -> str:
         await current_call().step("one", lambda: n)
@@ -46,7 +46,9 @@ def _size(name: str, url: str) -> int:
     return dir_size(Path(path))
 
 
-async def _load(name: str, url: str, schedule: RetentionSchedule | None, seconds: int) -> tuple[list[int], list[float], int]:
+async def _load(
+    name: str, url: str, schedule: RetentionSchedule | None, seconds: int
+) -> tuple[list[int], list[float], int]:
     """Sizes sampled each second, call latencies, and calls made."""
     server = _server(url, schedule)
     sizes: list[int] = []
@@ -78,18 +80,21 @@ async def run(settings: Settings) -> CaseResult:
     schedule = RetentionSchedule(interval=0.5, compact_garbage_ratio=0.5, compact_min_bytes=256 * 1024)
     urls = {k: v for k, v in journal_urls(settings, memory=False).items() if k in ("file", "sqlite")}
     over_time = Table(f"11. Journal size over time under steady load, records kept 1 s ({seconds} s)",
-                      ["journal", "retention", "calls", *[f"{t} s" for t in range(0, seconds + 1, max(1, seconds // 6))],
-                       "max"])  # fmt: skip
+                      ["journal", "retention", "calls",
+                       *[f"{t} s" for t in range(0, seconds + 1, max(1, seconds // 6))],
+                       "max"])
     latency = Table("11. Call latency while retention runs", ["journal", "retention", "median", "p99", "max"])
     for name, url in urls.items():
         for label, chosen in (("on", schedule), ("off", None)):
-            run_url = url if label == "on" else url.replace("/file", "/file-off").replace("journal.db", "journal-off.db")
+            off_url = url.replace("/file", "/file-off").replace("journal.db", "journal-off.db")
+            run_url = url if label == "on" else off_url
             sizes, latencies, calls = await _load(name, run_url, chosen, seconds)
             picks = [sizes[min(t, len(sizes) - 1)] for t in range(0, seconds + 1, max(1, seconds // 6))]
             over_time.add(name, label, f"{calls:,}", *[_kib(s) for s in picks], _kib(max(sizes)))
             ordered = sorted(latencies)
-            latency.add(name, label, f"{median(ordered) * 1e3:.2f} ms", f"{ordered[int(len(ordered) * 0.99)] * 1e3:.2f} ms",
-                        f"{ordered[-1] * 1e3:.2f} ms")  # fmt: skip
+            p99 = ordered[int(len(ordered) * 0.99)]
+            latency.add(name, label, f"{median(ordered) * 1e3:.2f} ms", f"{p99 * 1e3:.2f} ms",
+                        f"{ordered[-1] * 1e3:.2f} ms")
     over_time.notes.append(
         "each call a new key and one durable step; retention on: RetentionSchedule(interval=0.5, "
         "compact_garbage_ratio=0.5, compact_min_bytes=256 KiB); sizes are the journal's files (SQLite: "

@@ -169,7 +169,7 @@ async def _run_server(kind: str, plan_of: list[tuple[int, str]], workdir: Path, 
         command=command, args=[*prefix, "serve", f"{Path(__file__).resolve()}:{factory}", "--journal", url],
         env={"PAYMENTS_LEDGER": str(ledger.path), ENV_PLAN: str(plan.path), "PATH": os.environ.get("PATH", "")},
         cwd=str(home),
-    )  # fmt: skip
+    )
     tally = Tally("plain MCPServer" if kind == "plain" else "mcp-durable")
     acknowledged: dict[str, str] = {}
     replayed = 0
@@ -241,7 +241,7 @@ async def _explain_durable(tally: Tally, url: str, ledger: PaymentProvider, repl
 
 
 async def run_experiment(trials: int = 50, seed: int = 7, journal: str = "sqlite",
-                         workdir: Path | None = None) -> list[Tally]:  # fmt: skip
+                         workdir: Path | None = None) -> list[Tally]:
     """Run both servers over the same crash schedule; returns their tallies (plain first)."""
     plan_of = schedule(trials, seed)
     own = workdir is None
@@ -259,7 +259,7 @@ def render(tallies: Sequence[Tally], *, seed: int, journal: str) -> Any:
 
     table = Table(title=f"kill -9 during a 10-refund batch over MCP (seed {seed}, journal {journal})")
     for column in ("server", "trials", "kills before/window/after", "trials with duplicates",
-                   "duplicate refunds", "lost refunds", "in doubt detected", "resolved by"):  # fmt: skip
+                   "duplicate refunds", "lost refunds", "in doubt detected", "resolved by"):
         table.add_column(column, overflow="fold", no_wrap=column == "server")
     for t in tallies:
         kills = " / ".join(str(t.kills[p]) for p in POINTS)
@@ -268,7 +268,7 @@ def render(tallies: Sequence[Tally], *, seed: int, journal: str) -> Any:
         detected = str(t.in_doubt) if t.server == "mcp-durable" else "— no journal"
         how = "\n".join(f"{n} {what}" for what, n in t.resolutions.items()) or "—"
         table.add_row(t.server, str(t.trials), kills, f"{dup}/{t.trials}" + (f" ({where})" if where else ""),
-                      str(t.duplicate_refunds), str(t.lost_refunds), detected, how)  # fmt: skip
+                      str(t.duplicate_refunds), str(t.lost_refunds), detected, how)
     return table
 
 

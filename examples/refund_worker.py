@@ -97,7 +97,7 @@ class Trial:
 
 def _worker(directory: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, __file__, "worker", "--dir", str(directory), *args],
-                          capture_output=True, timeout=300)  # fmt: skip
+                          capture_output=True, timeout=300)
 
 
 def run_trial(root: Path, index: int, key: bool, step: int, phase: str) -> Trial:
@@ -115,7 +115,7 @@ def run_trial(root: Path, index: int, key: bool, step: int, phase: str) -> Trial
     effects = Counter(e["subject"] for e in PaymentProvider(directory / "ledger.db").effects(op="refund"))
     complete = set(effects) == {f"O-{i}" for i in range(ORDERS)}
     return Trial(key, step, phase, killed, outcome["resumed_from"] == expected_from and complete,
-                 sum(1 for count in effects.values() if count > 1))  # fmt: skip
+                 sum(1 for count in effects.values() if count > 1))
 
 
 def run_trials(n: int, *, seed: int | None = None, parallel: int | None = None, root: Path | None = None) -> list[Trial]:
@@ -140,7 +140,7 @@ def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
             "trials_with_duplicates": sum(t.duplicates > 0 for t in mine),
             "danger_window_crashes": sum(t.danger for t in mine),
             "duplicates_outside_danger_window": sum(t.duplicates > 0 and not t.danger for t in mine),
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -153,7 +153,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         table.add_column(column, justify="left" if column == "variant" else "right")
     for r in rows:
         table.add_row(r["variant"], str(r["trials"]), f"{r['resumed']}/{r['trials']}",
-                      str(r["trials_with_duplicates"]), str(r["danger_window_crashes"]))  # fmt: skip
+                      str(r["trials_with_duplicates"]), str(r["danger_window_crashes"]))
     Console(width=120).print(table)
 
 
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "worker":
         outcome = anyio.run(lambda: work(args.dir, key=args.key, crash_step=args.crash_step,
-                                         crash_phase=args.crash_phase))  # fmt: skip
+                                         crash_phase=args.crash_phase))
         sys.stdout.write(orjson.dumps(outcome).decode() + "\n")
         return 0
     rows = summarize(run_trials(args.n, seed=args.seed, parallel=args.parallel))

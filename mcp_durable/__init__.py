@@ -35,21 +35,10 @@ from .journal import CallIdentity, CallRecord, CallState, Journal, JournalEntry,
 from .keys import KEY_META
 from .policy import NOT_APPLIED, ToolPolicy
 from .steps import DurableCall, current_call, current_key
+from .version import __version__ as __version__
 
 if TYPE_CHECKING:  # the class for type checkers; at run time it is loaded on first use (below)
     from .server import DurableServer
-
-def _package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("mcp-durable")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "0.0.0+unknown"
-
-
-#: The installed distribution's version (what `serverInfo.version` reports by default).
-__version__ = _package_version()
 
 
 def __getattr__(name: str) -> object:

@@ -6,7 +6,6 @@ Exit codes: 0 ok, 1 a `DurableError`, 2 a usage error. No traceback without `--d
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import importlib.util
 import logging
@@ -17,11 +16,10 @@ from types import ModuleType
 from typing import Any
 
 from .errors import ConfigError, DurableError
-from .journal import ENV_JOURNAL, create_journal, default_journal_url, display_url
+from .journal import ENV_JOURNAL, create_journal, default_journal_url
+from .serving import INSPECTOR, add_serving_options, announce, freeze_startup_heap, run_uvicorn, serve_server
 
-#: The MCP Inspector the serve banner names: pinned, so the command works as printed (an
-#: unpinned `npx` resolves whatever is newest, whose CLI may differ). The docs pin the same one.
-INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+__all__ = ["INSPECTOR", "build_parser", "freeze_startup_heap", "load_target", "main", "serve_server"]
 
 
 def load_target(target: str) -> Any:
@@ -66,24 +64,6 @@ def _find_server(module: ModuleType, attr: str, target: str) -> Any:
     raise ConfigError(f"{target}: found {len(found)} MCP servers; name one as {target}:ATTR")
 
 
-def freeze_startup_heap() -> int:
-    """Move every object alive now into the collector's permanent generation; returns how many.
-
-    For `serve`, once the server is built: the SDK, pydantic's schemas and the tools are about
-    90,000 objects the cyclic collector tracks and would walk in every full collection, though
-    none of them is ever garbage. A durable call waits for its fsync with its request state
-    alive, so full collections come more often than on a plain server (docs/performance.md);
-    frozen, they skip the start-up heap. Measured (docs/performance.md): the collector's share
-    of a 64-caller in-process run fell from 22% to 9-11% (durable misses +10-20%); over HTTP at
-    16 clients the gain is a few percent. Frozen objects are still freed by reference counting;
-    only a cycle among them is kept.
-    A process setting, so the library never does this: `serve` owns its process.
-    """
-    gc.collect()
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 def _serve(args: argparse.Namespace) -> int:
     server = load_target(args.target)
     # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
@@ -113,77 +93,6 @@ def _with_policies(server: Any, path: str, journal: str | None) -> Any:
     return make_durable(server, load_policies(path), journal=journal)
 
 
-def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
-    """Serve `server` over `args.transport` (stdio, or streamable HTTP on `args.host:args.port`)."""
-    from .server import DurableServer
-
-    journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
-    if args.transport == "stdio":
-        frozen = "" if args.no_gc_freeze else f"; {freeze_startup_heap():,} start-up objects frozen"
-        print(f"mcp-durable: serving {label} over stdio; journal {journal}{frozen}", file=sys.stderr)
-        server.run("stdio")
-        return 0
-    from .server.auth import point_auth_at
-
-    base_url = f"http://{args.host}:{args.port}"
-    server.settings.auth = point_auth_at(server.settings.auth, base_url)  # 401s name this port
-    # host= lets the SDK choose DNS-rebinding protection for it: on for loopback, as it should be.
-    app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless, host=args.host)
-    url = f"{base_url}/mcp"
-    console = _mount_console(app, server, base_url) if not args.no_console else "off (--no-console)"
-    heap = "collected as usual (--no-gc-freeze)" if args.no_gc_freeze else (
-        f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
-    print(
-        f"mcp-durable: serving {label} over streamable HTTP at {url}\n"
-        f"  journal: {journal}\n"
-        f"  heap:    {heap}\n"
-        f"  console: {console}\n"
-        f"  connect: any MCP client to {url}; send the key in _meta['mcp-durable/idempotency-key']\n"
-        f"  e.g.:    npx -y {INSPECTOR} --cli {url} --transport http --method tools/list",
-        file=sys.stderr,
-        flush=True,
-    )
-    return _run_uvicorn(app, args)
-
-
-def _run_uvicorn(app: Any, args: argparse.Namespace) -> int:
-    import anyio
-    import uvicorn
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
-    anyio.run(uvicorn.Server(config).serve)
-    return 0
-
-
-def add_serving_options(parser: argparse.ArgumentParser) -> None:
-    """The options every serving command takes (`serve`, `proxy`)."""
-    parser.add_argument("--transport", choices=("stdio", "http"), default="stdio")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
-    parser.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
-    parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--no-gc-freeze", action="store_true",
-                        help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)")
-    parser.add_argument("--no-console", action="store_true",
-                        help="do not mount the operator console at /console (http)")
-
-
-def _mount_console(app: Any, server: Any, base_url: str) -> str:
-    """Mount the operator console at /console when it can be (a DurableServer, Jinja2 installed)."""
-    from .server import DurableServer
-
-    if not isinstance(server, DurableServer):
-        return "off (a plain MCPServer has no journal)"
-    try:
-        from .console import mount_console
-
-        mount_console(app, server)
-    except (ImportError, ConfigError):
-        return "off (pip install 'mcp-durable[console]' for the operator console)"
-    return f"{base_url}/console/ (the MCP bearer tokens sign in; --no-console to turn it off)"
-
-
 def _console(args: argparse.Namespace) -> int:
     from .engine import LOCAL_PRINCIPAL
     from .server.admin import admins_from_env
@@ -197,17 +106,15 @@ def _console(args: argparse.Namespace) -> int:
     tokens = tokens_from_env()
     verifier = StaticTokenVerifier(tokens) if tokens else None
     source = JournalSource(args.journal or default_journal_url(), verifier=verifier, admins=admins_from_env(),
-                           principal_of=default_principal)  # fmt: skip
+                           principal_of=default_principal)
     app = standalone_app(source, args.host)
     signin = "a bearer token of $MCP_DURABLE_TOKENS" if tokens else f"none configured: everyone is {LOCAL_PRINCIPAL!r}"
-    print(
-        f"mcp-durable: console at http://{args.host}:{args.port}/console/\n"
-        f"  journal: {source.journal_url}\n"
+    announce(
+        f"mcp-durable: console at http://{args.host}:{args.port}/console/",
+        f"  journal: {source.journal_url}",
         f"  sign in: {signin}; admins: {', '.join(sorted(source.admins)) or 'none ($MCP_DURABLE_ADMINS)'}",
-        file=sys.stderr,
-        flush=True,
     )
-    return _run_uvicorn(app, args)
+    return run_uvicorn(app, args)
 
 
 def _demo_crash(args: argparse.Namespace) -> int:

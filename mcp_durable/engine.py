@@ -67,8 +67,8 @@ from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .keys import LOCAL_PRINCIPAL as LOCAL_PRINCIPAL  # where it has always been imported from
-from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .leases import LeaseKeeper
+from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
 from .task_runs import TaskRuns
@@ -293,19 +293,19 @@ class Engine(TaskRuns):
         """An operator's verdict on an in-doubt (or released) call: see `operators.resolve`."""
         await self.start()
         return await operators.resolve(self, identity, resolution, payload=payload, note=note, retention=retention,
-                                       by=by)  # fmt: skip
+                                       by=by)
 
     async def rerun(
         self, identity: CallIdentity, *, from_step: int | None = None, by: str = "", note: str = "",
         retention: float | None = DEFAULT_RETENTION,
-    ) -> CallRecord:  # fmt: skip
+    ) -> CallRecord:
         """Re-run a completed or failed call under a new attempt: see `operators.rerun`."""
         await self.start()
         return await operators.rerun(self, identity, from_step=from_step, by=by, note=note, retention=retention)
 
     async def cancel(
         self, identity: CallIdentity, *, by: str = "", note: str = "", retention: float | None = DEFAULT_RETENTION,
-    ) -> CallRecord:  # fmt: skip
+    ) -> CallRecord:
         """An operator's cancel of a running (or in-doubt) call: see `operators.cancel`. A run of it
         here stops at once; an owner elsewhere stops at its next lease renewal or durable step."""
         await self.start()
@@ -434,7 +434,7 @@ class Engine(TaskRuns):
             identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
             run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
             owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json, task_id=task_id,
-        )  # fmt: skip
+        )
 
     async def _decide(
         self,
@@ -523,7 +523,7 @@ class Engine(TaskRuns):
         claimed = record.evolve(
             state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
             attempts=record.attempts + 1, updated_at=now, expires_at=None, task_id=task_id,
-        )  # fmt: skip
+        )
         with anyio.CancelScope(shield=True):
             self._hold(record.identity)  # before the swap is sent: see `_running`
             try:
@@ -558,7 +558,7 @@ class Engine(TaskRuns):
         identity = record.identity
         # Own the record first, so only one process reconciles (and maybe runs) it.
         claimed = record.evolve(state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
-                                updated_at=now, expires_at=None)  # fmt: skip
+                                updated_at=now, expires_at=None)
         with anyio.CancelScope(shield=True):
             self._hold(identity)  # before the swap is sent, until the outcome lands: see `_running`
             try:
@@ -585,10 +585,10 @@ class Engine(TaskRuns):
         except Exception as exc:
             # The downstream system cannot answer: fall back to refuse (never guess).
             back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
-                                  error=f"{RECONCILE_FAILED}: {type(exc).__name__}: {exc}"[:500])  # fmt: skip
+                                  error=f"{RECONCILE_FAILED}: {type(exc).__name__}: {exc}"[:500])
             await self._swap(claimed, back)
             raise InDoubtError(identity.tool, identity.key, record.attempts,
-                               f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc  # fmt: skip
+                               f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc
         finally:
             unbind(token)
         if isinstance(found, NotApplied):
@@ -605,14 +605,14 @@ class Engine(TaskRuns):
             return _superseded(done)
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
                            first_completed_at=done.completed_at, reconciled=True,
-                           attempt=done.attempts)  # fmt: skip
+                           attempt=done.attempts)
 
     async def _run(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome:
         """Run the tool for a record this instance owns; persist before returning. Shielded by callers,
         who hold the identity (`_hold`) from before their claim was sent until this returns."""
         identity = record.identity
         call = DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock,
-                           await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])  # fmt: skip
+                           await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])
         token = bind(call)
         failure: BaseException | None = None
         began = self.clock()
@@ -622,7 +622,7 @@ class Engine(TaskRuns):
                 try:
                     # Every run can be stopped: a task by `tasks/cancel`, any call by an operator's cancel.
                     outcome = await self._run_cancellable(identity, run, call)
-                except BaseException as exc:  # re-raised below, unwrapped from the task group
+                except BaseException as exc:  # noqa: BLE001 - re-raised below, unwrapped from the task group
                     failure = exc
         finally:
             unbind(token)
@@ -644,12 +644,12 @@ class Engine(TaskRuns):
             with anyio.CancelScope(shield=True):
                 await self._release(record, policy, reason)
             return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
-                               first_completed_at=None, attempt=record.attempts)  # fmt: skip
+                               first_completed_at=None, attempt=record.attempts)
         done, ours = await self._persist(record, policy, outcome)
         if not ours:
             return _superseded(done)  # resolved or taken over meanwhile: the journal's answer stands
         return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
-                           first_completed_at=done.completed_at, attempt=record.attempts)  # fmt: skip
+                           first_completed_at=done.completed_at, attempt=record.attempts)
 
     def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AbstractAsyncContextManager[None]:
         kept: AbstractAsyncContextManager[None] = self.leases.kept(identity, policy)
@@ -665,7 +665,7 @@ class Engine(TaskRuns):
             state=CallState.FAILED if outcome.is_error else CallState.COMPLETED,
             owner=None, lease_until=None, completed_at=now, updated_at=now, result=outcome.payload,
             expires_at=None if policy.retention is None else now + policy.retention,
-        )  # fmt: skip
+        )
         with observe.span("durable.persist", state=done.state.value):
             persisted = await self.journal.swap(record.version, done)
         if not persisted:
@@ -679,7 +679,7 @@ class Engine(TaskRuns):
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
                 raise InDoubtError(record.identity.tool, record.identity.key, record.attempts,
-                                   "the call's claim was lost while it ran")  # fmt: skip
+                                   "the call's claim was lost while it ran")
             done = _rebase(done, current)
         await self.notify_changed(done)
         return done, True
@@ -687,7 +687,7 @@ class Engine(TaskRuns):
     async def _doubt(self, record: CallRecord, reason: str) -> None:
         now = self.clock()
         doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now,
-                                error=reason[:500])  # fmt: skip
+                                error=reason[:500])
         with anyio.CancelScope(shield=True):
             try:
                 if await self.journal.swap(record.version, doubted):
@@ -712,14 +712,14 @@ class Engine(TaskRuns):
         released = record.evolve(
             state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=reason,
             expires_at=None if policy.retention is None else now + policy.retention,
-        )  # fmt: skip
+        )
         if await self.journal.swap(record.version, released):
             await self.notify_changed(released)
             return
         # A task id attached meanwhile (`submit`) bumped the version: release what is still ours.
         current = await self.journal.get(record.identity)
         if (current is not None and current.state == CallState.PENDING and current.owner == self.instance_id
-                and current.run_id == record.run_id):  # fmt: skip
+                and current.run_id == record.run_id):
             rebased = _rebase(released, current)
             if await self.journal.swap(current.version, rebased):
                 await self.notify_changed(rebased)
@@ -754,12 +754,12 @@ def _superseded(record: CallRecord) -> CallOutcome:
     logger.warning(
         "call %s/%s ran here but another outcome was recorded first (the lease was taken over or an "
         "operator resolved it); answering with the recorded one", record.identity.tool, record.identity.key,
-    )  # fmt: skip
+    )
     return CallOutcome(record.identity.key, None, record.result, replayed=False,
                        first_completed_at=record.completed_at, attempt=record.attempts,
-                       superseded=True)  # fmt: skip
+                       superseded=True)
 
 
 def _replay(record: CallRecord) -> CallOutcome:
     return CallOutcome(record.identity.key, None, record.result, replayed=True,
-                       first_completed_at=record.completed_at, attempt=record.attempts)  # fmt: skip
+                       first_completed_at=record.completed_at, attempt=record.attempts)

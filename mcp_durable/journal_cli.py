@@ -13,7 +13,6 @@ Values a tool marks sensitive are masked (the server journals its tools' sensiti
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -25,6 +24,8 @@ import orjson
 
 from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
+from .journal.base import Maintainable
+from .operators import RESOLUTIONS
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -94,7 +95,7 @@ def _progress(description: str, total: int | None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=_console(stderr=True), transient=False)  # fmt: skip
+                    console=_console(stderr=True), transient=False)
 
 
 def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
@@ -118,7 +119,7 @@ def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 
 async def _sensitive(journal: Journal) -> dict[str, tuple[str, ...]]:
-    from .server.redact import SensitiveNames
+    from .views import SensitiveNames
 
     return await SensitiveNames.load(journal)
 
@@ -148,7 +149,7 @@ async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:
 
 
 async def _stats(args: argparse.Namespace) -> int:
-    from .server.redact import iso
+    from .views import iso
 
     journal = await _open(args)
     try:
@@ -157,7 +158,7 @@ async def _stats(args: argparse.Namespace) -> int:
         await journal.aclose()
     body = {"backend": stats.backend, "calls": sum(stats.calls_by_state.values()),
             "calls_by_state": stats.calls_by_state, "calls_by_tool": stats.calls_by_tool, "entries": stats.entries,
-            "size_bytes": stats.size_bytes, "oldest_record_at": iso(stats.oldest_record_at)}  # fmt: skip
+            "size_bytes": stats.size_bytes, "oldest_record_at": iso(stats.oldest_record_at)}
     if _wants_json(args):
         _emit_json(body)
         return 0
@@ -179,7 +180,7 @@ def _state(value: str | None) -> CallState | None:
 
 async def _list(args: argparse.Namespace) -> int:
     from .journal.transfer import iter_calls
-    from .server.redact import record_summary
+    from .views import record_summary
 
     state = _state(args.state)
     journal = await _open(args)
@@ -205,7 +206,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    from .server.redact import record_view
+    from .views import record_view
 
     journal = await _open(args)
     try:
@@ -214,29 +215,31 @@ async def _show(args: argparse.Namespace) -> int:
     finally:
         await journal.aclose()
     if not records:
-        raise DurableError(f"no call {args.tool}/{args.key}" + (f" of principal {args.principal}" if args.principal else ""))
+        whose = f" of principal {args.principal}" if args.principal else ""
+        raise DurableError(f"no call {args.tool}/{args.key}{whose}")
     for record in records:
         view = record_view(record, sensitive.get(record.identity.tool, ()))
         if _wants_json(args):
             _emit_json(view)
         else:
             rows = [[name, orjson.dumps(value).decode() if isinstance(value, dict | list) else value]
-                    for name, value in view.items()]  # fmt: skip
-            _table(f"{record.identity.principal} {record.identity.tool}/{record.identity.key}", ["field", "value"], rows)
+                    for name, value in view.items()]
+            i = record.identity
+            _table(f"{i.principal} {i.tool}/{i.key}", ["field", "value"], rows)
     return 0
 
 
 def _print_entries(args: argparse.Namespace, entries: list[Any]) -> None:
-    from .server.redact import iso
+    from .views import iso
 
     for entry in entries:
         line = {"seq": entry.seq, "ts": iso(entry.ts), "process_id": entry.process_id,
-                "entry_type": entry.entry_type, "data": entry.data}  # fmt: skip
+                "entry_type": entry.entry_type, "data": entry.data}
         if _wants_json(args):
             _emit_json(line)
         else:
             _console().print(f"{entry.seq:>8} {line['ts']} {entry.process_id} {entry.entry_type} "
-                             f"{orjson.dumps(entry.data).decode()}", markup=False, highlight=False)  # fmt: skip
+                             f"{orjson.dumps(entry.data).decode()}", markup=False, highlight=False)
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -283,7 +286,7 @@ async def _verify(args: argparse.Namespace) -> int:
             _emit_json({"path": problem.path, "offset": problem.offset, "reason": problem.reason})
         else:
             _console().print(f"CORRUPT {problem.path} at offset {problem.offset}: {problem.reason}",
-                             markup=False, highlight=False)  # fmt: skip
+                             markup=False, highlight=False)
     if report.ok:
         _say(f"ok: {report.records} record(s) verified")
         return 0
@@ -295,15 +298,13 @@ async def _compact(args: argparse.Namespace) -> int:
     journal = await _open(args, read_only=False)
     try:
         now = time.time()
-        compact = getattr(journal, "compact", None)
         with _console(stderr=True).status("compacting"):
-            outcome = await compact(now) if compact is not None else await journal.purge_expired(now)
+            if isinstance(journal, Maintainable):
+                body = (await journal.compact(now)).as_dict()
+            else:
+                body = {"purged": await journal.purge_expired(now)}
     finally:
         await journal.aclose()
-    if dataclasses.is_dataclass(outcome) and not isinstance(outcome, type):
-        body = dataclasses.asdict(outcome)
-    else:
-        body = {"purged" if compact is None else "result": outcome}
     if _wants_json(args):
         _emit_json(body)
     else:
@@ -353,7 +354,7 @@ async def _import(args: argparse.Namespace) -> int:
 async def _resolve(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .server.admin import operator_payload
-    from .server.redact import record_view
+    from .views import record_view
 
     result: Any = None
     if args.result is not None:
@@ -367,10 +368,10 @@ async def _resolve(args: argparse.Namespace) -> int:
     try:
         record = await _one_record(journal, args)
         payload = None if args.resolution == "not_applied" else operator_payload(
-            result, failed=args.resolution == "failed", note=args.note)  # fmt: skip
+            result, failed=args.resolution == "failed", note=args.note)
         resolved = await Engine(journal).resolve(record.identity, args.resolution, payload=payload,
                                                  note=args.note or "mcp-durable journal resolve",
-                                                 by=_operator())  # fmt: skip
+                                                 by=_operator())
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()
@@ -379,16 +380,16 @@ async def _resolve(args: argparse.Namespace) -> int:
         _emit_json(view)
     else:
         _say(f"resolved {resolved.identity.principal} {args.tool}/{args.key} as {args.resolution}: "
-             f"now {resolved.state.value}")  # fmt: skip
+             f"now {resolved.state.value}")
     return 0
 
 
 async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity], Awaitable[CallRecord]],
-                   said: str) -> int:  # fmt: skip
+                   said: str) -> int:
     """An operator action on the one record `args` name: `act` through an engine on the journal,
     then the record (masked) as JSON or `said` (formatted with `who`) as a message."""
     from .engine import Engine
-    from .server.redact import record_view
+    from .views import record_view
 
     journal = await _open(args, read_only=False)
     try:
@@ -406,19 +407,19 @@ async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity
 
 async def _forget(args: argparse.Namespace) -> int:
     return await _operate(args, lambda engine, identity: engine.forget(identity, by=_operator(), note=args.note),
-                          "forgot {who}: the next call with this key runs anew")  # fmt: skip
+                          "forgot {who}: the next call with this key runs anew")
 
 
 async def _cancel(args: argparse.Namespace) -> int:
     return await _operate(args, lambda engine, identity: engine.cancel(identity, by=_operator(), note=args.note),
-                          "cancelled {who}: its owner stops it at its next lease renewal or durable step")  # fmt: skip
+                          "cancelled {who}: its owner stops it at its next lease renewal or durable step")
 
 
 async def _rerun(args: argparse.Namespace) -> int:
     start = "" if args.from_step is None else f" from step {args.from_step}"
     return await _operate(
         args, lambda engine, identity: engine.rerun(identity, from_step=args.from_step, by=_operator(), note=args.note),
-        f"re-run {{who}}{start}: the next call with this key runs it")  # fmt: skip
+        f"re-run {{who}}{start}: the next call with this key runs it")
 
 
 def _operator() -> str:
@@ -439,7 +440,7 @@ def _common() -> argparse.ArgumentParser:
     # level's default overwriting the other's value.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--journal", dest="journal_url", default=argparse.SUPPRESS,
-                        help="journal URL (default: $MCP_DURABLE_JOURNAL or the embedded journal)")  # fmt: skip
+                        help="journal URL (default: $MCP_DURABLE_JOURNAL or the embedded journal)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object per line")
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return common
@@ -481,7 +482,7 @@ def add_journal_commands(subparsers: Any) -> None:
     resolve = command("resolve", _resolve, "an operator's verdict on a call in doubt")
     resolve.add_argument("tool")
     resolve.add_argument("key")
-    resolve.add_argument("--as", dest="resolution", required=True, choices=("completed", "not_applied", "failed"))
+    resolve.add_argument("--as", dest="resolution", required=True, choices=RESOLUTIONS)
     resolve.add_argument("--result", help="the JSON result repeats will replay (completed, failed)")
     resolve.add_argument("--principal", help="whose record (needed when several principals used the key)")
     resolve.add_argument("--note", default="", help="why, kept in the record's error field")

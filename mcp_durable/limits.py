@@ -83,7 +83,7 @@ def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None
             f"the arguments of tool {tool!r} are {len(payload)} bytes of canonical JSON; "
             f"the limit is {limit} bytes (max_argument_bytes). Pass large content by reference",
             what="arguments", size=len(payload), limit=limit,
-        )  # fmt: skip
+        )
     return payload
 
 
@@ -94,7 +94,7 @@ def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
             f"the result of tool {tool!r} is {len(payload)} bytes of JSON; the limit is {limit} bytes "
             "(max_result_bytes)",
             what="result", size=len(payload), limit=limit,
-        )  # fmt: skip
+        )
     return payload
 
 
@@ -102,7 +102,7 @@ def outcome_text(error: LimitExceeded, *, released: bool) -> str:
     """What the caller reads when a result could not be journaled (`released`: a retry runs again)."""
     if released:
         return (f"{error.code}: {error.message}. The call was not journaled: its claim was released and a retry "
-                "runs the tool again")  # fmt: skip
+                "runs the tool again")
     return f"{error.code}: {error.message}. This error is journaled and replayed for the key"
 
 

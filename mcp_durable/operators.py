@@ -19,7 +19,8 @@ as an entry of the process `AUDIT_PROCESS`, which the console shows on the call'
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, get_args
 
 import orjson
 
@@ -30,13 +31,28 @@ from .policy import DEFAULT_RETENTION
 from .steps import STEP_ENTRY, load_steps, steps_process_id
 from .tasks import OPERATOR_CANCELLED
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-RESOLUTIONS = ("completed", "failed", "not_applied")
+#: An operator's verdicts on a call in doubt (the admin tool's schema, the CLI's and the console's choices).
+Resolution = Literal["completed", "failed", "not_applied"]
+RESOLUTIONS: tuple[Resolution, ...] = get_args(Resolution)
 #: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
 AUDIT_PROCESS = "mcp-durable/operator-actions"
 AUDIT_ENTRY = "operator_action"
+
+
+class Engine(Protocol):
+    """What an operator action uses of the engine (`mcp_durable.engine.Engine` is one): its
+    journal and clock, whether a pending record's owner is alive, and its change listeners.
+    A protocol, not the class, so this module does not import the engine that calls it."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    @property
+    def clock(self) -> Callable[[], float]: ...
+
+    def owner_alive(self, record: CallRecord, now: float) -> bool: ...
+
+    async def notify_changed(self, record: CallRecord) -> None: ...
 
 
 async def resolve(
@@ -72,12 +88,12 @@ async def resolve(
         expires = None if retention is None else now + retention
         if resolution == "not_applied":
             resolved = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                     error=f"resolved not applied by an operator{suffix}", expires_at=expires)  # fmt: skip
+                                     error=f"resolved not applied by an operator{suffix}", expires_at=expires)
         else:
             state = CallState.COMPLETED if resolution == "completed" else CallState.FAILED
             resolved = record.evolve(state=state, owner=None, lease_until=None, updated_at=now, completed_at=now,
                                      result=payload, expires_at=expires,
-                                     error=f"resolved {resolution} by an operator{suffix}")  # fmt: skip
+                                     error=f"resolved {resolution} by an operator{suffix}")
         # A lost swap means the record moved meanwhile (a retry took it over, another operator):
         # re-read and judge again.
         if await engine.journal.swap(record.version, resolved):
@@ -99,7 +115,7 @@ async def forget(engine: Engine, identity: CallIdentity, *, by: str = "", note: 
     while True:
         record, now = await _undecided(engine, identity)
         forgotten = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                                  expires_at=now, error=f"forgotten by an operator{suffix}")  # fmt: skip
+                                  expires_at=now, error=f"forgotten by an operator{suffix}")
         if await engine.journal.swap(record.version, forgotten):
             await _audit(engine, record, forgotten, "forget", by=by, note=note)
             await engine.notify_changed(forgotten)
@@ -129,10 +145,10 @@ async def cancel(
         record, now = await _current(engine, identity)
         if record.state not in (CallState.PENDING, CallState.IN_DOUBT):
             raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}: only a running or "
-                                "in-doubt call can be cancelled")  # fmt: skip
+                                "in-doubt call can be cancelled")
         cancelled = record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
                                   expires_at=None if retention is None else now + retention,
-                                  error=f"{OPERATOR_CANCELLED}{suffix}"[:500])  # fmt: skip
+                                  error=f"{OPERATOR_CANCELLED}{suffix}"[:500])
         if await engine.journal.swap(record.version, cancelled):
             await _audit(engine, record, cancelled, "cancel", by=by, note=note)
             await engine.notify_changed(cancelled)
@@ -162,20 +178,20 @@ async def rerun(
         record, now = await _current(engine, identity)
         if not record.state.is_final:
             raise OperatorError(f"call {identity.tool}/{identity.key} is {record.state.value}: only a completed or "
-                                "failed call can be re-run (resolve or forget one in doubt)")  # fmt: skip
+                                "failed call can be re-run (resolve or forget one in doubt)")
         run_id = os.urandom(16).hex()
         if from_step is not None:
             steps = await load_steps(engine.journal, record.run_id)
             if not 0 <= from_step <= len(steps):
                 raise OperatorError(f"call {identity.tool}/{identity.key} journaled {len(steps)} step(s): "
-                                    f"from_step must be 0 … {len(steps)}, not {from_step}")  # fmt: skip
+                                    f"from_step must be 0 … {len(steps)}, not {from_step}")
             for step in steps[:from_step]:
                 await engine.journal.append(steps_process_id(run_id), STEP_ENTRY, step.data, now)
         released = record.evolve(state=CallState.RELEASED, run_id=run_id, owner=None, lease_until=None, result=None,
                                  completed_at=None, updated_at=now,
                                  expires_at=None if retention is None else now + retention,
                                  error=f"re-run requested by an operator"
-                                       f"{'' if from_step is None else f' from step {from_step}'}{suffix}")  # fmt: skip
+                                       f"{'' if from_step is None else f' from step {from_step}'}{suffix}")
         if await engine.journal.swap(record.version, released):
             action = "rerun" if from_step is None else f"rerun from step {from_step}"
             await _audit(engine, record, released, action, by=by, note=note)
@@ -207,7 +223,7 @@ async def _audit(engine: Engine, before: CallRecord, after: CallRecord, action: 
     i = before.identity
     data: dict[str, Any] = {"action": action, "principal": i.principal, "tool": i.tool, "key": i.key,
                             "run_id": before.run_id, "from": before.state.value, "to": after.state.value,
-                            "by": by or "operator", "note": note}  # fmt: skip
+                            "by": by or "operator", "note": note}
     await engine.journal.append(AUDIT_PROCESS, AUDIT_ENTRY, data, after.updated_at)
 
 
@@ -215,4 +231,4 @@ async def audit_entries(journal: Journal, identity: CallIdentity) -> list[Journa
     """The audit entries of operator actions on the call `identity`, oldest first."""
     entries = await journal.entries(process_id=AUDIT_PROCESS)
     return [e for e in entries if e.entry_type == AUDIT_ENTRY and (e.data.get("principal"), e.data.get("tool"),
-            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]  # fmt: skip
+            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]

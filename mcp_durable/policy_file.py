@@ -227,9 +227,10 @@ def render_policies(tools: Iterable[tuple[str, Mapping[str, Any] | None, str | N
         "# with --policies. Tools not listed here: idempotentHint → durable, anything else pass-through.",
         "",
     ]
-    for name, annotations, description in tools:
-        policy = policies.for_tool(name, annotations)
-        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in sorted((annotations or {}).items()) if k.endswith("Hint"))
+    for name, hints_of_tool, description in tools:
+        policy = policies.for_tool(name, hints_of_tool)
+        given = sorted((hints_of_tool or {}).items())
+        hints = ", ".join(f"{k}={str(v).lower()}" for k, v in given if k.endswith("Hint"))
         lines.append(f"[tools.{_toml_key(name)}]")
         if description:
             lines.append(f"# {description.strip().splitlines()[0][:100]}")

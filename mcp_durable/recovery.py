@@ -41,7 +41,7 @@ class ReconcilePass:
 
     def as_dict(self) -> dict[str, object]:
         return {"at": self.at, "examined": self.examined, "completed": self.completed,
-                "released": self.released, "undecided": self.undecided, "errors": self.errors[:10]}  # fmt: skip
+                "released": self.released, "undecided": self.undecided, "errors": self.errors[:10]}
 
 
 async def reconcile_in_doubt(

@@ -86,7 +86,7 @@ class RetentionReport:
         return {"passes": self.passes, "records_purged": self.records_purged, "entries_dropped": self.entries_dropped,
                 "compactions": self.compactions, "bytes_reclaimed": self.bytes_reclaimed,
                 "last_compaction_at": self.last_compaction_at,
-                "last": asdict(self.last) if self.last is not None else None}  # fmt: skip
+                "last": asdict(self.last) if self.last is not None else None}
 
 
 async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> RetentionPass:

@@ -180,7 +180,7 @@ class TaskRuns:
                     state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
                     attempts=record.attempts + 1, updated_at=now, expires_at=None, error=None,
                     task_id=new_task_id(),
-                )  # fmt: skip
+                )
                 started = await self._start_task_run(record, again, policy, run)
                 if started is not None:
                     return started
@@ -270,7 +270,7 @@ class TaskRuns:
             cancelled = record.evolve(
                 state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=CANCELLED_REASON,
                 expires_at=None if retention is None else now + retention,
-            )  # fmt: skip
+            )
             if await self._swap(record, cancelled):
                 scope = self._task_scopes.get(record.identity)
                 if scope is not None:

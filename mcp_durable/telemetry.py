@@ -11,10 +11,12 @@ to that span (or to a span of its own, `durable call NAME`, when none is recordi
 | attribute | value |
 |---|---|
 | `mcp_durable.tool`, `mcp_durable.principal` | the call's tool and principal |
-| `mcp_durable.outcome` | `ran`, `replayed`, `waited` (latched on to a duplicate in flight and got its result), `in_doubt`, `refused`, `error` (the tool raised; the claim was released) |
+| `mcp_durable.outcome` | `ran`, `replayed`, `waited` (latched on to a duplicate in flight and got |
+| | its result), `in_doubt`, `refused`, `error` (the tool raised; the claim was released) |
 | `mcp_durable.error_code` | the refusal's code (`key_reuse`, `in_progress`, `in_doubt`, …) |
 | `mcp_durable.attempt`, `mcp_durable.state` | the attempt number; the record's state after the call |
-| `mcp_durable.key_hash` | SHA-256 of the key (hex, 16 bytes), HMAC-SHA-256 under `key_hash_secret` if given; `mcp_durable.key` instead with `record_keys=True` |
+| `mcp_durable.key_hash` | SHA-256 of the key (hex, 16 bytes), HMAC-SHA-256 under `key_hash_secret` |
+| | if given; `mcp_durable.key` instead with `record_keys=True` |
 | `mcp_durable.reconciled`, `mcp_durable.waited` | set when true |
 
 Child spans: `durable.claim` (a claim or a take-over), `durable.step` (each durable step,
@@ -34,7 +36,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import __version__, observe
+from . import observe
+from .version import __version__
 from .errors import ConfigError, DurableError, InDoubtError
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
@@ -76,7 +79,7 @@ class Telemetry:
         self.commit_batch = meter.create_histogram(
             "mcp_durable.journal.commit.batch_size", unit="{write}", description="writes made durable by one commit")
         meter.create_observable_gauge("mcp_durable.calls.in_doubt", callbacks=[self._observe_in_doubt],
-                                      unit="{call}", description="calls in doubt this instance knows of")  # fmt: skip
+                                      unit="{call}", description="calls in doubt this instance knows of")
         self.in_doubt: set[CallIdentity] = set()
         self._detach: Callable[[], None] | None = None
 

@@ -144,3 +144,12 @@ async def journal(journal_factory: JournalFactory):  # type: ignore[no-untyped-d
         yield store
     finally:
         await store.aclose()
+
+
+@pytest.fixture
+def replicas_journal() -> Iterator[str]:
+    """The test database with a fresh schema: the replicas of one test share it, no one else."""
+    from tests.backends.pg_cluster import scratch_schema
+
+    with scratch_schema() as url:
+        yield url

@@ -117,7 +117,7 @@ def _start_cli(cli_args: Sequence[str], port: int, env: Mapping[str, str] | None
     proc = subprocess.Popen(
         args, cwd=REPO, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
+    )
     return ServedHttp(f"http://127.0.0.1:{port}/mcp", port, proc, Path(log.name), [log])
 
 

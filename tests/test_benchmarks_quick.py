@@ -1,8 +1,9 @@
 """The benchmark suite's quick mode runs end to end (a smoke run in CI).
 
 It fails only when the suite does — an error or a non-zero exit — never on a figure: speed is
-measured in benchmarks/, never asserted in tests. Takes about 40 s on the shared 2-core machine (up to ~75 s under heavy load);
-with the `peers` extra installed, case 9 runs its peers too: about 2.5 min under heavy load.
+measured in benchmarks/, never asserted in tests. Takes about 40 s on the shared 2-core machine
+(up to ~75 s under heavy load); with the `peers` extra installed, case 9 runs its peers too:
+about 2.5 min under heavy load.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--output", str(report)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, f"stdout:\n{done.stdout[-6000:]}\nstderr:\n{done.stderr[-6000:]}"
     text = report.read_text()
     for heading in ("## Machine", "1. Sequential latency", "2. Throughput", "3. Journal appends",
                     "4. Recovery", "5. Streamable HTTP", "6. Bytes on disk", "7. Proxy", "8. MCP tasks",
-                    "9. Peers side by side", "11. Journal size over time", "Targets"):  # fmt: skip
+                    "9. Peers side by side", "11. Journal size over time", "Targets"):
         assert heading in text, f"the report lacks {heading!r}"

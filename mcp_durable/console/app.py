@@ -37,7 +37,7 @@ from .source import ConsoleSource
 
 HERE = Path(__file__).parent
 ACTIONS = {"completed": "resolve as completed", "not_applied": "resolve as not applied",
-           "failed": "resolve as failed", "forget": "forget"}  # fmt: skip
+           "failed": "resolve as failed", "forget": "forget"}
 #: Seconds between keep-alive comments on an idle live-update stream.
 PING_SECONDS = 15.0
 
@@ -50,7 +50,7 @@ def _templates() -> Any:
 
         raise ConfigError("the console needs Jinja2: pip install 'mcp-durable[console]'") from exc
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined)  # fmt: skip
+                             undefined=jinja2.StrictUndefined)
     env.filters["json"] = lambda value: orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
     env.filters["q"] = lambda params: urlencode({k: v for k, v in params.items() if v not in (None, "")})
     return env
@@ -76,7 +76,7 @@ class Console:
             "Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
             "Content-Security-Policy": "default-src 'self'; style-src 'self'; img-src 'self' data:; "
                                        "frame-ancestors 'none'; form-action 'self'",
-        })  # fmt: skip
+        })
 
     async def viewer(self, request: Request) -> Viewer | None:
         found = await self.sessions.identify(request)
@@ -86,7 +86,9 @@ class Console:
         principal = self.source.principal(access)
         return Viewer(principal, principal in self.source.admins, csrf, sid)
 
-    def page(self, handler: Callable[[Request, Viewer], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    def page(
+        self, handler: Callable[[Request, Viewer], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
         """Guard a handler: Host/Origin checked, the viewer identified (else the login page, 401)."""
 
         async def endpoint(request: Request) -> Response:
@@ -99,9 +101,9 @@ class Console:
                     return self._anonymous(request)
                 if request.method != "GET" or request.url.path.endswith("/events"):
                     return PlainTextResponse("unauthorized: sign in with a bearer token", status_code=401,
-                                             headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+                                             headers={"WWW-Authenticate": "Bearer"})
                 return self.render(request, "login.html", status=401, viewer=None, error=None,
-                                   next=request.url.path)  # fmt: skip
+                                   next=request.url.path)
             if request.method == "POST":
                 form = await request.form()
                 if not same_origin(request) or not csrf_ok(viewer.csrf, _text(form.get("csrf"))):
@@ -112,7 +114,7 @@ class Console:
                 return self.render(request, "error.html", status=400, viewer=viewer, message=str(exc))
             except DurableError as exc:  # e.g. the journal cannot be read right now
                 return self.render(request, "error.html", status=503, viewer=viewer,
-                                   message=f"The journal is unavailable: {exc.message}")  # fmt: skip
+                                   message=f"The journal is unavailable: {exc.message}")
 
         return endpoint
 
@@ -125,7 +127,7 @@ class Console:
 
     def _set_cookie(self, request: Request, response: Response, sid: str) -> None:
         response.set_cookie(COOKIE, sid, max_age=SESSION_SECONDS, path=request.scope.get("root_path", "") or "/",
-                            httponly=True, samesite="strict", secure=request.url.scheme == "https")  # fmt: skip
+                            httponly=True, samesite="strict", secure=request.url.scheme == "https")
 
     # -- sign in and out ----------------------------------------------------------------------------
 
@@ -144,7 +146,7 @@ class Console:
         base = request.scope.get("root_path", "")
         if self.sessions.verifier is None or await self.sessions.verify(token) is None:
             return self.render(request, "login.html", status=401, viewer=None, next="",
-                               error="That token is not accepted.")  # fmt: skip
+                               error="That token is not accepted.")
         target = _text(form.get("next"))
         if not target.startswith(base + "/") or target.startswith("//"):
             target = base + "/"
@@ -170,10 +172,10 @@ class Console:
             data = await overview(journal, self.scope(viewer), now)
             recovery = await self.source.recovery(journal, self.scope(viewer))
         oldest = data["oldest_in_doubt"]
-        return self.render(request, "overview.html", viewer=viewer, counts=data["counts"], chart=chart(data["per_minute"]),
-                           in_doubt=data["in_doubt"], oldest=record_summary(oldest) if oldest else None,
-                           recovery=recovery, journal_url=self.source.journal_url if viewer.admin else None,
-                           watch="*")  # fmt: skip
+        return self.render(request, "overview.html", viewer=viewer, counts=data["counts"],
+                           chart=chart(data["per_minute"]), in_doubt=data["in_doubt"],
+                           oldest=record_summary(oldest) if oldest else None, recovery=recovery,
+                           journal_url=self.source.journal_url if viewer.admin else None, watch="*")
 
     async def calls(self, request: Request, viewer: Viewer) -> Response:
         q = request.query_params
@@ -186,7 +188,7 @@ class Console:
         wanted = CallFilter(tool=q.get("tool") or None, state=CallState(state) if state else None,
                             principal=(q.get("principal") or None) if viewer.admin else None,
                             since=parse_time(q.get("since")), until=parse_time(q.get("until")),
-                            key_prefix=q.get("key_prefix", ""), limit=limit)  # fmt: skip
+                            key_prefix=q.get("key_prefix", ""), limit=limit)
         try:
             cursor = decode_cursor(q["cursor"]) if q.get("cursor") else None
         except Exception:  # noqa: BLE001 - MCPError(INVALID_PARAMS) from the shared decoder
@@ -198,7 +200,7 @@ class Console:
         return self.render(request, "calls.html", viewer=viewer, calls=[record_summary(r) for r in records],
                            filters=filters, states=[s.value for s in CallState], tools=tools,
                            next_cursor=encode_cursor(following) if following else None,
-                           paged=bool(q.get("cursor")), watch="*")  # fmt: skip
+                           paged=bool(q.get("cursor")), watch="*")
 
     def _identity(self, request: Request, viewer: Viewer) -> CallIdentity:
         q = request.query_params
@@ -217,20 +219,20 @@ class Console:
                 detail = await call_detail(journal, identity, sensitive)
         if detail is None:  # another's record answers exactly like a missing one
             return self.render(request, "error.html", status=404, viewer=viewer,
-                               message=f"No call {identity.tool}/{identity.key}.")  # fmt: skip
-        from ..server.redact import record_uri
+                               message=f"No call {identity.tool}/{identity.key}.")
+        from ..uris import record_uri
 
         return self.render(request, "call.html", viewer=viewer, d=detail, v=detail["view"],
                            ident={"principal": identity.principal, "tool": identity.tool, "key": identity.key},
                            actions=ACTIONS if self._can_act(viewer) and detail["undecided"] else {},
-                           done=request.query_params.get("done"), watch=record_uri(identity.tool, identity.key))  # fmt: skip
+                           done=request.query_params.get("done"), watch=record_uri(identity.tool, identity.key))
 
     async def in_doubt(self, request: Request, viewer: Viewer) -> Response:
         async with self.source.reading() as journal:
             records = await in_doubt(journal, self.scope(viewer), self.source.clock())
         rows = [{**record_summary(r), "error": r.error, "lease_expired": r.state == CallState.PENDING} for r in records]
         return self.render(request, "in_doubt.html", viewer=viewer, calls=rows,
-                           actions=ACTIONS if self._can_act(viewer) else {}, watch="*")  # fmt: skip
+                           actions=ACTIONS if self._can_act(viewer) else {}, watch="*")
 
     # -- operator actions ---------------------------------------------------------------------------
 
@@ -248,9 +250,9 @@ class Console:
             record = await journal.get(identity)
         if record is None:
             return self.render(request, "error.html", status=404, viewer=viewer,
-                               message=f"No call {identity.tool}/{identity.key}.")  # fmt: skip
+                               message=f"No call {identity.tool}/{identity.key}.")
         return self.render(request, "confirm.html", viewer=viewer, action=action, label=ACTIONS[action],
-                           call=record_summary(record), error=None, note="", result="")  # fmt: skip
+                           call=record_summary(record), error=None, note="", result="")
 
     async def act(self, request: Request, viewer: Viewer) -> Response:
         if not self._can_act(viewer):
@@ -267,17 +269,17 @@ class Console:
             elif action in RESOLUTIONS:
                 payload = _payload(action, result_text, note)
                 await resolve(engine, identity, action, payload=payload, note=note or by,
-                              retention=self.source.retention(identity.tool), by=by)  # fmt: skip
+                              retention=self.source.retention(identity.tool), by=by)
             else:
                 raise OperatorError(f"unknown action {action!r}")
         except DurableError as exc:
             summary = {"principal": identity.principal, "tool": identity.tool, "key": identity.key}
             return self.render(request, "confirm.html", status=409, viewer=viewer, action=action,
                                label=ACTIONS.get(action, action), call=summary, error=exc.message, note=note,
-                               result=result_text)  # fmt: skip
+                               result=result_text)
         base = request.scope.get("root_path", "")
         query = urlencode({"principal": identity.principal, "tool": identity.tool, "key": identity.key,
-                           "done": ACTIONS[action]})  # fmt: skip
+                           "done": ACTIONS[action]})
         return RedirectResponse(f"{base}/call?{query}", status_code=303)
 
     def _forbidden(self, request: Request, viewer: Viewer) -> Response:
@@ -304,7 +306,7 @@ class ChangeStream(Response):
         self.changes = changes
         # No content-length: the body never ends while the client stays.
         self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
-                            (b"x-accel-buffering", b"no")]  # fmt: skip
+                            (b"x-accel-buffering", b"no")]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .store import connect
+from .. import config
+from .store import connect, read
 
 ENV_LEDGER = "PAYMENTS_LEDGER"
 DEFAULT_LEDGER = ".mcp-durable/payments-ledger.db"
@@ -62,7 +63,7 @@ class PaymentProvider:
     """The stand-in provider over one ledger file. Safe for several processes (SQLite locking)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path or os.environ.get(ENV_LEDGER) or DEFAULT_LEDGER)
+        self.path = Path(path or config.demo_path(ENV_LEDGER, DEFAULT_LEDGER))
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def _connect(self) -> sqlite3.Connection:
@@ -91,7 +92,7 @@ class PaymentProvider:
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (time.time(), op, subject, amount_cents, idempotency_key,
                  "deduplicated" if effect.deduplicated else "applied", effect.id),
-            )  # fmt: skip
+            )
             conn.execute("COMMIT")
             return effect
         finally:
@@ -107,13 +108,8 @@ class PaymentProvider:
 
     def find(self, idempotency_key: str) -> Effect | None:
         """The effect made under a key, if any (what a reconcile hook asks)."""
-        conn = self._connect()
-        try:
-            row = conn.execute(
-                "SELECT id, op, subject, amount_cents FROM effects WHERE idempotency_key=?", (idempotency_key,)
-            ).fetchone()
-        finally:
-            conn.close()
+        sql = "SELECT id, op, subject, amount_cents FROM effects WHERE idempotency_key=?"
+        row = next(iter(read(self.path, _SCHEMA, sql, (idempotency_key,))), None)
         return None if row is None else Effect(row[0], row[1], row[2], row[3], idempotency_key, False)
 
     def effects(self, op: str | None = None, subject: str | None = None) -> list[dict[str, Any]]:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .store import connect
+from .. import config
+from .store import connect, read
 
 ENV_OUTBOX = "MAILER_OUTBOX"
 DEFAULT_OUTBOX = ".mcp-durable/outbox.db"
@@ -56,7 +57,7 @@ class Outbox:
     """The outbox over one SQLite file. Safe for several processes (SQLite locking)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path or os.environ.get(ENV_OUTBOX) or DEFAULT_OUTBOX)
+        self.path = Path(path or config.demo_path(ENV_OUTBOX, DEFAULT_OUTBOX))
 
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path, _SCHEMA)
@@ -77,28 +78,19 @@ class Outbox:
     def find(self, key: str) -> Mail | None:
         """The first mail sent under `key`, or None. Raises `OutboxUnavailable` when it cannot tell."""
         try:
-            conn = self._connect()
-            try:
-                row = conn.execute(
-                    "SELECT id, recipient, subject, key FROM mails WHERE key=? ORDER BY seq LIMIT 1", (key,)
-                ).fetchone()
-            finally:
-                conn.close()
+            sql = "SELECT id, recipient, subject, key FROM mails WHERE key=? ORDER BY seq LIMIT 1"
+            row = next(iter(read(self.path, _SCHEMA, sql, (key,))), None)
         except (sqlite3.Error, OSError) as exc:
             raise OutboxUnavailable(f"outbox {self.path}: {exc}") from exc
         return None if row is None else Mail(row[0], row[1], row[2], row[3])
 
     def mails(self, key: str | None = None) -> list[dict[str, Any]]:
         """Every mail delivered (optionally under one key), oldest first."""
-        conn = self._connect()
-        try:
-            sql = "SELECT id, key, recipient, subject, body FROM mails"
-            args: tuple[Any, ...] = ()
-            if key is not None:
-                sql += " WHERE key=?"
-                args = (key,)
-            rows = conn.execute(sql + " ORDER BY seq", args).fetchall()
-        finally:
-            conn.close()
+        sql = "SELECT id, key, recipient, subject, body FROM mails"
+        args: tuple[Any, ...] = ()
+        if key is not None:
+            sql += " WHERE key=?"
+            args = (key,)
+        rows = read(self.path, _SCHEMA, sql + " ORDER BY seq", args)
         names = ("id", "key", "to", "subject", "body")
         return [dict(zip(names, row, strict=True)) for row in rows]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 
 def connect(path: Path, schema: str) -> sqlite3.Connection:
@@ -19,3 +20,13 @@ def connect(path: Path, schema: str) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=FULL")
     conn.executescript(schema)
     return conn
+
+
+def read(path: Path, schema: str, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The rows of one query, on a connection opened for it and closed after (a reader in any
+    process sees every committed write)."""
+    conn = connect(path, schema)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()

@@ -16,7 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .store import connect
+from .. import config
+from .store import connect, read
 
 ENV_WAREHOUSE = "WAREHOUSE_DB"
 DEFAULT_WAREHOUSE = ".mcp-durable/warehouse.db"
@@ -24,7 +25,8 @@ DEFAULT_STOCK = 1_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, op TEXT NOT NULL, order_id TEXT NOT NULL, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS results (
+    key TEXT PRIMARY KEY, op TEXT NOT NULL, order_id TEXT NOT NULL, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS operations (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, ts REAL NOT NULL, op TEXT NOT NULL, order_id TEXT NOT NULL,
     key TEXT NOT NULL, outcome TEXT NOT NULL
@@ -40,7 +42,7 @@ class Warehouse:
     """The stand-in over one SQLite file. Safe for several processes (SQLite locking)."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
-        self.path = Path(path or os.environ.get(ENV_WAREHOUSE) or DEFAULT_WAREHOUSE)
+        self.path = Path(path or config.demo_path(ENV_WAREHOUSE, DEFAULT_WAREHOUSE))
 
     def _connect(self) -> sqlite3.Connection:
         return connect(self.path, _SCHEMA)
@@ -100,14 +102,10 @@ class Warehouse:
 
     def operations(self, order_id: str | None = None) -> list[dict[str, Any]]:
         """Every request received (optionally for one order), oldest first."""
-        conn = self._connect()
-        try:
-            sql = "SELECT op, order_id, key, outcome FROM operations"
-            args: tuple[Any, ...] = ()
-            if order_id is not None:
-                sql += " WHERE order_id=?"
-                args = (order_id,)
-            rows = conn.execute(sql + " ORDER BY seq", args).fetchall()
-        finally:
-            conn.close()
+        sql = "SELECT op, order_id, key, outcome FROM operations"
+        args: tuple[Any, ...] = ()
+        if order_id is not None:
+            sql += " WHERE order_id=?"
+            args = (order_id,)
+        rows = read(self.path, _SCHEMA, sql + " ORDER BY seq", args)
         return [dict(zip(("op", "order_id", "key", "outcome"), row, strict=True)) for row in rows]

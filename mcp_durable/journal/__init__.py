@@ -6,20 +6,19 @@ URLs (DESIGN.md §3): `file://PATH` (a directory; the embedded default), `sqlite
 
 from __future__ import annotations
 
-import os
-
+from .. import config
 from ..errors import ConfigError
 from .base import CallCursor, Journal
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
 
-ENV_JOURNAL = "MCP_DURABLE_JOURNAL"
+ENV_JOURNAL = config.JOURNAL
 DEFAULT_JOURNAL_URL = "file://.mcp-durable/journal"
 
 
 def default_journal_url() -> str:
     """The journal URL to use when none is given: `$MCP_DURABLE_JOURNAL`, else the embedded default."""
-    return os.environ.get(ENV_JOURNAL) or DEFAULT_JOURNAL_URL
+    return config.journal_url() or DEFAULT_JOURNAL_URL
 
 
 def create_journal(url: str | None = None) -> Journal:

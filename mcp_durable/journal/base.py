@@ -14,7 +14,6 @@ from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 import anyio
 
 from ..errors import JournalError
-
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 
@@ -101,28 +100,11 @@ def stored_decoder(what: str) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
 class Journal(Protocol):
     """A durable store of call records and process entries.
 
-    Contract (every backend, checked by `tests/contract/`):
+    The contract is stated on each method; `tests/contract/` checks it on every backend. Across
+    every method:
+
     - Durability: when a writing method returns, its change is on stable storage (fsync or a
       database commit), unless the journal was opened with relaxed durability for tests.
-    - `claim(record, now)` inserts `record` if no record has its identity, or if the existing
-      one has expired (`expires_at <= now`). It returns `(True, record)` when it inserted, else
-      `(False, existing)`. Atomic across every process sharing the journal: of N concurrent
-      claims of one identity, exactly one wins.
-    - `swap(expected_version, record)` replaces the stored record of `record.identity` only if
-      the stored version is `expected_version`; returns whether it did. Atomic likewise.
-    - `renew(identity, owner, lease_until)` extends the lease of a PENDING record owned by
-      `owner` without changing its version; returns False if the record is not that.
-    - `wait_for_change(identity, timeout)` returns when the record may have changed, or after
-      `timeout` seconds; callers re-read. Spurious wake-ups are allowed.
-    - `get_task(principal, task_id)` returns the record whose `task_id` is `task_id` and whose
-      principal is `principal`, or None (another principal's task is None, like an unknown id).
-    - `list_calls` is newest first by `(created_at, identity)`, strictly after `cursor`;
-      `tasks_only` keeps the records that are tasks (`task_id` set).
-    - Process entries get strictly increasing `seq` numbers across the journal.
-    - `purge_entries(process_ids, before_seq)` drops the entries of those processes (only those
-      with `seq < before_seq` when given; retention uses it for the durable steps of expired
-      records and old lifecycle entries); returns how many. Later reads never return them; the
-      space comes back as the backend reuses it (the file journal: at its next compaction).
     - Stores never read the clock: every time is passed in.
     - Faults: every failure of the storage (an OS error, a driver error, a lost or unreadable
       file, a row or frame that does not decode as a record) raises `JournalError`, never the
@@ -137,21 +119,52 @@ class Journal(Protocol):
     #: are known to be orphaned at open, without waiting for their lease.
     single_writer: bool
 
-    async def open(self) -> None: ...
+    async def open(self) -> None:
+        """Open (creating or migrating the storage if needed) and set `recovery`; before any
+        other method. `JournalError` when the storage cannot be opened."""
+        ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release the storage (files, locks, connections). Everything written is already
+        durable; closing adds nothing to the journal's content."""
+        ...
 
-    async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]: ...
+    async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:
+        """Insert `record` if no record has its identity, or if the stored one has expired
+        (`expires_at <= now`): `(True, record)`. Otherwise change nothing: `(False, stored)`.
 
-    async def get(self, identity: CallIdentity) -> CallRecord | None: ...
+        Atomic across every process sharing the journal: of N concurrent claims of one
+        identity, exactly one wins."""
+        ...
 
-    async def get_task(self, principal: str, task_id: str) -> CallRecord | None: ...
+    async def get(self, identity: CallIdentity) -> CallRecord | None:
+        """The stored record of `identity` (expired or not: the caller decides), or None."""
+        ...
 
-    async def swap(self, expected_version: int, record: CallRecord) -> bool: ...
+    async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
+        """The record whose `task_id` is `task_id` and whose principal is `principal`, or None
+        (another principal's task is None, like an unknown id)."""
+        ...
 
-    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool: ...
+    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+        """Replace the stored record of `record.identity` with `record`, only if the stored
+        version is `expected_version`; return whether it did (False for a missing record).
 
-    async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None: ...
+        `record.version` is stored as given (the engine bumps it). Atomic like `claim`: of two
+        swaps from one version, at most one succeeds."""
+        ...
+
+    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+        """Set `lease_until` of the record of `identity` if it is PENDING and owned by `owner`;
+        return whether it did. Any other record (missing, another owner's, or in any other
+        state) is left unchanged and the answer is False. The version does not change, so the
+        owner's pending `swap` still applies."""
+        ...
+
+    async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
+        """Return when the record of `identity` may have changed, or after `timeout` seconds.
+        Spurious wake-ups are allowed: callers re-read."""
+        ...
 
     async def list_calls(
         self,
@@ -162,21 +175,66 @@ class Journal(Protocol):
         limit: int = 100,
         cursor: CallCursor | None = None,
         tasks_only: bool = False,
-    ) -> list[CallRecord]: ...
+    ) -> list[CallRecord]:
+        """At most `limit` records matching every filter given, newest first by
+        `(created_at, identity)`, strictly after `cursor`; `tasks_only` keeps the records that
+        are tasks (`task_id` set). `page` is the reference implementation."""
+        ...
 
-    async def purge_expired(self, now: float) -> int: ...
+    async def purge_expired(self, now: float) -> int:
+        """Drop every record with `expires_at <= now`; return how many. Process entries stay."""
+        ...
 
-    async def stats(self) -> JournalStats: ...
+    async def stats(self) -> JournalStats:
+        """Counts by state and tool, entries, size and the oldest record's time."""
+        ...
 
-    async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry: ...
+    async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
+        """Append a process entry and return it with its `seq`: strictly increasing across the
+        journal (every process), never reused."""
+        ...
 
     async def entries(
         self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
-    ) -> list[JournalEntry]: ...
+    ) -> list[JournalEntry]:
+        """Entries with `seq > after` (of `process_id` only, if given), in `seq` order, at most
+        `limit`."""
+        ...
 
-    async def last_checkpoint(self, process_id: str) -> JournalEntry | None: ...
+    async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
+        """The latest entry of type `CHECKPOINT` of `process_id`, or None."""
+        ...
 
-    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int: ...
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
+        """Drop the entries of `process_ids` (only those with `seq < before_seq` when given); return how many.
+
+        Retention uses it for the durable steps of expired records and the lifecycle entries a
+        checkpoint holds. Later reads never return them; the space comes back as the backend
+        reuses it (the file journal: at its next compaction).
+        """
+        ...
+
+
+class MaintenanceReport(Protocol):
+    """What a maintenance operation did, as a JSON object (the CLI prints it)."""
+
+    def as_dict(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Maintainable(Protocol):
+    """Maintenance beyond the `Journal` contract, for backends whose storage needs it (the file
+    journal). `mcp-durable journal compact` checks for it with `isinstance`; a journal without
+    it is compacted by `Journal.purge_expired` alone (a database reclaims space itself)."""
+
+    async def compact(self, now: float) -> MaintenanceReport:
+        """Purge what expired at `now` and rewrite the storage without dead data. Crash-safe:
+        a crash at any point leaves a journal that opens with every live record."""
+        ...
+
+    async def snapshot(self) -> str | None:
+        """Write a snapshot that speeds up the next open; its name, or None when none was due."""
+        ...
 
 
 CHECKPOINT = "checkpoint"

@@ -116,7 +116,8 @@ def _bad_call_row(row: tuple[Any, ...]) -> str | None:
         return "identity is not three non-empty strings"
     if state not in _STATES:
         return f"unknown state {state!r}"
-    if not (isinstance(fingerprint, str) and len(fingerprint) == 64 and all(c in "0123456789abcdef" for c in fingerprint)):
+    hex_digest = isinstance(fingerprint, str) and len(fingerprint) == 64 and set(fingerprint) <= set("0123456789abcdef")
+    if not hex_digest:
         return f"fingerprint is not a SHA-256 hex digest: {fingerprint!r}"
     if not (isinstance(version, int) and version >= 1 and isinstance(attempts, int) and attempts >= 0):
         return f"bad version/attempts {version!r}/{attempts!r}"
@@ -187,7 +188,8 @@ def _walk_btrees(path: Path) -> list[Problem]:
             header = start + (100 if page == 1 else 0)
             kind = data[header]
             if kind not in _BTREE_TYPES:
-                problems.append(Problem(str(path), start, f"page {page} of {name}: not a b-tree page (type byte {kind:#04x} at offset {header})"))
+                reason = f"page {page} of {name}: not a b-tree page (type byte {kind:#04x} at offset {header})"
+                problems.append(Problem(str(path), start, reason))
                 continue
             if kind in (2, 5):  # interior: children in the cells, plus the right-most pointer
                 cells = int.from_bytes(data[header + 3 : header + 5], "big")

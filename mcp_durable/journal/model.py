@@ -80,7 +80,7 @@ class CallRecord:
             get("updated_at", c.updated_at), get("owner", c.owner), get("lease_until", c.lease_until),
             get("completed_at", c.completed_at), get("expires_at", c.expires_at), get("result", c.result),
             get("error", c.error), get("arguments", c.arguments), get("task_id", c.task_id),
-        )  # fmt: skip
+        )
 
     def is_expired(self, now: float) -> bool:
         return self.expires_at is not None and self.expires_at <= now

@@ -34,8 +34,15 @@ import orjson
 
 from ..errors import ConfigError, JournalError, JournalLockedError
 from .base import (
-    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
-)  # fmt: skip
+    CHECKPOINT,
+    SQL_LISTING_ORDER,
+    CallCursor,
+    ChangeSignals,
+    RecoveryReport,
+    sql_listing_filter,
+    stored_decoder,
+)
+from .fsync import make_dirs
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
 from .sqlite_writer import SQLiteWriter
@@ -77,7 +84,7 @@ def _row(record: CallRecord) -> tuple[Any, ...]:
         i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
         record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
         record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
-    )  # fmt: skip
+    )
 
 
 @stored_decoder("call record")
@@ -113,7 +120,7 @@ class SQLiteJournal:
     single_writer = False
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", poll_interval: float = 0.02,
-                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:  # fmt: skip
+                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:
         self.path = Path(path)
         self.single_writer = single_writer
         self._lock_fd: int | None = None
@@ -142,11 +149,14 @@ class SQLiteJournal:
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # The directory's entry made durable first: SQLite fsyncs the directory it creates its
+        # journal files in, never the one above, so a power loss could take a new directory,
+        # and every commit in it, away.
+        make_dirs(self.path.parent, 0o700)
         # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
         # same arguments and results) the database file's mode, not 0600.
         for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
-                            (Path(f"{self.path}-shm"), os.O_RDWR)):  # fmt: skip
+                            (Path(f"{self.path}-shm"), os.O_RDWR)):
             try:
                 os.close(os.open(path, flags, 0o600))
                 os.chmod(path, 0o600)
@@ -156,12 +166,20 @@ class SQLiteJournal:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        conn.executescript(_SCHEMA)
-        if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
-            conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
-        conn.execute(_TASKS_INDEX)
-        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        conn.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(SCHEMA_VERSION),))
+        # One transaction: a power loss leaves the whole schema or none of it (statement by
+        # statement, it could leave `calls` without `entries`, which `journal verify` rejects).
+        # A database of schema 1 (no `task_id`) then gains the column, and every database the
+        # tasks' index and its schema version, each step atomic on its own.
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
+                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")
+            if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
+                conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_TASKS_INDEX};\n"
+                               f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;")
+        except BaseException:
+            conn.close()  # rolls the transaction back
+            raise
         try:
             os.chmod(self.path, 0o600)
         except OSError:
@@ -314,7 +332,7 @@ class SQLiteJournal:
         tasks_only: bool = False,
     ) -> list[CallRecord]:
         where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="?",
-                                         tasks_only=tasks_only)  # fmt: skip
+                                         tasks_only=tasks_only)
         sql = f"SELECT {_COLUMNS} FROM calls {where} {SQL_LISTING_ORDER} LIMIT ?"
         rows = await self._run(lambda conn: conn.execute(sql, (*args, max(0, limit))).fetchall())
         return [_record(row) for row in rows]

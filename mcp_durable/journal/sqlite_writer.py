@@ -55,7 +55,7 @@ class _Op(Generic[T]):
     __slots__ = ("body", "write", "future", "result", "error")
 
     def __init__(self, body: Callable[[sqlite3.Connection], T], write: bool,
-                 future: asyncio.Future[T] | concurrent.futures.Future[T]) -> None:  # fmt: skip
+                 future: asyncio.Future[T] | concurrent.futures.Future[T]) -> None:
         self.body = body
         self.write = write
         self.future = future

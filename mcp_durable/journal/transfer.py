@@ -20,7 +20,6 @@ interrupted, or run twice, can be run again without doubling any process's histo
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 from collections import Counter
@@ -34,7 +33,8 @@ import orjson
 from ..errors import JournalError
 from ..keys import canonical_json
 from .base import CallCursor, Journal
-from .model import CallIdentity, CallRecord, CallState, JournalEntry
+from .model import CallIdentity, CallRecord, JournalEntry
+from .record_json import record_from_json, record_to_json
 
 FORMAT = "mcp-durable-journal"
 VERSION = 1
@@ -43,56 +43,19 @@ _PAGE = 500
 Progress = Callable[[int], None]  # called with how many items were just done
 
 
-def _bytes_out(out: dict[str, Any], name: str, value: bytes | None) -> None:
-    if value is None:
-        out[name] = None
-        return
-    try:
-        out[name] = value.decode("utf-8")
-    except UnicodeDecodeError:
-        out[f"{name}_b64"] = base64.b64encode(value).decode()
-
-
-def _bytes_in(line: dict[str, Any], name: str) -> bytes | None:
-    if f"{name}_b64" in line:
-        return base64.b64decode(line[f"{name}_b64"])
-    value = line.get(name)
-    return None if value is None else str(value).encode("utf-8")
-
-
 def call_to_json(record: CallRecord) -> dict[str, Any]:
-    """A call record as one export line's object (every field)."""
-    i = record.identity
-    out: dict[str, Any] = {
-        "type": "call", "principal": i.principal, "tool": i.tool, "key": i.key,
-        "fingerprint": record.fingerprint, "state": record.state.value, "version": record.version,
-        "run_id": record.run_id, "attempts": record.attempts, "created_at": record.created_at,
-        "updated_at": record.updated_at, "owner": record.owner, "lease_until": record.lease_until,
-        "completed_at": record.completed_at, "expires_at": record.expires_at, "error": record.error,
-    }  # fmt: skip
-    _bytes_out(out, "result", record.result)
-    _bytes_out(out, "arguments", record.arguments)
-    if record.task_id is not None:
-        out["task_id"] = record.task_id
-    return out
+    """A call record as one export line's object (every field; `record_json`)."""
+    return {"type": "call", **record_to_json(record)}
 
 
 def call_from_json(line: dict[str, Any]) -> CallRecord:
     """The call record of an export line (raises KeyError/ValueError when it is not one)."""
-    return CallRecord(
-        identity=CallIdentity(str(line["principal"]), str(line["tool"]), str(line["key"])),
-        fingerprint=str(line["fingerprint"]), state=CallState(line["state"]), version=int(line["version"]),
-        run_id=str(line["run_id"]), attempts=int(line["attempts"]), created_at=float(line["created_at"]),
-        updated_at=float(line["updated_at"]), owner=line.get("owner"), lease_until=line.get("lease_until"),
-        completed_at=line.get("completed_at"), expires_at=line.get("expires_at"),
-        result=_bytes_in(line, "result"), error=line.get("error"), arguments=_bytes_in(line, "arguments"),
-        task_id=line.get("task_id"),
-    )  # fmt: skip
+    return record_from_json(line)
 
 
 def entry_to_json(entry: JournalEntry) -> dict[str, Any]:
     return {"type": "entry", "process_id": entry.process_id, "entry_type": entry.entry_type,
-            "data": entry.data, "ts": entry.ts, "seq": entry.seq}  # fmt: skip
+            "data": entry.data, "ts": entry.ts, "seq": entry.seq}
 
 
 async def iter_calls(journal: Journal, **filters: Any) -> AsyncIterator[CallRecord]:
@@ -219,7 +182,7 @@ async def import_journal(
                 record = call_from_json(line)
             elif kind == "entry":
                 entry = JournalEntry(str(line["process_id"]), str(line["entry_type"]), dict(line["data"]),
-                                     float(line["ts"]))  # fmt: skip
+                                     float(line["ts"]))
             else:
                 raise ValueError(f"unknown line type {kind!r}")
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, AttributeError) as exc:

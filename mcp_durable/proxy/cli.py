@@ -15,19 +15,20 @@ import os
 import sys
 from typing import Any
 
+from .. import config
 from ..errors import ConfigError
 
 #: The upstream's bearer token, when not given by --upstream-token (which shows in `ps`).
-ENV_UPSTREAM_TOKEN = "MCP_DURABLE_UPSTREAM_TOKEN"
+ENV_UPSTREAM_TOKEN = config.UPSTREAM_TOKEN
 
 
 def add_proxy_command(commands: Any) -> None:
-    from ..cli import add_serving_options
+    from ..serving import add_serving_options
 
     proxy = commands.add_parser(
         "proxy", help="serve another MCP server (a command or a URL) with durable tools",
         description="Durability for a server you did not write: see docs/proxy.md.",
-    )  # fmt: skip
+    )
     upstream = proxy.add_mutually_exclusive_group(required=True)
     upstream.add_argument("--upstream-command", metavar="CMD",
                           help='the upstream as a command speaking stdio, one shell-quoted string ("npx -y …")')
@@ -43,9 +44,8 @@ def add_proxy_command(commands: Any) -> None:
 
 
 def _proxy(args: argparse.Namespace) -> int:
-    from ..cli import serve_server
-    from ..journal import ENV_JOURNAL
     from ..policy_file import Policies, load_policies
+    from ..serving import serve_server
 
     logging.getLogger().setLevel(args.log_level.upper())
     policies = load_policies(args.policies) if args.policies else Policies()
@@ -57,7 +57,7 @@ def _proxy(args: argparse.Namespace) -> int:
         return 0
     from .server import ProxyServer
 
-    journal = args.journal or os.environ.get(ENV_JOURNAL)
+    journal = args.journal or config.journal_url()
     server = ProxyServer(spec, policies, name=args.name, journal=journal)
     return serve_server(server, args, f"the upstream {spec.describe()}")
 
@@ -65,12 +65,13 @@ def _proxy(args: argparse.Namespace) -> int:
 def _spec(args: argparse.Namespace) -> Any:
     from .upstream import UpstreamSpec, child_environment
 
-    token = args.upstream_token or os.environ.get(ENV_UPSTREAM_TOKEN) or None
+    token = args.upstream_token or config.upstream_token()
     if args.upstream_url:
         return UpstreamSpec(url=args.upstream_url, token=token)
     if args.upstream_token:
         raise ConfigError("--upstream-token goes with --upstream-url")
-    return UpstreamSpec.from_command_line(args.upstream_command, env=child_environment(os.environ), cwd=os.getcwd())
+    env = child_environment(config.environment())
+    return UpstreamSpec.from_command_line(args.upstream_command, env=env, cwd=os.getcwd())
 
 
 async def _render_config(spec: Any, policies: Any) -> str:
@@ -91,7 +92,7 @@ async def _render_config(spec: Any, policies: Any) -> str:
     unknown = policies.unknown(upstream.tools)
     if unknown:
         print(f"mcp-durable: the policies name tools the upstream does not have: {', '.join(unknown)}",
-              file=sys.stderr)  # fmt: skip
+              file=sys.stderr)
     text: str = render_policies(tools, policies)
     return text
 

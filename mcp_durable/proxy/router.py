@@ -82,7 +82,7 @@ class Router:
             return
         try:
             await target.session.send_log_message(params.level, params.data, params.logger,
-                                                  related_request_id=target.request_id)  # fmt: skip
+                                                  related_request_id=target.request_id)
         except Exception:  # noqa: BLE001 - a log line must never fail the call
             logger.debug("could not forward an upstream log message", exc_info=True)
 

@@ -40,7 +40,6 @@ from mcp_types import (
     ReadResourceResult,
     Resource,
     ResourceTemplate,
-    TextContent,
     Tool,
     ToolAnnotations,
 )
@@ -67,7 +66,7 @@ class ProxyServer(DurableServer):
     """Serves `upstream` with durable tools by `policies`; keyword arguments as `DurableServer`."""
 
     def __init__(self, upstream: UpstreamSpec, policies: Policies | None = None, name: str | None = None,
-                 **kwargs: Any) -> None:  # fmt: skip
+                 **kwargs: Any) -> None:
         self.router = Router()
         self.upstream = Upstream(upstream, self.router)
         self.tool_policies = policies or Policies()
@@ -177,10 +176,10 @@ class ProxyServer(DurableServer):
         except DurableError as exc:
             return self.refuse(name, exc)
         return await self.run_durable(name, policy, arguments, canonical, context,
-                                      self._forwarder(name, policy, arguments, request, context))  # fmt: skip
+                                      self._forwarder(name, policy, arguments, request, context))
 
     def _forwarder(self, name: str, policy: ToolPolicy, arguments: dict[str, Any], request: Any,
-                   context: Context[Any, Any] | None) -> Any:  # fmt: skip
+                   context: Context[Any, Any] | None) -> Any:
         async def run(call: DurableCall | None) -> ToolOutcome:
             meta = _forwarded_meta(request)
             if call is not None:
@@ -210,7 +209,7 @@ class ProxyServer(DurableServer):
     async def list_resource_templates(self) -> list[ResourceTemplate]:
         client = await self._client_or_mcp_error()
         upstream = (await _all_pages(client.list_resource_templates, "resource_templates")
-                    if _serves(client, "resources") else [])  # fmt: skip
+                    if _serves(client, "resources") else [])
         return list(upstream) + await MCPServer.list_resource_templates(self)
 
     async def list_prompts(self) -> list[Prompt]:
@@ -299,7 +298,7 @@ def _forwarded_meta(request: Any) -> dict[str, Any]:
         return {}
     items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
     return {name: value for name, value in items
-            if name not in ("progressToken", "progress_token", KEY_META) and not name.startswith(_RESERVED_META)}  # fmt: skip
+            if name not in ("progressToken", "progress_token", KEY_META) and not name.startswith(_RESERVED_META)}
 
 
 def _progress(context: Context[Any, Any] | None) -> Any:

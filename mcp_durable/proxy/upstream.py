@@ -33,6 +33,7 @@ from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, InputRequiredResult, Tool
 
+from .. import config
 from ..errors import ConfigError, UpstreamUnavailableError
 from .router import Router
 
@@ -96,7 +97,7 @@ class UpstreamSpec:
             from mcp.client.stdio import stdio_client
 
             params = StdioServerParameters(command=self.command[0], args=list(self.command[1:]),
-                                           env=dict(self.env) if self.env is not None else None, cwd=self.cwd)  # fmt: skip
+                                           env=dict(self.env) if self.env is not None else None, cwd=self.cwd)
             return _Watched(stdio_client(params))
         if self.url:
             return _Watched(_http_transport(self.url, self.token))
@@ -109,7 +110,10 @@ async def _http_transport(url: str, token: str | None) -> AsyncIterator[Any]:
     from mcp.shared._httpx_utils import create_mcp_http_client
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
-    async with create_mcp_http_client(headers=headers) as http, streamable_http_client(url, http_client=http) as streams:
+    async with (
+        create_mcp_http_client(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
         yield streams
 
 
@@ -203,7 +207,7 @@ class Upstream:
                     transport, mode=self.spec.mode,
                     sampling_callback=self.router.sampling, elicitation_callback=self.router.elicitation,
                     logging_callback=self.router.logging, cache=None,
-                ))  # fmt: skip
+                ))
                 tools = await _all_tools(client)
                 connecting.deadline = math.inf
                 await self._serve_session(client, ended, tools)
@@ -297,7 +301,7 @@ class Upstream:
             result = await client.session.call_tool(
                 name, arguments, progress_callback=progress, meta=meta,  # type: ignore[arg-type]
                 allow_input_required=True,
-            )  # fmt: skip
+            )
         except MCPError as exc:
             if exc.error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
                 self.lost()
@@ -336,7 +340,6 @@ async def _all_tools(client: Client) -> list[Tool]:
 
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a stdio upstream gets: ours, without mcp-durable's own secrets."""
-    return {name: value for name, value in environ.items()
-            if name not in ("MCP_DURABLE_TOKENS", "MCP_DURABLE_UPSTREAM_TOKEN")}  # fmt: skip
+    return config.without_secrets(environ)
 
 

@@ -28,29 +28,28 @@ the code in `_meta["mcp-durable/error"]` (`results.refusal`).
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
+from .. import config
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
+from ..operators import Resolution
 from .redact import record_view
 from .results import dump_result
 
 if TYPE_CHECKING:
     from .app import DurableServer
 
-ENV_ADMINS = "MCP_DURABLE_ADMINS"
-Resolution = Literal["completed", "not_applied", "failed"]
+ENV_ADMINS = config.ADMINS
 
 
 def admins_from_env() -> frozenset[str]:
     """The admin principals named in `$MCP_DURABLE_ADMINS` (comma-separated), if any."""
-    text = os.environ.get(ENV_ADMINS, "")
-    return frozenset(filter(None, (part.strip() for part in text.split(","))))
+    return config.admins()
 
 
 def operator_payload(value: Any, *, failed: bool, note: str = "") -> bytes:
@@ -110,10 +109,10 @@ def register_admin_tools(server: DurableServer) -> bool:
             raise OperatorError("resolving as completed needs the result to replay")
         payload = None if resolution == "not_applied" else operator_payload(
             result, failed=resolution == "failed", note=note
-        )  # fmt: skip
+        )
         record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
                                              note=note or f"by {caller}", retention=_retention(server, tool),
-                                             by=caller)  # fmt: skip
+                                             by=caller)
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
@@ -133,19 +132,19 @@ def register_admin_tools(server: DurableServer) -> bool:
         durable step, and the call is never resumed (repeats of its key are refused `cancelled`)."""
         caller = require_admin(ctx)
         record = await server.engine.cancel(CallIdentity(principal or caller, tool, key), by=caller, note=note,
-                                            retention=_retention(server, tool))  # fmt: skip
+                                            retention=_retention(server, tool))
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_rerun(
         tool: str, key: str, ctx: Context[Any, Any], from_step: int | None = None, principal: str | None = None,
         note: str = "",
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Re-run a completed or failed call under a new attempt: the next call with its key runs the
         tool again, replaying durable steps before index `from_step` (None: every step runs again)."""
         caller = require_admin(ctx)
         record = await server.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
-                                           by=caller, note=note, retention=_retention(server, tool))  # fmt: skip
+                                           by=caller, note=note, retention=_retention(server, tool))
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
@@ -160,7 +159,7 @@ def register_admin_tools(server: DurableServer) -> bool:
     server.add_tool(journal_rerun, name="journal_rerun", annotations=operator)
     server.add_tool(journal_cancel, name="journal_cancel", annotations=operator)
     server.add_tool(journal_purge_expired, name="journal_purge_expired",
-                    annotations=operator.model_copy(update={"idempotent_hint": True}))  # fmt: skip
+                    annotations=operator.model_copy(update={"idempotent_hint": True}))
     return True
 
 

@@ -14,7 +14,6 @@ already become identical `isError` results.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
@@ -28,28 +27,32 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
-from .. import limits
+from .. import config, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
-from ..steps import DurableCall
 from ..recovery import BackgroundRecovery, ReconcilePass
 from ..retention import BackgroundRetention, RetentionSchedule
 from ..schedule import check_interval
+from ..steps import DurableCall
 from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
+from .admin import admins_from_env, register_admin_tools
 from .auth import token_auth_kwargs, tokens_from_env
 from .lookup import register_lookup_tool
+from .notifications import JournalNotifier
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
-ENV_INSTANCE = "MCP_DURABLE_INSTANCE"
+ENV_INSTANCE = config.INSTANCE
 
 #: Seconds between background reconcile passes (`reconcile_interval`); the first runs at start.
 DEFAULT_RECONCILE_INTERVAL = 60.0
+#: The retention a server runs by itself unless told otherwise (`retention_schedule`).
+DEFAULT_RETENTION_SCHEDULE = RetentionSchedule()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
@@ -104,7 +107,7 @@ class DurableServer(MCPServer[Any]):
         telemetry: Telemetry | bool | None = None,
         lookup_tool: bool = False,
         reconcile_interval: float | None = DEFAULT_RECONCILE_INTERVAL,
-        retention_schedule: RetentionSchedule | None = RetentionSchedule(),
+        retention_schedule: RetentionSchedule | None = DEFAULT_RETENTION_SCHEDULE,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -116,7 +119,7 @@ class DurableServer(MCPServer[Any]):
         self._lifespan_users = 0
         if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
             # serverInfo.version: the server's own when given, else this package's (not "").
-            from .. import __version__
+            from ..version import __version__
 
             kwargs["version"] = __version__
         # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
@@ -126,7 +129,7 @@ class DurableServer(MCPServer[Any]):
         store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
         # on a shared journal one replica's `running` must not read as another's unclean stop.
-        replica = os.environ.get(ENV_INSTANCE)
+        replica = config.instance()
         process_id = f"server/{self.name}" + (f"/{replica}" if replica else "")
         engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": process_id}
         if clock is not None:
@@ -142,11 +145,14 @@ class DurableServer(MCPServer[Any]):
         self.output_schemas = OutputSchemas()
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
-        self.admin_principals: frozenset[str] = frozenset(admin_principals)
+        self.admin_principals: frozenset[str] = frozenset(admin_principals) or admins_from_env()
         self.telemetry: Telemetry | None = Telemetry() if telemetry is True else (telemetry or None)
         if self.telemetry is not None:
             self.telemetry.attach(self.engine)
         self.journal_views = register_journal_resources(self)
+        self.journal_views.notifier = JournalNotifier(self)
+        self.journal_views.notifier.install()
+        register_admin_tools(self)
         # Tasks: served in both generations; in-doubt tasks are resumed at start.
         self.tasks = TaskProtocol(self)
         tasks_extension.protocol = self.tasks
@@ -160,7 +166,7 @@ class DurableServer(MCPServer[Any]):
         if check_interval("reconcile_interval", reconcile_interval) is not None:
             assert reconcile_interval is not None
             self.recovery = BackgroundRecovery(self.engine, self.policies, self.result_encoder, reconcile_interval,
-                                               after_pass=self._after_recovery_pass)  # fmt: skip
+                                               after_pass=self._after_recovery_pass)
         # Expired records, their steps and old lifecycle entries purged on a schedule (retention.py).
         self.retention: BackgroundRetention | None = None
         if retention_schedule is not None:
@@ -191,7 +197,7 @@ class DurableServer(MCPServer[Any]):
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
             logger.warning("journal %s unavailable at start: %s",
-                           display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+                           display_url(self.journal.url), display_url(str(exc)))
         else:
             if self.telemetry is not None and self._lifespan_users == 0:
                 await self.telemetry.start(self.journal)
@@ -220,7 +226,7 @@ class DurableServer(MCPServer[Any]):
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
                     logger.warning("journal %s: the stop could not be journaled: %s",
-                                   display_url(self.journal.url), display_url(str(exc)))  # fmt: skip
+                                   display_url(self.journal.url), display_url(str(exc)))
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -250,7 +256,7 @@ class DurableServer(MCPServer[Any]):
         super().add_tool(
             fn, name=name, title=title, description=description, annotations=annotations,
             icons=list(icons) if icons is not None else None, meta=meta, structured_output=structured_output,
-        )  # fmt: skip
+        )
         tool_name = name or fn.__name__
         if policy is not None:
             try:
@@ -426,18 +432,19 @@ class DurableServer(MCPServer[Any]):
         if self.telemetry is None:
             return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None)
         with self.telemetry.call(name, principal) as observed:
-            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, observed)
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal,
+                                           observed)
 
     async def _run_durable(
         self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes,
         context: Context[Any, Any] | None, run: Runner, encode: Encoder | None, principal: str,
         observed: ObservedCall | None,
-    ) -> CallToolResult | InputRequiredResult:  # fmt: skip
+    ) -> CallToolResult | InputRequiredResult:
         try:
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
                 principal=principal, canonical=canonical,
-            )  # fmt: skip
+            )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             if observed is not None:
                 observed.refused(exc)
@@ -478,7 +485,7 @@ class DurableServer(MCPServer[Any]):
             tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
             run=self._runner(name, arguments, None, policy, model), encode=_encoder(tool),
             principal=self.principal_of(context), canonical=canonical,
-        )  # fmt: skip
+        )
 
     async def _resume_task(self, record: CallRecord) -> None:
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
@@ -537,7 +544,7 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
             "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
             "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
             name, ", ".join(sorted(resolved)),
-        )  # fmt: skip
+        )
 
 
 def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:

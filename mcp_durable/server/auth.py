@@ -8,7 +8,6 @@ Use the SDK's OAuth support (`token_verifier=` any `TokenVerifier`) for anything
 from __future__ import annotations
 
 import hmac
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,9 +15,10 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
 
+from .. import config
 from ..errors import ConfigError
 
-ENV_TOKENS = "MCP_DURABLE_TOKENS"
+ENV_TOKENS = config.TOKENS
 
 
 class StaticTokenVerifier:
@@ -34,17 +34,6 @@ class StaticTokenVerifier:
             if hmac.compare_digest(known.encode(), token.encode()):
                 return AccessToken(token=token, client_id=principal, scopes=["mcp"], subject=principal)
         return None
-
-
-def parse_token_map(text: str) -> dict[str, str]:
-    """Parse `token=principal[,token=principal…]` (the `MCP_DURABLE_TOKENS` format)."""
-    tokens: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        token, sep, principal = item.partition("=")
-        if not sep or not token or not principal:
-            raise ConfigError(f"token map entries are token=principal; got {item!r}")
-        tokens[token] = principal
-    return tokens
 
 
 #: The base URL token auth is configured with before the server knows where it will listen.
@@ -77,5 +66,5 @@ def point_auth_at(settings: AuthSettings | None, base_url: str) -> AuthSettings 
 
 
 def tokens_from_env() -> dict[str, str] | None:
-    text = os.environ.get(ENV_TOKENS)
-    return parse_token_map(text) if text else None
+    """The bearer tokens of `$MCP_DURABLE_TOKENS` (`config.tokens`)."""
+    return config.tokens()

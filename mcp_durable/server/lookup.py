@@ -46,6 +46,6 @@ def register_lookup_tool(server: DurableServer) -> None:
         return {"found": True, **shown}
 
     server.add_tool(journal_lookup, name=LOOKUP_TOOL,
-                    annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False))  # fmt: skip
+                    annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False))
 
 

@@ -38,8 +38,8 @@ from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent
 from mcp_types import EmptyResult, SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
 
 from ..journal.model import CallRecord
-from .redact import SensitiveNames, record_uri
-from .resources import STATS_URI
+from ..uris import STATS_URI, record_uri
+from .redact import SensitiveNames
 
 if TYPE_CHECKING:
     from .app import DurableServer

@@ -3,7 +3,7 @@
 | URI | what | who |
 |---|---|---|
 | `journal://stats` | counts by state and tool, backend, size, oldest record, retention | own records; admins all |
-| `journal://recovery` | what the last start found: snapshot, entries replayed, time, bytes truncated, in doubt | anyone; the in-doubt count is the principal's own (admins: all) |
+| `journal://recovery` | last start: snapshot, entries, time, cut bytes, in doubt | any; in doubt: own (admins all) |
 | `journal://calls{?tool,state,limit,cursor}` | records newest first, `next_cursor` to page on | own; admins all |
 | `journal://calls/{tool}/{key}` | one record (admins add `?principal=P` for another's) | own; admins all |
 | `journal://in-doubt` | records in doubt (and pending ones whose lease ran out) | own; admins all |
@@ -11,7 +11,7 @@
 | `journal://processes/{process_id}` | a process's state as `ReplayEngine.recover` rebuilds it | admins only |
 
 Every resource is `application/json`. Keys are percent-encoded in URIs (RFC 6570: `a/b` is
-`a%2Fb`); `redact.record_uri` gives the canonical form, which is also what change
+`a%2Fb`); `uris.record_uri` gives the canonical form, which is also what change
 notifications carry. A record the caller may not see, and an admin resource read by a
 non-admin, answer exactly like an unknown URI (`ResourceNotFoundError`), revealing nothing.
 Values a tool marks sensitive are masked in every view (`redact.py`). A read that the journal
@@ -40,13 +40,13 @@ from mcp.shared.uri_template import UriTemplate
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ReadResourceRequestParams
 
 from ..errors import DurableError
-
 from ..journal.base import CallCursor, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
 from ..journal.transfer import iter_calls
 from ..policy import DEFAULT_RETENTION
-from .redact import SensitiveNames, iso, record_summary, record_uri, record_view
+from ..uris import IN_DOUBT_URI, RECOVERY_URI, STATS_URI, record_uri
+from .redact import SensitiveNames, iso, record_summary, record_view
 from .results import refusal_body
 
 if TYPE_CHECKING:
@@ -55,9 +55,6 @@ if TYPE_CHECKING:
     from .notifications import JournalNotifier
 
 JSON = "application/json"
-STATS_URI = "journal://stats"
-RECOVERY_URI = "journal://recovery"
-IN_DOUBT_URI = "journal://in-doubt"
 PROCESS_TEMPLATE = UriTemplate.parse("journal://processes/{process_id}")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -188,7 +185,7 @@ def maintenance_body(server: DurableServer) -> dict[str, Any]:
             "interval_s": recovery.interval,
             "last": recovery.last.as_dict() if recovery.last is not None else None,
         },
-    }  # fmt: skip
+    }
 
 
 async def in_doubt_records(journal: Journal, principal: str | None, now: float) -> list[CallRecord]:
@@ -236,7 +233,7 @@ def recovery_body(report: RecoveryReport | None, engine: Engine | None, scope: s
             "start_duration_s": engine.start_duration_s,
             "instance_id": engine.instance_id,
             "process_id": engine.process_id,
-        })  # fmt: skip
+        })
     return body
 
 
@@ -366,7 +363,7 @@ class JournalResources:
             {
                 "entries": [
                     {"seq": e.seq, "process_id": e.process_id, "entry_type": e.entry_type, "ts": iso(e.ts),
-                     "data": e.data}  # fmt: skip
+                     "data": e.data}
                     for e in rows
                 ],
                 "next_after": rows[-1].seq if rows else start,
@@ -403,12 +400,8 @@ def _install_read_context(server: DurableServer) -> None:
 
 
 def register_journal_resources(server: DurableServer) -> JournalResources:
-    """Register the journal resources, change notifications and (with admins) the admin tools."""
-    from .admin import admins_from_env, register_admin_tools
-    from .notifications import JournalNotifier
-
-    if not server.admin_principals:
-        server.admin_principals = admins_from_env()
+    """Register the journal resources (`DurableServer.__init__` adds the change notifications
+    and the admin tools beside them)."""
     views = JournalResources(server)
 
     def add(uri: str, **options: Any) -> Callable[[Callable[..., Awaitable[str]]], Any]:
@@ -416,23 +409,20 @@ def register_journal_resources(server: DurableServer) -> JournalResources:
         return lambda read: register(answering_durable_errors(read))
     add(STATS_URI, name="journal-stats", mime_type=JSON, description=JournalResources.stats.__doc__)(views.stats)
     add(RECOVERY_URI, name="journal-recovery", mime_type=JSON,
-        description=JournalResources.recovery.__doc__)(views.recovery)  # fmt: skip
+        description=JournalResources.recovery.__doc__)(views.recovery)
     add(IN_DOUBT_URI, name="journal-in-doubt", mime_type=JSON,
-        description=JournalResources.in_doubt.__doc__)(views.in_doubt)  # fmt: skip
+        description=JournalResources.in_doubt.__doc__)(views.in_doubt)
     add("journal://calls{?tool,state,limit,cursor}", name="journal-calls", mime_type=JSON,
-        description=JournalResources.calls.__doc__, security=_DATA_PARAMS)(views.calls)  # fmt: skip
+        description=JournalResources.calls.__doc__, security=_DATA_PARAMS)(views.calls)
     add("journal://calls/{tool}/{key}", name="journal-call", mime_type=JSON,
-        description=JournalResources.call.__doc__, security=_DATA_PARAMS)(_two(views.call))  # fmt: skip
+        description=JournalResources.call.__doc__, security=_DATA_PARAMS)(_two(views.call))
     add("journal://calls/{tool}/{key}{?principal}", name="journal-call-of-principal", mime_type=JSON,
-        description=JournalResources.call_of_principal.__doc__, security=_DATA_PARAMS)(views.call_of_principal)  # fmt: skip
+        description=JournalResources.call_of_principal.__doc__, security=_DATA_PARAMS)(views.call_of_principal)
     add("journal://entries{?after,limit}", name="journal-entries", mime_type=JSON,
-        description=JournalResources.entries.__doc__)(views.entries)  # fmt: skip
+        description=JournalResources.entries.__doc__)(views.entries)
     add("journal://processes/{process_id}", name="journal-process", mime_type=JSON,
-        description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)  # fmt: skip
+        description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)
     _install_read_context(server)
-    views.notifier = JournalNotifier(server)
-    views.notifier.install()
-    register_admin_tools(server)
     return views
 
 

@@ -68,7 +68,7 @@ def legacy_task(record: CallRecord, policy: ToolPolicy | None) -> dict[str, Any]
         "taskId": record.task_id, "status": "failed" if view.is_error_result else view.status,
         "createdAt": iso_time(record.created_at), "lastUpdatedAt": iso_time(record.updated_at),
         "ttl": ttl_ms(policy), "pollInterval": POLL_INTERVAL_MS,
-    }  # fmt: skip
+    }
     if view.message:
         task["statusMessage"] = view.message
     return task
@@ -81,7 +81,7 @@ def modern_task(record: CallRecord, policy: ToolPolicy | None, *, detailed: bool
         "taskId": record.task_id, "status": view.status,
         "createdAt": iso_time(record.created_at), "lastUpdatedAt": iso_time(record.updated_at),
         "ttlMs": ttl_ms(policy), "pollIntervalMs": POLL_INTERVAL_MS,
-    }  # fmt: skip
+    }
     if view.message and not view.is_error_result:
         task["statusMessage"] = view.message
     if detailed and view.status == "completed":

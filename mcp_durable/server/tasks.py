@@ -38,7 +38,6 @@ from mcp.server.mcpserver import Context, require_client_extension
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
     CallToolRequestParams,
-    CallToolResult,
     PaginatedRequestParams,
     RequestParams,
     TaskStatusNotification,
@@ -48,7 +47,6 @@ from mcp_types.jsonrpc import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, M
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from .. import limits
 from ..engine import CallOutcome
 from ..errors import DurableError, JournalError
 from ..journal import CallRecord
@@ -258,7 +256,7 @@ class TaskProtocol:
         principal = self._principal(ctx)
         cursor = wire.decode_cursor(principal, params.cursor) if params.cursor else None
         page = await self.server.journal.list_calls(principal=principal, tasks_only=True, limit=LIST_PAGE + 1,
-                                                    cursor=cursor)  # fmt: skip
+                                                    cursor=cursor)
         now = self.server.engine.clock()
         tasks = [self.legacy_task(r) for r in page[:LIST_PAGE] if not r.is_expired(now)]
         out: dict[str, Any] = {"tasks": tasks}
@@ -305,7 +303,7 @@ class TaskProtocol:
         principal = self._principal(ctx)
         records = {t: r for t in dict.fromkeys(wanted) if (r := await self.server.engine.task(principal, t))}
         ack = wire.Notification(method="notifications/subscriptions/acknowledged",
-                            params={"notifications": {"taskIds": list(records)}, "_meta": meta})  # fmt: skip
+                            params={"notifications": {"taskIds": list(records)}, "_meta": meta})
         await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
         sent: dict[str, tuple[str, float]] = {}
         while True:
@@ -346,7 +344,7 @@ class TaskProtocol:
         if record.state.is_final and policy.task_support == "optional":
             # Finished within `task_after`: the plain result, as a call without tasks gets it.
             return answer(CallOutcome(record.identity.key, None, record.result, replayed=finished_before,
-                                      first_completed_at=record.completed_at, attempt=record.attempts))  # fmt: skip
+                                      first_completed_at=record.completed_at, attempt=record.attempts))
         return {"resultType": "task", **self.modern_task(record, detailed=False)}
 
     async def _settle(self, record: CallRecord, seconds: float) -> CallRecord:

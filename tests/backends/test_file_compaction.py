@@ -29,12 +29,12 @@ anyio.run(main)
 
 
 def call(key: str, version: int, state: CallState, *, expires_at: float | None = None,
-         result: bytes | None = None, lease: float = 30) -> CallRecord:  # fmt: skip
+         result: bytes | None = None, lease: float = 30) -> CallRecord:
     return CallRecord(
         identity=CallIdentity("local", "refund", key), fingerprint="f", state=state, version=version,
         run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + lease,
         result=result, expires_at=expires_at, arguments=b'{"order":"%s"}' % key.encode(),
-    )  # fmt: skip
+    )
 
 
 async def build(path: Path) -> dict[str, CallRecord]:
@@ -125,7 +125,7 @@ async def test_a_crash_at_any_phase_of_compaction_leaves_every_live_record(tmp_p
     child = subprocess.run(
         [sys.executable, "-c", COMPACT_CHILD, str(path), str(SEGMENT), str(T0 + 50)],
         cwd=ROOT, env={**os.environ, "MCP_DURABLE_CRASH_AT": phase}, capture_output=True, timeout=120,
-    )  # fmt: skip
+    )
     assert child.returncode == -9, child.stderr.decode()
     on_disk = sorted(p.name for p in path.glob("seg-*.log"))
     if phase == "compaction:copied":
@@ -152,3 +152,27 @@ async def test_purge_then_reopen_without_compaction_does_not_resurrect_expired_r
     finally:
         await journal.aclose()
     await (await check(path, live)).aclose()
+
+
+async def test_writes_after_a_compaction_that_closed_the_journal_do_not_overwrite_it(tmp_path: Path) -> None:
+    """Found by the power-loss harness (a second run started from a crash state): compaction
+    rotates to a new active segment that exists only once a frame is written to it. Closed
+    right after (as `mcp-durable journal compact` does), the next open resumed from the
+    snapshot in the manifest's last segment, the compacted one, at offset 0 — and the next
+    writes overwrote the live records compaction had just copied there."""
+    path = tmp_path / "j"
+    live = await build(path)
+    journal = FileJournal(path, segment_bytes=SEGMENT)
+    await journal.open()
+    await journal.compact(T0 + 50)
+    await journal.aclose()  # nothing written after the compaction
+    again = FileJournal(path, segment_bytes=SEGMENT)
+    await again.open()
+    await again.append("worker", "context_update", {"last_done": 10}, 10.0)
+    await again.aclose()
+    reopened = await check(path, live, entries=11)
+    try:
+        assert reopened.recovery is not None and not reopened.recovery.problems
+    finally:
+        await reopened.aclose()
+    assert verify(path).ok

@@ -19,7 +19,7 @@ def completed(key: str, expires_at: float | None) -> CallRecord:
         identity=CallIdentity(f"user-{len(key) % 3}", "refund", key), fingerprint="f", state=CallState.COMPLETED,
         version=1, run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, expires_at=expires_at,
         result=b'{"key":"%s"}' % key.encode(),
-    )  # fmt: skip
+    )
 
 
 async def test_thousands_of_records_with_purges_and_reuse_are_all_found_before_and_after_reopen(

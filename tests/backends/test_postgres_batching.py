@@ -25,7 +25,7 @@ def pending(key: str, owner: str = "A", created: float = T0) -> CallRecord:
         identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
         run_id=f"run-{key}", attempts=1, created_at=created, updated_at=created, owner=owner,
         lease_until=created + 30, arguments=b'{"a":1}',
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import anyio
 import pytest
 from mcp import Client
@@ -10,7 +9,7 @@ from mcp.server.subscriptions import ResourceUpdated, ServerEvent, ToolsListChan
 
 from mcp_durable.server.pgbus import PgSubscriptionBus, decode_event, encode_event
 from tests.conftest import scratch_postgres_url
-from tests.crash.test_replicas_concurrency import KEY_META, replicas_journal  # noqa: F401 - a fixture
+from tests.crash.test_replicas_concurrency import KEY_META
 from tests.helpers import serve_http
 
 pytestmark = pytest.mark.postgres
@@ -59,7 +58,7 @@ async def test_two_buses_on_two_connections_deliver_each_others_events_once(bus_
                 await anyio.sleep(0.01)
         await anyio.sleep(0.2)  # an echo of a bus's own event would arrive by now
     expected = [ResourceUpdated(uri="journal://calls/refund/from-a"),
-                ResourceUpdated(uri="journal://calls/refund/from-b"), ToolsListChanged()]  # fmt: skip
+                ResourceUpdated(uri="journal://calls/refund/from-b"), ToolsListChanged()]
     # Each bus hears every event exactly once; the order across publishers is not guaranteed.
     assert sorted(map(repr, heard["a"])) == sorted(map(repr, expected))
     assert sorted(map(repr, heard["b"])) == sorted(map(repr, expected))
@@ -90,7 +89,7 @@ async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_an
         async with Client(a.url) as listener, Client(b.url) as caller:
             async with listener.listen(resource_subscriptions=[uri]) as subscription:
                 result = await caller.call_tool("refund", {"order_id": "O-9", "amount_cents": 900},
-                                                meta={KEY_META: "order-9"})  # fmt: skip
+                                                meta={KEY_META: "order-9"})
                 assert not result.is_error
                 with anyio.fail_after(10):
                     event = await subscription.__anext__()

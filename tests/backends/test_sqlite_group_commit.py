@@ -24,7 +24,7 @@ def pending(key: str, owner: str = "A") -> CallRecord:
         identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
         run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner=owner, lease_until=T0 + 30,
         arguments=b'{"a":1}',
-    )  # fmt: skip
+    )
 
 
 async def test_concurrent_claims_and_completions_share_transactions(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 CHROMIUM = os.environ.get("MCP_DURABLE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]  # fmt: skip
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 def _missing(what: str) -> None:

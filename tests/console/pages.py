@@ -24,7 +24,8 @@ async def counting_server(tmp_path: Path, journal: str | None = None, **env: str
     """`mcp-durable serve` of the counting target over HTTP, with the console, tokens for alice,
     bob and ops (an admin)."""
     url = journal or f"file://{tmp_path}/journal"
-    async with serve_http(COUNTING, journal=url, env={**ENV, "COUNTER_FILE": str(tmp_path / "counter"), **env}) as served:
+    env = {**ENV, "COUNTER_FILE": str(tmp_path / "counter"), **env}
+    async with serve_http(COUNTING, journal=url, env=env) as served:
         yield served
 
 
@@ -56,7 +57,8 @@ async def table_counts(page: Any, table: str, attribute: str) -> dict[str, int]:
 
 
 async def listed_keys(page: Any) -> list[str]:
-    return [str(await row.get_attribute("data-key")) for row in await page.query_selector_all("#calls tbody tr[data-key]")]
+    rows = await page.query_selector_all("#calls tbody tr[data-key]")
+    return [str(await row.get_attribute("data-key")) for row in rows]
 
 
 @asynccontextmanager
@@ -67,7 +69,7 @@ async def standalone_console(journal: str) -> AsyncIterator[str]:
     log = tempfile.NamedTemporaryFile(prefix="console-", suffix=".log", delete=False)  # noqa: SIM115
     console = subprocess.Popen([*serve_command(), "console", "--journal", journal, "--port", str(port)],
                                cwd=REPO, env={**os.environ, **ENV}, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=log)  # fmt: skip
+                               stdout=subprocess.DEVNULL, stderr=log)
     try:
         with anyio.fail_after(30):
             while True:

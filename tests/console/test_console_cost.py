@@ -68,7 +68,7 @@ async def test_a_live_stream_carries_only_the_changes_its_principal_may_see(tmp_
                 return {"Authorization": f"Bearer {TOKENS[who]}"}
 
             async with http.stream("GET", f"{base}/events", headers=headers("bob")) as bob_events, \
-                    http.stream("GET", f"{base}/events", headers=headers("ops")) as ops_events:  # fmt: skip
+                    http.stream("GET", f"{base}/events", headers=headers("ops")) as ops_events:
                 bob_lines, ops_lines = bob_events.aiter_lines(), ops_events.aiter_lines()
                 assert await bob_lines.__anext__() == "retry: 3000"
                 assert await ops_lines.__anext__() == "retry: 3000"

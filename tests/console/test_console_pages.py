@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+
 from mcp_durable import KEY_META
 from tests.console.pages import TOKENS, console_url, counting_server, listed_keys, signed_in, table_counts
 from tests.server.test_resources_http import client_as, read
@@ -131,7 +132,7 @@ async def test_a_non_admin_sees_only_its_calls_no_action_buttons_and_a_forged_po
         # A forged POST with alice's own valid session and CSRF token: refused, nothing changes.
         csrf = await alice.get_attribute("input[name=csrf]", "value")
         forged = await alice.request.post(f"{base}/act", form={"csrf": str(csrf), "action": "forget",
-                                          "principal": "bob", "tool": "record", "key": "bobs"})  # fmt: skip
+                                          "principal": "bob", "tool": "record", "key": "bobs"})
         assert forged.status == 403
         async with client_as(served.url, TOKENS["bob"], "auto") as bob:
             assert (await read(bob, "journal://calls/record/bobs"))["state"] == "completed"
@@ -169,14 +170,15 @@ async def test_a_post_without_the_csrf_token_or_from_another_origin_is_refused(b
             refused = await ops.request.post(f"{base}/act", form={**form, **extra})
             assert refused.status == 403 and "CSRF" in await refused.text()
         cross = await ops.request.post(f"{base}/act", form={**form, "csrf": str(csrf)},
-                                       headers={"Origin": "http://evil.example"})  # fmt: skip
+                                       headers={"Origin": "http://evil.example"})
         assert cross.status == 403
         # The session's own token from the same origin gets through to the action (no such call).
         allowed = await ops.request.post(f"{base}/act", form={**form, "csrf": str(csrf)})
         assert allowed.status == 409 and "no call" in await allowed.text()
         # DNS rebinding: another Host is refused as the MCP endpoint refuses it.
         async with httpx2.AsyncClient() as http:
-            rebound = await http.get(base + "/", headers={"Host": "evil.example", "Authorization": f"Bearer {TOKENS['ops']}"})
+            headers = {"Host": "evil.example", "Authorization": f"Bearer {TOKENS['ops']}"}
+            rebound = await http.get(base + "/", headers=headers)
             assert rebound.status_code == 421
 
 

@@ -50,7 +50,9 @@ async def test_entries_survive_close_and_reopen(journal_factory: JournalFactory)
         await second.aclose()
 
 
-async def test_purged_entries_are_never_read_again_and_other_processes_keep_theirs(journal_factory: JournalFactory) -> None:
+async def test_purged_entries_are_never_read_again_and_other_processes_keep_theirs(
+    journal_factory: JournalFactory,
+) -> None:
     store = journal_factory()
     await store.open()
     try:

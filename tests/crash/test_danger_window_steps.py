@@ -25,7 +25,7 @@ def _server(journal: str, tmp_path: Path) -> tuple[StdioServer, CrashPlan, Count
         tmp_path / "warehouse.db"
     )
     env = {"CRASH_PLAN": str(plan.path), "CRASH_COUNTER": str(events.path), "WAREHOUSE_DB": str(warehouse.path),
-           "CRASH_LEASE": "0.5"}  # fmt: skip
+           "CRASH_LEASE": "0.5"}
     return StdioServer(TARGET, journal_url(journal, tmp_path), env), plan, events, warehouse
 
 
@@ -45,7 +45,7 @@ async def test_a_ten_step_tool_killed_at_step_six_resumes_at_step_six_and_never_
     assert runs == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1], "steps 1-5 replayed; step 6 (unjournaled) ran again; 7-10 once"
     assert result.structured_content == {
         "job": "J", "results": [i * i for i in range(1, 11)], "replayed": 5, "run": 5,
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("journal", JOURNALS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from contextlib import AsyncExitStack
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,6 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.backends.pg_cluster import scratch_schema
 from tests.helpers import serve_http
 
 pytestmark = pytest.mark.postgres
@@ -27,13 +25,6 @@ pytestmark = pytest.mark.postgres
 TARGET = "tests/crash/servers/replica.py"
 KEY_META = "mcp-durable/idempotency-key"
 REPLAYED = "mcp-durable/replayed"
-
-
-@pytest.fixture
-def replicas_journal() -> Iterator[str]:
-    """The test database with a fresh schema: the replicas of one test share it, no one else."""
-    with scratch_schema() as url:
-        yield url
 
 
 async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once(
@@ -57,7 +48,7 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
             async with limit:
                 client = clients[replica][i % 2]
                 result = await client.call_tool("refund", {"order_id": f"O-{key}", "amount_cents": 500},
-                                                meta={KEY_META: key})  # fmt: skip
+                                                meta={KEY_META: key})
             results[i] = (key, result)
 
         with anyio.fail_after(120):

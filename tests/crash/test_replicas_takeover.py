@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.crash.test_replicas_concurrency import KEY_META, TARGET, replicas_journal  # noqa: F401 - a fixture
+from tests.crash.test_replicas_concurrency import KEY_META, TARGET
 from tests.helpers import serve_http
 
 pytestmark = pytest.mark.postgres

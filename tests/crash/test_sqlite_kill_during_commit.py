@@ -79,7 +79,8 @@ async def test_a_batch_killed_mid_commit_loses_no_acknowledged_call_and_half_wri
                     continue
                 assert n not in acked["done"], f"trial {trial}: acknowledged completion {n} is lost"
                 if record.lease_until == renewed_lease(n):
-                    assert record == dataclasses.replace(claimed, lease_until=renewed_lease(n)), f"trial {trial}: record {n}"
+                    expected = dataclasses.replace(claimed, lease_until=renewed_lease(n))
+                    assert record == expected, f"trial {trial}: record {n}"
                 else:
                     assert n not in acked["renewed"], f"trial {trial}: acknowledged renewal {n} is lost"
                     assert record == claimed, f"trial {trial}: claimed record {n} differs from what was written"

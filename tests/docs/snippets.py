@@ -114,7 +114,8 @@ def commands(block: Block) -> list[Command]:
         text = (pending + line).strip()
         pending = ""
         if text:
-            found.append(Command(block, " ".join(text.split()) if "'" not in text and '"' not in text else text, expect))
+            joined = " ".join(text.split()) if "'" not in text and '"' not in text else text
+            found.append(Command(block, joined, expect))
         expect = 0
     return found
 

@@ -53,6 +53,10 @@ ELSEWHERE: dict[str, str] = {
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
         "tests/crash/test_danger_window.py::"
         "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry",
+    # The power-loss long run (1,000 cut points per journal) takes minutes; CI runs its short run.
+    "make powerloss": (
+        "tests/powerloss/test_powerloss.py::test_short_run_loses_no_acknowledged_result_and_no_durable_claim"
+    ),
     # 200 SIGKILLed writers take minutes; CI runs the same test with its default 12 trials.
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_file_kill_during_append\.py -s":
         "tests/crash/test_file_kill_during_append.py::"
@@ -91,7 +95,7 @@ ELSEWHERE: dict[str, str] = {
         "test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_upstream_sees_no_secret",
     r"re:mcp-durable serve plain_server\.py --policies policies\.toml":
         "tests/proxy/test_python_upstream.py::test_serve_policies_makes_the_plain_server_durable_in_process",
-}  # fmt: skip
+}
 
 TIMEOUT = 60
 
@@ -167,7 +171,7 @@ def run_python(group: list[Block], work: Path, first_index: int) -> None:
         script.write_text(block.text)
         names.append(script.name)
     proc = subprocess.run([sys.executable, "-c", RUNNER, *names], cwd=work, env=run_env(), capture_output=True,
-                          text=True, timeout=TIMEOUT)  # fmt: skip
+                          text=True, timeout=TIMEOUT)
     if proc.returncode != 0:
         failed = next((b for b, n in zip(group, names, strict=True) if f"FAILED {n}" in proc.stderr), group[0])
         pytest.fail(f"{failed.where}: the python block failed\n{proc.stdout}\n{proc.stderr}")
@@ -182,7 +186,7 @@ HOW_TO_FIX = (
 def run_command(command: Command, work: Path, env: dict[str, str]) -> None:
     try:
         proc = subprocess.run(["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=TIMEOUT)  # fmt: skip
+                              stdin=subprocess.DEVNULL, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command.block.where}: `{command.text}` ran over {TIMEOUT}s. {HOW_TO_FIX}")
     assert proc.returncode == command.expect, (

@@ -1,4 +1,5 @@
-"""The seed-style agent process (`examples/agent_process.py`), SIGKILLed and recovered, on the file and SQLite journals."""
+"""The seed-style agent process (`examples/agent_process.py`), SIGKILLed and recovered, on the file and
+SQLite journals."""
 
 from __future__ import annotations
 
@@ -20,11 +21,13 @@ CHECKPOINT_EVERY = 3
 def run_agent(journal: str, *extra: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, str(EXAMPLE), "run", "--journal", journal, "--steps", str(STEPS),
                            "--checkpoint-every", str(CHECKPOINT_EVERY), *extra],
-                          capture_output=True, timeout=120)  # fmt: skip
+                          capture_output=True, timeout=120)
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite"])
-def test_a_killed_agent_recovers_its_context_and_lifecycle_and_resumes_after_its_last_step(tmp_path: Path, kind: str) -> None:
+def test_a_killed_agent_recovers_its_context_and_lifecycle_and_resumes_after_its_last_step(
+    tmp_path: Path, kind: str
+) -> None:
     journal = f"file:{tmp_path / 'journal'}" if kind == "file" else f"sqlite:{tmp_path / 'agent.db'}"
     crash_after = random.randrange(STEPS - 1)
     killed = run_agent(journal, "--crash-after", str(crash_after))

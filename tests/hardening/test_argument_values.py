@@ -27,7 +27,7 @@ from tests.helpers import serve_app
 NON_FINITE_STRINGS = ["nan", "NaN", "Infinity", "-Infinity", "inf", "1e400", "-1e400"]
 NON_FINITE_RAW = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"]
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
-           "mcp-protocol-version": "2025-11-25"}  # fmt: skip
+           "mcp-protocol-version": "2025-11-25"}
 
 
 def _server(tmp_path: Path, runs: Runs, **kwargs: Any) -> DurableServer:
@@ -117,8 +117,8 @@ class RawHttp:
 
     async def call(self, tool: str, raw_arguments: str, key: str) -> dict[str, Any]:
         self.next_id += 1
-        body = ('{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"%s","arguments":%s,'
-                '"_meta":{"%s":"%s"}}}') % (self.next_id, tool, raw_arguments, KEY_META, key)  # fmt: skip
+        params = f'{{"name":"{tool}","arguments":{raw_arguments},"_meta":{{"{KEY_META}":"{key}"}}}}'
+        body = f'{{"jsonrpc":"2.0","id":{self.next_id},"method":"tools/call","params":{params}}}'
         answer = orjson.loads((await self.post(body)).content)
         return dict(answer)
 
@@ -137,7 +137,7 @@ async def test_raw_nan_infinity_and_1e400_over_http_are_refused_and_a_later_null
         for tool in ("store", "measure"):
             for raw in NON_FINITE_RAW:
                 before = await snapshot(server.journal)
-                answer = await wire.call(tool, '{"value":%s}' % raw, key=f"{tool}-1")
+                answer = await wire.call(tool, '{"value":' + raw + "}", key=f"{tool}-1")
                 result = answer["result"]
                 assert result["isError"] is True, (tool, raw, answer)
                 refusal = result.get("_meta", {}).get("mcp-durable/error") or result["structuredContent"]
@@ -159,7 +159,7 @@ async def test_raw_nesting_over_http_gets_our_limit_and_what_the_sdk_refuses_fir
     runs = Runs()
     server = _server(tmp_path, runs)
     async with _raw(server) as wire:
-        answer = await wire.call("store", '{"value":%s}' % orjson.dumps(nested(100)).decode(), key="deep")
+        answer = await wire.call("store", '{"value":' + orjson.dumps(nested(100)).decode() + "}", key="deep")
         refusal = answer["result"]["structuredContent"]
         assert refusal["error"] == "arguments_too_deep" and refusal["limit"] == DEFAULT_MAX_ARGUMENT_DEPTH
         # About 200 levels deep the SDK's JSON parser refuses the whole message (-32700) before any

@@ -55,7 +55,7 @@ async def test_a_key_of_the_wrong_type_is_refused_as_invalid_key_and_changes_not
     async with connect(server, mode) as client:
         result = await _refused_without_change(
             client, server, runs, lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5},
-                                                           meta={KEY_META: key})  # fmt: skip
+                                                           meta={KEY_META: key})
         )
         assert result.is_error and result.meta["mcp-durable/error"]["error"] == "invalid_key"
         assert "must be a string" in result.structured_content["reason"]
@@ -103,13 +103,13 @@ async def test_arguments_over_the_size_limit_are_refused_before_any_claim(served
         result = await _refused_without_change(
             client, server, runs,
             lambda: client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead + 1)}, meta={KEY_META: "big"}),
-        )  # fmt: skip
+        )
         assert result.is_error
         assert "1048577 bytes" in text_of(result) and "max_argument_bytes" in text_of(result)
         assert result.meta["mcp-durable/error"] == {
             "error": "too_large", "message": text_of(result).removeprefix("too_large: "), "what": "arguments",
             "size_bytes": 1048577, "limit_bytes": 1 << 20,
-        }  # fmt: skip
+        }
         # Exactly at the limit it runs; the refused key was not poisoned.
         ok = await client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead)}, meta={KEY_META: "big"})
     assert not ok.is_error and runs.count("echo") == 1
@@ -145,7 +145,7 @@ async def test_a_result_that_cannot_be_serialised_becomes_an_error_and_is_releas
         first = await client.call_tool("huge_number", {}, meta={KEY_META: "n-1"})
         assert first.is_error and "cannot be journaled" in text_of(first)
         assert first.meta["mcp-durable/error"] == {"error": "not_serialisable", "what": "result",
-                                                   "message": first.meta["mcp-durable/error"]["message"]}  # fmt: skip
+                                                   "message": first.meta["mcp-durable/error"]["message"]}
         records, _ = await snapshot(server.journal)
         (record,) = [r for r in records if r.identity.tool == "huge_number"]
         assert record.state == CallState.RELEASED and record.result is None, "the record was left pending"
@@ -214,7 +214,7 @@ async def test_arguments_that_fail_validation_are_refused_and_do_not_poison_the_
         bad = await _refused_without_change(
             client, server, runs,
             lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": "lots"}, meta={KEY_META: "K"}),
-        )  # fmt: skip
+        )
         good = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta={KEY_META: "K"})
     assert bad.is_error and not good.is_error and runs.count("pay") == 1
 
@@ -254,7 +254,9 @@ async def test_a_meta_of_the_wrong_type_is_refused_and_changes_nothing_on_the_mo
     assert not ok.is_error
 
 
-@pytest.mark.parametrize("key", [{"nested": "object"}, ["k"], 7, "", None], ids=lambda k: type(k).__name__ + repr(k)[:8])
+@pytest.mark.parametrize(
+    "key", [{"nested": "object"}, ["k"], 7, "", None], ids=lambda k: type(k).__name__ + repr(k)[:8]
+)
 async def test_a_key_under_a_wrong_type_in_raw_meta_is_refused_as_invalid_key(
     served: tuple[Any, Runs], key: Any
 ) -> None:
@@ -263,7 +265,7 @@ async def test_a_key_under_a_wrong_type_in_raw_meta_is_refused_as_invalid_key(
         answer = await _refused_without_change(
             client, server, runs,
             lambda: _raw_call_modern(client, {"name": "echo", "arguments": {"text": "k"}}, {KEY_META: key}),
-        )  # fmt: skip
+        )
     assert not isinstance(answer, MCPError), answer
     assert answer["isError"] is True and answer["_meta"]["mcp-durable/error"]["error"] == "invalid_key"
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from mcp import Client
 
-from mcp_durable.journal.sqlite import SQLiteJournal
 from mcp_durable.journal import CallIdentity, CallState, create_journal
+from mcp_durable.journal.sqlite import SQLiteJournal
 from tests.hardening.conftest import KEY_META, Runs, build_server, snapshot, text_of
 
 # Each call journals a ~100 KB claim and a ~200 KB result record: more than the space the file

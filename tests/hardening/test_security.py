@@ -38,7 +38,7 @@ CARD = "4111-2222-3333-4444"
 INITIALIZE = {
     "jsonrpc": "2.0", "id": 1, "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}},
-}  # fmt: skip
+}
 JSON_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
 
@@ -81,14 +81,14 @@ async def test_on_http_only_a_valid_token_gets_in_and_principals_never_replay_ea
         url = f"{base}/mcp"
         async with httpx2.AsyncClient(timeout=30.0) as http:
             for headers in ({}, {"Authorization": "Bearer tok-mallory"}, {"Authorization": "Bearer tok-alic"},
-                            {"Authorization": "Basic dG9rLWFsaWNlOg=="}, {"Authorization": "Bearer"}):  # fmt: skip
+                            {"Authorization": "Basic dG9rLWFsaWNlOg=="}, {"Authorization": "Bearer"}):
                 refused = await http.post(url, json=INITIALIZE, headers={**JSON_HEADERS, **headers})
                 assert refused.status_code == 401, headers
         assert runs.calls == []
 
         # Same key, same arguments, and a `_meta` that claims to be someone else: the token decides.
         call = {"name": "whoami", "arguments": {"text": "same"},
-                "meta": {KEY_META: "shared", "mcp-durable/principal": "alice", "principal": "alice"}}  # fmt: skip
+                "meta": {KEY_META: "shared", "mcp-durable/principal": "alice", "principal": "alice"}}
         async with _as(url, "tok-alice", mode) as alice:
             alice_first = await alice.call_tool(**call)
         async with _as(url, "tok-bob", mode) as bob:
@@ -167,19 +167,20 @@ async def test_sensitive_arguments_are_masked_in_every_journal_resource_but_repl
     server = _secret_server(url, runs)
     async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
         paid = await client.call_tool("charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500},
-                                      meta={KEY_META: "pay-1"})  # fmt: skip
-        declined = await client.call_tool("charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9, "decline": True},
-                                          meta={KEY_META: "pay-2"})  # fmt: skip
+                                      meta={KEY_META: "pay-1"})
+        declined = await client.call_tool(
+            "charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9, "decline": True}, meta={KEY_META: "pay-2"}
+        )
         assert CARD in text_of(paid) and declined.is_error and CARD in text_of(declined)
         views = {}
         for uri in ("journal://calls/charge/pay-1", "journal://calls/charge/pay-2", "journal://calls",
-                    "journal://calls?tool=charge", "journal://in-doubt", "journal://stats", "journal://recovery"):  # fmt: skip
+                    "journal://calls?tool=charge", "journal://in-doubt", "journal://stats", "journal://recovery"):
             views[uri] = (await client.read_resource(uri)).contents[0].text  # type: ignore[union-attr]
         # The owner's repeats are answered from the journal, secrets included, byte for byte.
         paid_again = await client.call_tool("charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500},
-                                            meta={KEY_META: "pay-1"})  # fmt: skip
+                                            meta={KEY_META: "pay-1"})
         declined_again = await client.call_tool("charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9,
-                                                           "decline": True}, meta={KEY_META: "pay-2"})  # fmt: skip
+                                                           "decline": True}, meta={KEY_META: "pay-2"})
     leaks = {uri: text for uri, text in views.items() if CARD in text}
     assert not leaks, f"the card number leaked into {sorted(leaks)}"
     one = orjson.loads(views["journal://calls/charge/pay-1"])
@@ -221,9 +222,9 @@ async def test_local_http_refuses_a_foreign_host_or_origin(tmp_path: Path) -> No
         async with httpx2.AsyncClient(timeout=30.0) as http:
             local = await http.post(served.url, json=INITIALIZE, headers=JSON_HEADERS)
             foreign_host = await http.post(served.url, json=INITIALIZE,
-                                           headers={**JSON_HEADERS, "Host": f"evil.example:{served.port}"})  # fmt: skip
+                                           headers={**JSON_HEADERS, "Host": f"evil.example:{served.port}"})
             foreign_origin = await http.post(served.url, json=INITIALIZE,
-                                             headers={**JSON_HEADERS, "Origin": "http://evil.example"})  # fmt: skip
+                                             headers={**JSON_HEADERS, "Origin": "http://evil.example"})
     assert local.status_code == 200
     assert foreign_host.status_code == 421, foreign_host.text
     assert foreign_origin.status_code == 403, foreign_origin.text

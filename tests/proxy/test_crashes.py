@@ -7,6 +7,7 @@ executions in a file and keeps a sqlite ledger keyed by the forwarded key (`char
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sqlite3
@@ -19,11 +20,18 @@ import pytest
 from mcp import Client
 
 from mcp_durable.journal import CallState, create_journal
+from mcp_durable.policy_file import parse_policies
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
 from mcp_durable.proxy.upstream import QUIET_BEFORE_PING
-from mcp_durable.policy_file import parse_policies
 from tests.helpers import free_port, serve_cli_http
-from tests.proxy.upstreams import PLAIN_UPSTREAM, key_meta, plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
+from tests.proxy.upstreams import (
+    PLAIN_UPSTREAM,
+    key_meta,
+    plain_http_upstream,
+    plain_stdio_spec,
+    proxy_cli,
+    upstream_env,
+)
 from tests.server.servers.counting import Counter
 
 WAIT = 30.0
@@ -122,11 +130,12 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
     counter = Counter(env["COUNTER_FILE"])
     journal = f"sqlite:///{tmp_path}/proxy.db"
     proxy = ProxyServer(plain_stdio_spec(env), parse_policies('[tools.gated]\nin_doubt = "refuse"\n'),
-                        journal=journal, admin_principals=["local"])  # fmt: skip
+                        journal=journal, admin_principals=["local"])
     async with Client(proxy, mode=mode) as client:  # type: ignore[arg-type]
         outcome: list[Any] = []
         async with anyio.create_task_group() as tg:
-            await _call_in_background(tg, lambda: client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1")), outcome)
+            gated = functools.partial(client.call_tool, "gated", {"text": "x"}, meta=key_meta("g-1"))
+            await _call_in_background(tg, gated, outcome)
             await _until(lambda: counter.count("gated") == 1, "the call reached the upstream")
             pid = int(counter.path.with_name(counter.path.name + ".pid").read_text())
             os.kill(pid, signal.SIGKILL)
@@ -144,7 +153,8 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
         # An operator, through the proxy's own admin tool, finds the effect did not happen.
         tools = {tool.name for tool in (await client.list_tools()).tools}
         assert {"journal_resolve", "journal_purge_expired"} <= tools
-        resolved = await client.call_tool("journal_resolve", {"tool": "gated", "key": "g-1", "resolution": "not_applied"})
+        verdict = {"tool": "gated", "key": "g-1", "resolution": "not_applied"}
+        resolved = await client.call_tool("journal_resolve", verdict)
         assert not resolved.is_error, resolved
         counter.open_gate()
         rerun = await client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1"))
@@ -162,7 +172,8 @@ async def test_an_http_upstream_killed_mid_call_leaves_the_call_in_doubt(tmp_pat
         async with Client(proxy, mode="legacy") as client:
             outcome: list[Any] = []
             async with anyio.create_task_group() as tg:
-                await _call_in_background(tg, lambda: client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1")), outcome)
+                gated = functools.partial(client.call_tool, "gated", {"text": "x"}, meta=key_meta("g-1"))
+                await _call_in_background(tg, gated, outcome)
                 await _until(lambda: counter.count("gated") == 1, "the call reached the upstream")
                 upstream.kill()
     [answer] = outcome

@@ -20,7 +20,6 @@ from tests.helpers import serve_cli_http, wire
 from tests.node_peers import package_bin
 from tests.proxy.upstreams import EVERYTHING, MEMORY, key_meta, proxy_cli
 
-
 ERAS = ("legacy", "auto")
 ADA = {"entities": [{"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}]}
 
@@ -90,15 +89,15 @@ async def _everything_session(client: Client) -> dict[str, Any]:
         progress.append((value, total, message))
 
     long_run = await client.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 3},
-                                      progress_callback=on_progress)  # fmt: skip
+                                      progress_callback=on_progress)
     resources = [r for r in (await client.list_resources()).resources if not r.uri.startswith("journal://")]
     templates = [t for t in (await client.list_resource_templates()).resource_templates
-                 if not t.uri_template.startswith("journal://")]  # fmt: skip
+                 if not t.uri_template.startswith("journal://")]
     prompts = (await client.list_prompts()).prompts
     doc = await client.read_resource(resources[0].uri)
     prompt = await client.get_prompt("args-prompt", {"city": "Paris", "state": "TX"})
     completion = await client.complete(PromptReference(type="ref/prompt", name="completable-prompt"),
-                                       {"name": "department", "value": "E"})  # fmt: skip
+                                       {"name": "department", "value": "E"})
     echo = await client.call_tool("echo", {"message": "hi"})
     return {
         "long_run": wire(long_run)["content"],

@@ -51,7 +51,8 @@ async def test_one_principals_records_and_replays_are_never_visible_to_the_other
                 with pytest.raises(Exception):  # noqa: B017 - another principal's record reads as not found
                     await bob.read_resource("journal://calls/record/shared-key?principal=alice")
     assert counter.count("record") == 2  # once per principal, never a replay across them
-    assert alice_again.meta["mcp-durable/replayed"] is True and wire(alice_again)["content"] == wire(alice_first)["content"]
+    assert alice_again.meta["mcp-durable/replayed"] is True
+    assert wire(alice_again)["content"] == wire(alice_first)["content"]
     assert "mcp-durable/replayed" not in bob_first.meta
     assert bob_first.structured_content["run"] != alice_first.structured_content["run"]
     # Each principal's scoped key went upstream, so a key-honouring upstream keeps them apart too.
@@ -100,13 +101,13 @@ async def test_an_upstream_request_never_reaches_a_client_other_than_the_caller(
         async def on_sampling(context: object, params: object) -> CreateMessageResult:
             asked[name].append(params.messages[0].content.text)  # type: ignore[attr-defined]
             return CreateMessageResult(role="assistant", content=TextContent(type="text", text=f"from {name}"),
-                                       model="m")  # fmt: skip
+                                       model="m")
 
         return on_sampling
 
     proxy = ProxyServer(plain_stdio_spec(env), journal="memory://")
     async with Client(proxy, mode="legacy", sampling_callback=sampler("a")) as a, \
-            Client(proxy, mode="legacy", sampling_callback=sampler("b")) as b:  # fmt: skip
+            Client(proxy, mode="legacy", sampling_callback=sampler("b")) as b:
         alone = await b.call_tool("ask_client", {"prompt": "alone?"})
         async with anyio.create_task_group() as tg:
             tg.start_soon(a.call_tool, "gated", {"text": "hold"})

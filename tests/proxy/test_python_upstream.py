@@ -34,7 +34,7 @@ async def _durable_and_plain_calls(client: Client, counter: Counter) -> dict[str
     return {
         "first": first, "second": second, "derived": (derived_1, derived_2), "plain": (plain_1, plain_2),
         "record_runs": counter.count("record"), "plain_runs": counter.count("plain"),
-    }  # fmt: skip
+    }
 
 
 def _check(seen: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ from mcp import Client
 
 from tests.helpers import serve_cli_http
 from tests.node_peers import node_script
-from tests.proxy.upstreams import key_meta, plain_http_upstream, proxy_cli, upstream_env
+from tests.proxy.upstreams import plain_http_upstream, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
 TS_CLIENT = r"""

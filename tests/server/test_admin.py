@@ -11,8 +11,8 @@ import pytest
 from mcp import Client
 
 from mcp_durable import DurableServer, ToolPolicy
-from mcp_durable.keys import fingerprint
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
+from mcp_durable.keys import fingerprint
 
 MODES = ["legacy", "auto"]
 
@@ -43,7 +43,7 @@ async def journal_with_a_call_in_doubt() -> AsyncIterator[Journal]:
     await journal.open()
     ghost = CallRecord(identity=CallIdentity("local", "ship", "o-1"), fingerprint=fingerprint({"order_id": "o-1"}),
                        state=CallState.PENDING, version=1, run_id="r", attempts=1, created_at=1.0,
-                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b'{"order_id":"o-1"}')  # fmt: skip
+                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b'{"order_id":"o-1"}')
     await journal.claim(ghost, 1.0)
     yield journal
     await journal.aclose()
@@ -66,7 +66,7 @@ async def test_a_non_admin_local_principal_is_refused_by_the_admin_tools(mode: s
         server = build(journal, [], admins=("ops",))
         async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
             refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1",
-                                                                 "resolution": "completed", "result": {"x": 1}})  # fmt: skip
+                                                                 "resolution": "completed", "result": {"x": 1}})
             assert refused.is_error and "forbidden" in refused.content[0].text  # type: ignore[union-attr]
             # The same machine-readable refusal as a durable call's (results.refusal)
             assert refused.meta is not None and refused.meta["mcp-durable/error"]["error"] == "forbidden"
@@ -84,10 +84,11 @@ async def test_resolving_a_call_in_doubt_as_completed_makes_its_key_replay_the_o
         server = build(journal, ran, admins=("local",))
         async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
             before = await client.call_tool("ship", {"order_id": "o-1"})
-            assert before.is_error and before.meta is not None and before.meta["mcp-durable/error"]["error"] == "in_doubt"
+            assert before.is_error and before.meta is not None
+            assert before.meta["mcp-durable/error"]["error"] == "in_doubt"
             resolved = await client.call_tool("journal_resolve", {
                 "tool": "ship", "key": "o-1", "resolution": "completed", "result": {"shipped": "o-1", "by": "hand"},
-                "note": "checked the carrier"})  # fmt: skip
+                "note": "checked the carrier"})
             assert not resolved.is_error, resolved
             assert resolved.structured_content["state"] == "completed"  # type: ignore[index]
             after = await client.call_tool("ship", {"order_id": "o-1"})
@@ -103,11 +104,11 @@ async def test_resolving_a_call_in_doubt_as_not_applied_lets_the_next_call_run(m
         server = build(journal, ran, admins=("local",))
         async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
             resolved = await client.call_tool("journal_resolve",
-                                              {"tool": "ship", "key": "o-1", "resolution": "not_applied"})  # fmt: skip
+                                              {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
             assert not resolved.is_error and resolved.structured_content["state"] == "released"  # type: ignore[index]
             after = await client.call_tool("ship", {"order_id": "o-1"})
             again = await client.call_tool("journal_resolve",
-                                           {"tool": "ship", "key": "o-1", "resolution": "not_applied"})  # fmt: skip
+                                           {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
         assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
         assert again.meta is not None and again.meta["mcp-durable/error"]["error"] == "operator_error"
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
@@ -162,7 +163,7 @@ async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_jou
         server = build(journal, ran, admins=("local",))
         async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
             forgotten = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1",
-                                                                  "note": "never shipped"})  # fmt: skip
+                                                                  "note": "never shipped"})
             assert not forgotten.is_error, forgotten
             assert forgotten.structured_content["state"] == "released"  # type: ignore[index]
             after = await client.call_tool("ship", {"order_id": "o-1"})
@@ -173,4 +174,5 @@ async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_jou
         assert record is not None and record.run_id != "r"  # a new call: a new run, no step replayed
         (audit,) = await audit_entries(journal, identity)
         assert audit.data["action"] == "forget" and audit.data["by"] == "local"
-        assert audit.data["note"] == "never shipped" and (audit.data["from"], audit.data["to"]) == ("in_doubt", "released")
+        assert audit.data["note"] == "never shipped"
+        assert (audit.data["from"], audit.data["to"]) == ("in_doubt", "released")

@@ -22,7 +22,7 @@ async def test_a_tool_that_is_not_durable_runs_every_time_and_its_result_is_unto
     counter = Counter(tmp_path / "counter")
     server = make_server(journal=journal, counter=counter.path) if transport.startswith("memory") else None
     setup = {"target": "tests/server/servers/counting.py:make_server", "journal": journal,
-             "env": {"COUNTER_FILE": str(counter.path)}, "server": server}  # fmt: skip
+             "env": {"COUNTER_FILE": str(counter.path)}, "server": server}
     async with connect(transport, **setup) as client:
         results = [
             await client.call_tool("plain", {"text": "a"}, meta={KEY_META: "same-key"}),

@@ -116,7 +116,8 @@ async def test_keys_are_validated_the_same_over_stdio(tmp_path: Path) -> None:
 async def test_the_meta_key_wins_over_the_key_argument(transport: str, tmp_path: Path) -> None:
     counter = Counter(tmp_path / "counter")
     async with connect(transport, **_setup(transport, tmp_path)) as client:
-        by_meta = await client.call_tool("keyed", {"text": "a", "idempotency_key": "arg-key"}, meta={KEY_META: "meta-key"})
+        arguments = {"text": "a", "idempotency_key": "arg-key"}
+        by_meta = await client.call_tool("keyed", arguments, meta={KEY_META: "meta-key"})
         by_arg = await client.call_tool("keyed", {"text": "a", "idempotency_key": "arg-key"})
     assert by_meta.meta is not None and by_meta.meta["mcp-durable/key"] == "meta-key"
     assert by_arg.meta is not None and by_arg.meta["mcp-durable/key"] == "arg-key"
@@ -124,7 +125,9 @@ async def test_the_meta_key_wins_over_the_key_argument(transport: str, tmp_path:
 
 
 @pytest.mark.parametrize("transport", MEMORY)
-async def test_a_call_with_invalid_arguments_is_refused_without_claiming_its_key(transport: str, tmp_path: Path) -> None:
+async def test_a_call_with_invalid_arguments_is_refused_without_claiming_its_key(
+    transport: str, tmp_path: Path
+) -> None:
     counter = Counter(tmp_path / "counter")
     async with connect(transport, **_setup(transport, tmp_path)) as client:
         bad = await client.call_tool("slow", {"text": "a", "delay": "not a number"}, meta={KEY_META: "k-3"})

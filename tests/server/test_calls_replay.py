@@ -72,7 +72,7 @@ async def test_the_payments_refund_moves_money_once_for_five_calls_with_one_key(
 ) -> None:
     ledger = tmp_path / "ledger.db"
     setup = {"target": "tools/payments.py", "journal": f"sqlite:///{tmp_path}/journal.db",
-             "env": {"PAYMENTS_LEDGER": str(ledger)}}  # fmt: skip
+             "env": {"PAYMENTS_LEDGER": str(ledger)}}
     async with connect(transport, **setup) as client:
         results = [
             await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 1250}, meta={KEY_META: "refund-O-1"})

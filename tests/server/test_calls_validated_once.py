@@ -23,7 +23,7 @@ def counted(n: int) -> int:
 
 
 async def stamp(n: Annotated[int, AfterValidator(counted)],
-                nonce: str = Field(default_factory=lambda: uuid.uuid4().hex)) -> str:  # fmt: skip
+                nonce: str = Field(default_factory=lambda: uuid.uuid4().hex)) -> str:
     """Returns the nonce it was given (drawn by validation when the caller gave none)."""
     return nonce
 

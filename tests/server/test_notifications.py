@@ -15,7 +15,7 @@ from mcp import Client
 from mcp_types import ResourceUpdatedNotification
 
 from mcp_durable import DurableServer, ToolPolicy
-from mcp_durable.server.redact import record_uri
+from mcp_durable.uris import record_uri
 from tests.helpers import serve_app
 
 # resources/subscribe is the 2025-11-25 mechanism under test, deprecated only for the new era.

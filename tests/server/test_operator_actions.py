@@ -62,7 +62,7 @@ async def test_a_rerun_from_step_3_of_a_five_step_tool_replays_steps_before_it_a
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_over_http_only_an_admin_reruns_and_only_the_named_principals_record(mode: str, tmp_path: Path) -> None:
     env = {"STEPS_LOG": str(tmp_path / "steps.log"), "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
-           "MCP_DURABLE_ADMINS": "ops"}  # fmt: skip
+           "MCP_DURABLE_ADMINS": "ops"}
     log = Counter(tmp_path / "steps.log")
     async with serve_http(TARGET, journal=f"sqlite:///{tmp_path}/journal.db", env=env) as served:
         async with client_as(served.url, "tokA", mode) as alice:
@@ -87,19 +87,21 @@ async def test_over_http_only_an_admin_reruns_and_only_the_named_principals_reco
 def cli(journal: str, *args: str, check: int = 0) -> subprocess.CompletedProcess[str]:
     command, *prefix = serve_command()
     proc = subprocess.run([command, *prefix, "journal", "--journal", journal, *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=120)
     assert proc.returncode == check, proc.stderr
     return proc
 
 
-async def test_the_cli_reruns_a_call_from_a_step_and_the_next_call_runs_only_the_steps_from_there(tmp_path: Path) -> None:
+async def test_the_cli_reruns_a_call_from_a_step_and_the_next_call_runs_only_the_steps_from_there(
+    tmp_path: Path,
+) -> None:
     journal, log = f"sqlite:///{tmp_path}/journal.db", Counter(tmp_path / "steps.log")
     async with Client(make_server(journal, str(log.path))) as client:
         first = structured(await client.call_tool("five_steps", {"job": "J-3"}))
     assert "journaled 5 step(s)" in cli(journal, "rerun", "five_steps", "J-3", "--from-step", "9", check=1).stderr
     assert "no call five_steps/nope" in cli(journal, "rerun", "five_steps", "nope", check=1).stderr
     (view,) = [orjson.loads(line) for line in cli(journal, "--json", "rerun", "five_steps", "J-3", "--from-step", "3",
-                                                   "--note", "retry the shipment").stdout.splitlines()]  # fmt: skip
+                                                   "--note", "retry the shipment").stdout.splitlines()]
     assert view["state"] == "released"
     assert "only a completed or failed call" in cli(journal, "rerun", "five_steps", "J-3", check=1).stderr
     async with Client(make_server(journal, str(log.path)), mode="legacy") as client:
@@ -128,7 +130,9 @@ async def wait_for(log: Counter, event: str) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_resumed(mode: str, tmp_path: Path) -> None:
+async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_resumed(
+    mode: str, tmp_path: Path
+) -> None:
     log = Counter(tmp_path / "steps.log")
     server = make_server(f"sqlite:///{tmp_path}/journal.db", str(log.path), admins=("local",))
     results: list[Any] = []
@@ -141,7 +145,7 @@ async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_re
             group.start_soon(held)
             await wait_for(log, "charge J-4")
             done = structured(await client.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-4",
-                                                                        "note": "customer withdrew"}))  # fmt: skip
+                                                                        "note": "customer withdrew"}))
         log.open_gate()
         again = await client.call_tool("five_steps", {"job": "J-4", "hold": True})
         refused = await client.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-4"})
@@ -159,7 +163,7 @@ async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_re
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_over_http_a_non_admin_cannot_cancel_another_principals_call(mode: str, tmp_path: Path) -> None:
     env = {"STEPS_LOG": str(tmp_path / "steps.log"), "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
-           "MCP_DURABLE_ADMINS": "ops"}  # fmt: skip
+           "MCP_DURABLE_ADMINS": "ops"}
     log = Counter(tmp_path / "steps.log")
     results: list[Any] = []
     async with serve_http(TARGET, journal=f"sqlite:///{tmp_path}/journal.db", env=env) as served:
@@ -172,11 +176,12 @@ async def test_over_http_a_non_admin_cannot_cancel_another_principals_call(mode:
             group.start_soon(alice_call)
             await wait_for(log, "charge J-5")
             async with client_as(served.url, "tokB", mode) as bob:
-                denied = await bob.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5", "principal": "alice"})
+                denied = await bob.call_tool("journal_cancel",
+                                             {"tool": "five_steps", "key": "J-5", "principal": "alice"})
                 own = await bob.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5"})
             async with client_as(served.url, "tokO", mode) as ops:
                 done = structured(await ops.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5",
-                                                                         "principal": "alice"}))  # fmt: skip
+                                                                         "principal": "alice"}))
     assert refusal_code(denied) == "forbidden" and refusal_code(own) == "forbidden"
     assert done["principal"] == "alice" and done["state"] == "released"
     assert [refusal_code(r) for r in results] == ["cancelled"]

@@ -69,7 +69,7 @@ async def test_without_fingerprint_fields_a_reworded_argument_is_key_reuse() -> 
     async with Client(server) as client:
         await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "a"}, meta={KEY_META: "k"})
         reworded = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "b"},
-                                          meta={KEY_META: "k"})  # fmt: skip
+                                          meta={KEY_META: "k"})
     assert error_of(reworded) == "key_reuse"
 
 
@@ -78,7 +78,7 @@ def test_a_fingerprint_name_that_is_not_an_argument_is_refused_at_registration(s
     server = DurableServer("typo", journal="memory://")
     with pytest.raises(ConfigError, match="reson"):
         server.add_tool(lambda order_id, reason="": order_id, name="refund",
-                        durable=ToolPolicy(**{setting: ("reson",)}))  # fmt: skip
+                        durable=ToolPolicy(**{setting: ("reson",)}))
     assert "refund" not in server.policies and server._tool_manager.get_tool("refund") is None
 
 
@@ -100,7 +100,7 @@ async def test_a_key_in_another_protocols_meta_name_is_used_after_our_own(mode: 
         again = await client.call_tool("checkout", {"cart": "c1"}, meta={"idempotency_key": "ck-1"})
         second_name = await client.call_tool("checkout", {"cart": "c1"}, meta={"idempotencyKey": "ck-1"})
         ours_first = await client.call_tool("checkout", {"cart": "c1"},
-                                            meta={KEY_META: "ours-1", "idempotency_key": "ck-1"})  # fmt: skip
+                                            meta={KEY_META: "ours-1", "idempotency_key": "ck-1"})
         none = await client.call_tool("checkout", {"cart": "c1"}, meta={"other": "ck-1"})
     assert theirs.meta["mcp-durable/key"] == "ck-1" and again.meta["mcp-durable/replayed"] is True
     assert second_name.meta["mcp-durable/key"] == "ck-1" and second_name.meta["mcp-durable/replayed"] is True

@@ -59,7 +59,7 @@ async def orphaned_journal(url: str) -> AsyncIterator[Journal]:
     await journal.open()
     ghost = CallRecord(identity=CallIdentity("local", "refund", "ghost"), fingerprint="0" * 64,
                        state=CallState.PENDING, version=1, run_id="r", attempts=1, created_at=1.0,
-                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b"{}")  # fmt: skip
+                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b"{}")
     await journal.claim(ghost, 1.0)
     try:
         yield journal
@@ -124,7 +124,7 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
 
             entries = await read(client, "journal://entries?limit=500")
             lifecycle = [e["data"]["to"] for e in entries["entries"]
-                         if e["process_id"] == "server/shop" and e["entry_type"] == "state_transition"]  # fmt: skip
+                         if e["process_id"] == "server/shop" and e["entry_type"] == "state_transition"]
             assert lifecycle == ["starting", "running"]
             seqs = [e["seq"] for e in entries["entries"]]
             assert seqs == sorted(seqs) and entries["next_after"] == seqs[-1]
@@ -146,7 +146,7 @@ async def test_unknown_records_and_bad_parameters_are_errors_not_empty_answers(m
         with pytest.raises(MCPError, match="Unknown resource"):
             await client.read_resource("journal://processes/no-such-process")
         for bad in ("journal://calls?limit=0", "journal://calls?limit=many", "journal://calls?state=lost",
-                    "journal://calls?cursor=not-a-cursor!"):  # fmt: skip
+                    "journal://calls?cursor=not-a-cursor!"):
             with pytest.raises(MCPError):
                 await client.read_resource(bad)
 
@@ -158,14 +158,16 @@ async def _fill(journal: Journal, n: int) -> list[CallIdentity]:
         identity = CallIdentity("local", "refund" if i % 3 else "ship", f"k-{i:04d}")
         record = CallRecord(identity=identity, fingerprint="f" * 64, state=CallState.COMPLETED, version=2,
                             run_id=f"r{i}", attempts=1, created_at=1000.0 + i // 4, updated_at=1000.0 + i // 4,
-                            completed_at=1000.0 + i // 4, result=b'{"content":[]}')  # fmt: skip
+                            completed_at=1000.0 + i // 4, result=b'{"content":[]}')
         assert (await journal.claim(record, 0.0))[0]
         identities.append(identity)
     return identities
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_pagination_walks_a_thousand_records_newest_first_without_gaps_or_repeats(mode: str, tmp_path: Any) -> None:
+async def test_pagination_walks_a_thousand_records_newest_first_without_gaps_or_repeats(
+    mode: str, tmp_path: Any
+) -> None:
     journal = create_journal(f"sqlite:///{tmp_path}/j.db?synchronous=OFF")
     await journal.open()
     identities = await _fill(journal, 1000)

@@ -54,11 +54,11 @@ async def test_over_http_each_principal_reads_only_its_own_records_and_an_admin_
             assert (await read(alice, "journal://in-doubt"))["count"] == 0
             # Bob's record, his key, the admin-only resources: all answer like URIs nothing serves.
             for uri in ("journal://calls/record/bob-only", "journal://calls/record/shared?principal=bob",
-                        "journal://entries", "journal://processes/server%2Fcounting"):  # fmt: skip
+                        "journal://entries", "journal://processes/server%2Fcounting"):
                 assert f"Unknown resource: {uri}" in await refused(alice, uri)
             assert "journal_resolve" in {t.name for t in (await alice.list_tools()).tools}
             denied = await alice.call_tool("journal_resolve", {"tool": "record", "key": "shared",
-                                                               "resolution": "not_applied"})  # fmt: skip
+                                                               "resolution": "not_applied"})
             assert denied.is_error and "forbidden" in denied.content[0].text
             denied = await alice.call_tool("journal_purge_expired", {})
             assert denied.is_error and "forbidden" in denied.content[0].text

@@ -55,7 +55,8 @@ async def test_resources_of_a_postgres_journal_that_is_down_answer_journal_unava
     mode: str, tmp_path: Path
 ) -> None:
     # Nothing listens on this port: the database is down for the whole test.
-    server = make_server(journal=f"postgresql://postgres@127.0.0.1:{free_port()}/test?pool_timeout=0.5", counter=tmp_path / "counter")
+    down = f"postgresql://postgres@127.0.0.1:{free_port()}/test?pool_timeout=0.5"
+    server = make_server(journal=down, counter=tmp_path / "counter")
     async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
         text, errors = await _refusal_and_resource_errors(client)
     assert text.startswith("journal_unavailable: ")

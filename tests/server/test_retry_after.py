@@ -56,7 +56,8 @@ async def test_retry_after_is_the_median_run_time_left_not_the_lease(mode: str) 
         async with anyio.create_task_group() as group:
 
             async def first() -> None:
-                held["result"] = await client.call_tool("job", {"seconds": 0.0, "hold": True}, meta={KEY_META: "k-held"})
+                arguments = {"seconds": 0.0, "hold": True}
+                held["result"] = await client.call_tool("job", arguments, meta={KEY_META: "k-held"})
 
             group.start_soon(first)
             await started.wait()  # the first call runs (its claim is made)

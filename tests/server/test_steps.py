@@ -61,7 +61,7 @@ async def test_a_re_execution_replays_the_completed_steps_and_resumes_at_the_fir
     assert not result.is_error, result
     assert result.structured_content == {
         "results": ["reserve-done", "charge-done", "notify-done"], "replayed": 1, "run": 2, "attempt": 2,
-    }  # fmt: skip
+    }
     assert [events.count(n) for n in ("reserve", "charge", "notify")] == [1, 2, 1]
     assert replay.structured_content == result.structured_content and replay.meta["mcp-durable/replayed"] is True  # type: ignore[index]
 
@@ -92,7 +92,9 @@ async def test_a_sync_tool_journals_its_steps_with_step_sync(mode: str, tmp_path
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_shipping_an_order_twice_reserves_labels_and_notifies_once(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_shipping_an_order_twice_reserves_labels_and_notifies_once(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tools.shipping as shipping
 
     warehouse = Warehouse(tmp_path / "warehouse.db")
@@ -105,4 +107,4 @@ async def test_shipping_an_order_twice_reserves_labels_and_notifies_once(mode: s
     assert not first.is_error and second.structured_content == first.structured_content
     assert [(o["op"], o["outcome"]) for o in warehouse.operations("O-9")] == [
         ("reserve", "applied"), ("label", "applied"), ("notify", "applied"),
-    ]  # fmt: skip
+    ]

@@ -26,7 +26,8 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 // ES modules resolve bare names from the script's own folder (a temp dir): import by path instead.
-const ext = (path) => import(pathToFileURL(join(process.env.NODE_MODULES, '@modelcontextprotocol/ext-tasks/dist', path)).href);
+const ext = (path) =>
+  import(pathToFileURL(join(process.env.NODE_MODULES, '@modelcontextprotocol/ext-tasks/dist', path)).href);
 const { withTasks } = await ext('client/session.js');
 
 const [url, gates, counter] = process.argv.slice(2);
@@ -101,7 +102,8 @@ await retrying.close();
 // Cancel a running task.
 const doomed = await session.callTool('refund', { order_id: 'E-2', amount_cents: 200 });
 out.doomedKind = doomed.kind;
-while (!existsSync(counter) || !(await import('node:fs')).readFileSync(counter, 'utf8').includes('wait E-2')) await sleep(20);
+const { readFileSync } = await import('node:fs');
+while (!existsSync(counter) || !readFileSync(counter, 'utf8').includes('wait E-2')) await sleep(20);
 await doomed.cancel();
 out.cancelled = (await doomed.settle()).outcome.status;
 
@@ -122,7 +124,7 @@ async def test_the_ext_tasks_requester_creates_polls_settles_and_cancels_tasks(t
     env = {"COUNTER_FILE": str(counter), "TASK_GATE": str(gates), "PAYMENTS_LEDGER": str(tmp_path / "ledger.db")}
     async with serve_http(TASKS, journal=f"file://{tmp_path / 'journal'}", env=env) as served:
         run = node_script(tmp_path / "requester.mjs", CLIENT, args=[served.url, str(gates), str(counter)],
-                          timeout=60, env={"NODE_MODULES": str(NODE_MODULES)})  # fmt: skip
+                          timeout=60, env={"NODE_MODULES": str(NODE_MODULES)})
         assert run.returncode == 0, run.stderr + served.stderr()
     out = json.loads(run.stdout.strip().splitlines()[-1])
     counts = Counter(counter)

@@ -20,7 +20,8 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 // ES modules resolve bare names from the script's own folder (a temp dir): import by path instead.
-const sdk = (path) => import(pathToFileURL(join(process.env.NODE_MODULES, '@modelcontextprotocol/sdk/dist/esm', path)).href);
+const sdk = (path) =>
+  import(pathToFileURL(join(process.env.NODE_MODULES, '@modelcontextprotocol/sdk/dist/esm', path)).href);
 const { Client } = await sdk('client/index.js');
 const { StreamableHTTPClientTransport } = await sdk('client/streamableHttp.js');
 const { CallToolResultSchema } = await sdk('types.js');
@@ -45,8 +46,9 @@ async function created(params) {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // Create, repeat with the same key, poll, fetch the result.
-const first = await created({ name: 'refund', arguments: { order_id: 'T-1', amount_cents: 100 }, _meta: { [KEY]: 'k-T-1' } });
-const repeat = await created({ name: 'refund', arguments: { order_id: 'T-1', amount_cents: 100 }, _meta: { [KEY]: 'k-T-1' } });
+const refund = { name: 'refund', arguments: { order_id: 'T-1', amount_cents: 100 }, _meta: { [KEY]: 'k-T-1' } };
+const first = await created(refund);
+const repeat = await created(refund);
 out.first = first;
 out.repeatId = repeat.taskId;
 out.polled = await tasks.getTask(first.taskId);
@@ -83,7 +85,7 @@ async def test_the_typescript_sdk_tasks_client_creates_polls_fetches_and_cancels
     gates = tmp_path / "gates"
     gates.mkdir()
     env = {"COUNTER_FILE": str(tmp_path / "counter"), "TASK_GATE": str(gates),
-           "PAYMENTS_LEDGER": str(tmp_path / "ledger.db")}  # fmt: skip
+           "PAYMENTS_LEDGER": str(tmp_path / "ledger.db")}
     async with serve_http(TASKS, journal=f"file://{tmp_path / 'journal'}", env=env) as served:
         run = node_script(tmp_path / "client.mjs", CLIENT, args=[served.url, str(gates)], timeout=60,
                           env={"NODE_MODULES": str(NODE_MODULES)})

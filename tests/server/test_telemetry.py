@@ -25,10 +25,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mcp_durable import KEY_META, DurableServer, ToolPolicy, current_call
-from mcp_durable.journal.model import CallRecord, CallState
-from mcp_durable.keys import canonical_json, fingerprint
 from mcp_durable.journal.file import FileJournal
-from mcp_durable.journal.model import CallIdentity
+from mcp_durable.journal.model import CallIdentity, CallRecord, CallState
+from mcp_durable.keys import canonical_json, fingerprint
 from mcp_durable.telemetry import Telemetry
 
 MODES = ["legacy", "auto"]
@@ -113,7 +112,7 @@ async def orphan(journal: WatchedJournal, tool: str, arguments: dict[str, Any], 
     record = CallRecord(identity=CallIdentity("local", tool, key), fingerprint=fingerprint(arguments),
                         state=CallState.PENDING, version=1, run_id="dead-run", attempts=1, created_at=now - 60,
                         updated_at=now - 60, owner="a-dead-instance", lease_until=now - 30,
-                        arguments=canonical_json(arguments))  # fmt: skip
+                        arguments=canonical_json(arguments))
     assert (await journal.claim(record, now))[0]
 
 
@@ -124,19 +123,19 @@ def call_spans(exporter: InMemorySpanExporter, tool: str) -> list[ReadableSpan]:
 def children(exporter: InMemorySpanExporter, parent: ReadableSpan) -> list[str]:
     assert parent.context is not None
     return [s.name for s in exporter.get_finished_spans()
-            if s.parent is not None and s.parent.span_id == parent.context.span_id]  # fmt: skip
+            if s.parent is not None and s.parent.span_id == parent.context.span_id]
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
     data = reader.get_metrics_data()
     assert data is not None
     return [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == name
-            for p in m.data.data_points]  # fmt: skip
+            for p in m.data.data_points]
 
 
 def calls_counted(reader: InMemoryMetricReader) -> dict[tuple[str, str, str | None], int]:
     return {(p.attributes["tool"], p.attributes["outcome"], p.attributes.get("error_code")): p.value
-            for p in points(reader, "mcp_durable.calls")}  # fmt: skip
+            for p in points(reader, "mcp_durable.calls")}
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
@@ -245,8 +244,9 @@ async def test_keys_are_recorded_in_clear_only_when_configured_and_nothing_is_em
     with_telemetry, without = call_spans(spans, "lookup")
     assert attrs(with_telemetry)["mcp_durable.key"] == "O-9"
     assert attrs(without) == {}
+    assert without.context is not None
     assert not [s for s in spans.get_finished_spans() if s.name.startswith("durable.")
-                and s.parent is not None and without.context is not None and s.parent.span_id == without.context.span_id]
+                and s.parent is not None and s.parent.span_id == without.context.span_id]
 
 
 
@@ -289,7 +289,8 @@ async def test_group_commits_of_sqlite_and_postgres_are_measured_with_their_batc
 
     url = f"sqlite:///{tmp_path}/journal.db" if kind == "sqlite" else scratch_postgres_url()
     reader = InMemoryMetricReader()
-    server = DurableServer("otel", journal=url, telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))
+    telemetry = Telemetry(meter_provider=MeterProvider(metric_readers=[reader]))
+    server = DurableServer("otel", journal=url, telemetry=telemetry)
 
     @server.tool(durable=ToolPolicy(key_fields=("order_id",)))
     async def refund(order_id: str) -> str:
@@ -318,7 +319,7 @@ async def test_the_in_doubt_gauge_falls_to_zero_by_itself_when_background_recove
         return f"shipped {arguments['order_id']}"
 
     server = DurableServer("otel", journal=f"sqlite:///{tmp_path}/journal.db", reconcile_interval=0.2,
-                           telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))  # fmt: skip
+                           telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))
 
     @server.tool(durable=ToolPolicy(key_fields=("order_id",), reconcile=found))
     async def ship(order_id: str) -> str:
@@ -329,7 +330,7 @@ async def test_the_in_doubt_gauge_falls_to_zero_by_itself_when_background_recove
     now = time.time()
     planted = CallRecord(identity=identity, fingerprint=fingerprint({"order_id": "O-9"}), state=CallState.IN_DOUBT,
                          version=1, run_id="dead-run", attempts=1, created_at=now, updated_at=now,
-                         arguments=canonical_json({"order_id": "O-9"}))  # fmt: skip
+                         arguments=canonical_json({"order_id": "O-9"}))
     assert (await server.journal.claim(planted, now))[0]
     async with Client(server):  # no call for the key: the server's background recovery decides it
         with anyio.fail_after(30):  # a bound on a hang, never a timing assertion

@@ -14,7 +14,9 @@ from mcp_durable import InvalidKeyError, MissingKeyError, ToolPolicy
 from mcp_durable.keys import KEY_META, canonical_json, fingerprint, resolve_key, validate_key
 
 ARGS = {"order_id": "O-1", "amount_cents": 500, "idempotency_key": "arg-key"}
-EVERY_SOURCE = ToolPolicy(key_argument="idempotency_key", key_fn=lambda a: f"fn-{a['order_id']}", key_fields=("order_id",))
+EVERY_SOURCE = ToolPolicy(
+    key_argument="idempotency_key", key_fn=lambda a: f"fn-{a['order_id']}", key_fields=("order_id",)
+)
 
 
 # -- resolution order ------------------------------------------------------------------------------
@@ -51,7 +53,8 @@ def test_several_key_fields_or_an_unprintable_one_are_hashed_into_a_valid_key() 
     assert both is not None and both.startswith("fields:") and len(both) == len("fields:") + 64
     reordered = resolve_key(ToolPolicy(key_fields=("amount_cents", "order_id")), "refund", ARGS, None)
     assert reordered == both  # the fields' object is canonical: order of declaration does not matter
-    other = resolve_key(ToolPolicy(key_fields=("order_id", "amount_cents")), "refund", {**ARGS, "amount_cents": 501}, None)
+    two_fields = ToolPolicy(key_fields=("order_id", "amount_cents"))
+    other = resolve_key(two_fields, "refund", {**ARGS, "amount_cents": 501}, None)
     assert other != both
     long_value = resolve_key(ToolPolicy(key_fields=("order_id",)), "refund", {"order_id": "x" * 300}, None)
     assert long_value is not None and long_value.startswith("fields:")
@@ -149,7 +152,8 @@ def test_the_fingerprint_is_the_sha256_of_the_canonical_json() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8),  # the journal's JSON: 64-bit ints
+    # the journal's JSON: 64-bit ints
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=12,
 )

@@ -42,7 +42,7 @@ def test_user_code_naming_the_server_type_checks_strictly(tmp_path: Path) -> Non
         [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
          str(user)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

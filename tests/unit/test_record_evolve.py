@@ -16,7 +16,7 @@ def full_record() -> CallRecord:
         identity=CallIdentity("p", "t", "k"), fingerprint="f", state=CallState.PENDING, version=7, run_id="r",
         attempts=2, created_at=1.0, updated_at=2.0, owner="o", lease_until=3.0, completed_at=4.0, expires_at=5.0,
         result=b"x", error="e", arguments=b"{}",
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("name", [n for n in FIELDS if n != "version"])

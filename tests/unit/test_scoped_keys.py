@@ -69,7 +69,7 @@ def test_separators_in_principals_and_keys_cannot_make_two_pairs_collide() -> No
         ("scoped-sha256", "ab"), ("", "K1"), ("local", ":K1"), ("local", "local:K1"),
         ("a" * 250, "K1"), ("a" * 251, "K1"), ("a" * 250, "K10"),
         ("ünï", "K1"), ("%C3%BCn%C3%AF", "K1"), ("a/b", "K1"), ("a", "/b:K1"),
-    ]  # fmt: skip
+    ]
     scoped = {scoped_key(p, k) for p, k in pairs}
     assert len(scoped) == len(set(pairs))
 

@@ -64,9 +64,9 @@ Lock (lock.py): one writer process (`flock` on `LOCK`); a second gets `JournalLo
 naming the holder. `verify(directory)` (verify.py) checks every frame without the lock.
 """
 
+from ..base import Problem, VerifyReport
 from .compaction import CompactionReport
 from .journal import FileJournal
-from ..base import Problem, VerifyReport
 from .verify import verify
 
 __all__ = ["CompactionReport", "FileJournal", "Problem", "VerifyReport", "verify"]

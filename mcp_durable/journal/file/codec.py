@@ -8,22 +8,20 @@ Kinds (field `t`):
 - `purge`: `{"t":"purge","now":…}`: every record with `expires_at <= now` is gone from here on
   (replay applies it at the same point, so one small frame stands for any number of deletions).
 
-Bytes fields (`result`, `arguments`) are stored as text when they are UTF-8 (a stored MCP
-result stays readable with `grep`), else base64 under `result_b64` / `arguments_b64`.
+The record is `record_json.record_to_json` (the export lines' codec too): bytes fields as text
+when they are UTF-8 (a stored MCP result stays readable with `grep`), else base64.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 from typing import Any
 
 import orjson
 
 from ..base import stored_decoder
-from ..model import CallIdentity, CallRecord, CallState, JournalEntry
-
-_BYTES_FIELDS = ("result", "arguments")
+from ..model import CallIdentity, CallRecord, JournalEntry
+from ..record_json import record_from_json, record_to_json
 
 
 def identity_hash(key: bytes, identity: CallIdentity) -> int:
@@ -39,55 +37,16 @@ def identity_hash(key: bytes, identity: CallIdentity) -> int:
 
 def process_hash(process_id: str) -> int:
     """A 64-bit hash of a process id (collisions are harmless: entries are checked on read)."""
-    return int.from_bytes(hashlib.blake2b(process_id.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+    digest = hashlib.blake2b(process_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
-def record_to_dict(record: CallRecord) -> dict[str, Any]:
-    i = record.identity
-    out: dict[str, Any] = {
-        "principal": i.principal, "tool": i.tool, "key": i.key, "fingerprint": record.fingerprint,
-        "state": record.state.value, "version": record.version, "run_id": record.run_id,
-        "attempts": record.attempts, "created_at": record.created_at, "updated_at": record.updated_at,
-        "owner": record.owner, "lease_until": record.lease_until, "completed_at": record.completed_at,
-        "expires_at": record.expires_at, "error": record.error,
-    }  # fmt: skip
-    for name in _BYTES_FIELDS:
-        value: bytes | None = getattr(record, name)
-        if value is None:
-            out[name] = None
-            continue
-        try:
-            out[name] = value.decode("utf-8")
-        except UnicodeDecodeError:
-            out[f"{name}_b64"] = base64.b64encode(value).decode("ascii")
-    if record.task_id is not None:
-        out["task_id"] = record.task_id  # absent on plain calls: frames of older releases read the same
-    return out
-
-
-@stored_decoder("call record")
-def record_from_dict(d: dict[str, Any]) -> CallRecord:
-    blobs: dict[str, bytes | None] = {}
-    for name in _BYTES_FIELDS:
-        text = d.get(name)
-        if text is not None:
-            blobs[name] = text.encode("utf-8")
-        elif (b64 := d.get(f"{name}_b64")) is not None:
-            blobs[name] = base64.b64decode(b64)
-        else:
-            blobs[name] = None
-    return CallRecord(
-        identity=CallIdentity(d["principal"], d["tool"], d["key"]),
-        fingerprint=d["fingerprint"], state=CallState(d["state"]), version=d["version"],
-        run_id=d["run_id"], attempts=d["attempts"], created_at=d["created_at"],
-        updated_at=d["updated_at"], owner=d["owner"], lease_until=d["lease_until"],
-        completed_at=d["completed_at"], expires_at=d["expires_at"], result=blobs["result"],
-        error=d["error"], arguments=blobs["arguments"], task_id=d.get("task_id"),
-    )  # fmt: skip
+#: The record of a frame's `r` object; a frame that does not decode is a `JournalError`.
+record_from_dict = stored_decoder("call record")(record_from_json)
 
 
 def call_payload(op: str, h: int, record: CallRecord) -> bytes:
-    return orjson.dumps({"t": "call", "op": op, "h": f"{h:032x}", "r": record_to_dict(record)})
+    return orjson.dumps({"t": "call", "op": op, "h": f"{h:032x}", "r": record_to_json(record)})
 
 
 def entry_payload(process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> bytes:

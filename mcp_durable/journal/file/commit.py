@@ -27,7 +27,6 @@ the next call, in place: what is on disk is then the truth).
 
 from __future__ import annotations
 
-import os
 import time
 
 import anyio
@@ -36,6 +35,7 @@ import anyio.to_thread
 
 from ... import observe
 from ...errors import JournalError
+from ..fsync import sync_data
 from .writer import SegmentWriter
 
 #: Flushes are inline (in the event loop) while their moving average is under this; a thread
@@ -151,7 +151,7 @@ class GroupCommit:
             self.durable_seq = max(self.durable_seq, batch.last_seq)
             if batch.chunks:
                 observe.journal_committed("file", time.perf_counter() - began, sum(len(c[2]) for c in batch.chunks))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - kept for every writer waiting on the batch
             self.failure = exc
         finally:
             batch.finished = True
@@ -163,5 +163,5 @@ class GroupCommit:
         for segment, offset, frames in batch.chunks:
             fd = self.writer.write(segment, offset, b"".join(frames))
             if self._sync:
-                os.fdatasync(fd)  # before the writer may move on to (and close) another segment
+                sync_data(fd)  # before the writer may move on to (and close) another segment
         self.flush_s = 0.8 * self.flush_s + 0.2 * (time.perf_counter() - began)

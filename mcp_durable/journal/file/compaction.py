@@ -19,21 +19,46 @@ The environment variable `MCP_DURABLE_CRASH_AT` (`compaction:copied`, `compactio
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
-from bisect import bisect_left
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+import anyio
 import anyio.to_thread
 
-from .index import DEAD, pack, unpack
-from .segments import FILE_MODE, fsync_dir, segment_name
+from ... import config
+from .commit import GroupCommit
+from .index import DEAD, CallIndex, EntryIndex, pack, unpack
+from .segments import FILE_MODE, ManifestKeeper, fsync_dir, segment_name
 
-if TYPE_CHECKING:
-    from .journal import FileJournal
+
+class CompactionTarget(Protocol):
+    """The parts of a `FileJournal` a compaction reads and changes, named here so this module
+    does not import the journal that calls it (`FileJournal.compact`). They are its private
+    state: compaction is part of the file journal, in its own module for size."""
+
+    directory: Path
+    _keeper: ManifestKeeper | None
+    _maintenance: anyio.Lock
+    _calls: CallIndex
+    _entries: EntryIndex
+    _dropped: set[int]
+    _readers: dict[int, int]
+    _next_seq: int
+    _active: int
+
+    def _writable(self) -> GroupCommit: ...
+
+    def _rotate(self) -> None: ...
+
+    async def purge_expired(self, now: float) -> int: ...
+
+    async def snapshot(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +74,13 @@ class CompactionReport:
     bytes_after: int
     duration_s: float
 
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
 
 def crash_point(name: str) -> None:
     """SIGKILL this process here if `MCP_DURABLE_CRASH_AT` names this point (crash tests)."""
-    if os.environ.get("MCP_DURABLE_CRASH_AT") == name:
+    if config.crash_at() == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -87,7 +115,7 @@ def _segment_bytes(directory: Path, segments: tuple[int, ...]) -> int:
     return sum((directory / segment_name(s)).stat().st_size for s in segments)
 
 
-async def compact(journal: FileJournal, now: float) -> CompactionReport:
+async def compact(journal: CompactionTarget, now: float) -> CompactionReport:
     started = time.perf_counter()
     commit = journal._writable()
     keeper = journal._keeper
@@ -140,7 +168,7 @@ async def compact(journal: FileJournal, now: float) -> CompactionReport:
         segments_after = len(keeper.current.segments)
     await journal.snapshot()
     return CompactionReport(purged, kept_records, kept_entries, len(sealed), segments_after, bytes_before,
-                            bytes_after, time.perf_counter() - started)  # fmt: skip
+                            bytes_after, time.perf_counter() - started)
 
 
 def _delete(directory: Path, segments: tuple[int, ...]) -> None:

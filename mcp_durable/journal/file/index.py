@@ -28,7 +28,7 @@ EMPTY = -1
 DELETED = -2
 MIN_TABLE = 1024
 STATE_CODES = {CallState.PENDING: 1, CallState.COMPLETED: 2, CallState.FAILED: 3,
-               CallState.IN_DOUBT: 4, CallState.RELEASED: 5}  # fmt: skip
+               CallState.IN_DOUBT: 4, CallState.RELEASED: 5}
 CODE_STATES: dict[int, CallState] = {code: state for state, code in STATE_CODES.items()}
 
 
@@ -65,7 +65,7 @@ class CallIndex:
     """
 
     ARRAYS = (("lo", "Q"), ("hi", "Q"), ("pos", "Q"), ("size", "I"), ("seq", "Q"), ("version", "Q"),
-              ("created", "d"), ("expires", "d"), ("tool", "I"), ("principal", "I"), ("table", "i"))  # fmt: skip
+              ("created", "d"), ("expires", "d"), ("tool", "I"), ("principal", "I"), ("table", "i"))
 
     def __init__(self) -> None:
         self.lo = array("Q")
@@ -120,10 +120,10 @@ class CallIndex:
         return self.put_fields(
             h, record.version, STATE_CODES[record.state], record.created_at, record.expires_at,
             record.identity.tool, record.identity.principal, position, size, seq,
-        )  # fmt: skip
+        )
 
     def put_fields(self, h: int, version: int, state: int, created: float, expires: float | None, tool: str,
-                   principal: str, position: int, size: int, seq: int) -> int:  # fmt: skip
+                   principal: str, position: int, size: int, seq: int) -> int:
         lo, hi = h & MASK64, h >> 64
         bucket = self._bucket(lo, hi)
         if bucket < 0 and (self.used + 1) * 10 > len(self.table) * 7:

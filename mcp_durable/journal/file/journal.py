@@ -17,17 +17,25 @@ import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
 from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, sort_key
+from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from . import snapshot as snapshots
-from .codec import (call_payload, entry_from_dict, entry_payload, identity_hash, process_hash, purge_payload,
-                    record_from_dict)  # fmt: skip
+from .codec import (
+    call_payload,
+    entry_from_dict,
+    entry_payload,
+    identity_hash,
+    process_hash,
+    purge_payload,
+    record_from_dict,
+)
 from .commit import Batch, GroupCommit
 from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
 from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
 from .lock import WriterLock
 from .recovery import recover
-from .writer import SegmentWriter
 from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
+from .writer import SegmentWriter
 
 if TYPE_CHECKING:
     from .compaction import CompactionReport
@@ -45,7 +53,7 @@ class FileJournal:
     single_writer = True
 
     def __init__(self, directory: str | os.PathLike[str], *, durability: str = "strict", read_only: bool = False,
-                 url: str | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:  # fmt: skip
+                 url: str | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:
         if durability not in ("strict", "relaxed"):
             raise ConfigError(f"durability must be strict or relaxed, not {durability!r}")
         self.directory = Path(directory)
@@ -118,17 +126,22 @@ class FileJournal:
                 except JournalCorruptError:
                     time.sleep(0.05)
             return self._load(Manifest.read(self.directory))
-        self.directory.mkdir(parents=True, exist_ok=True, mode=DIR_MODE)
+        make_dirs(self.directory, DIR_MODE)  # its entry durable before anything durable is put in it
         os.chmod(self.directory, DIR_MODE)
         self._lock = WriterLock(self.directory)
         self._lock.acquire()
         manifest = Manifest.read(self.directory)
         if manifest is None:
-            if any(p.name.startswith("seg-") for p in self.directory.iterdir()):
+            segments = [p for p in self.directory.iterdir() if p.name.startswith("seg-")]
+            if any(p.stat().st_size for p in segments):
                 raise JournalCorruptError(str(self.directory / "MANIFEST"), 0, "missing, but segments exist")
+            # New (or its creation was cut short: empty segments, no manifest yet). The first
+            # segment is created before the manifest that names it, and the manifest's
+            # directory fsync makes both names durable: a power loss never leaves a manifest
+            # naming a segment that is not there.
+            os.close(os.open(self.directory / segment_name(1), os.O_WRONLY | os.O_CREAT, FILE_MODE))
             manifest = Manifest.new()
             manifest.write(self.directory)
-            os.close(os.open(self.directory / segment_name(1), os.O_WRONLY | os.O_CREAT, FILE_MODE))
         self._keeper = ManifestKeeper(self.directory, manifest)
         self._load(manifest)
 
@@ -148,7 +161,7 @@ class FileJournal:
             "file", 0.0, snapshot_used=found.snapshot_used, records_loaded=len(found.calls),
             entries_replayed=found.frames_replayed, bytes_truncated=found.bytes_truncated,
             truncated_to=found.truncated_to, problems=tuple(found.problems),
-        )  # fmt: skip
+        )
 
     async def aclose(self) -> None:
         if self._manifest is None:
@@ -406,7 +419,7 @@ class FileJournal:
             and (tool_id is None or idx.tool[s] == tool_id)
             and (principal_id is None or idx.principal[s] == principal_id) and idx.created[s] <= top
             and (task_slots is None or s in task_slots)
-        ]  # fmt: skip
+        ]
         candidates.sort(reverse=True)
         out: list[CallRecord] = []
         i = 0
@@ -450,7 +463,7 @@ class FileJournal:
                 raise JournalError(f"journal {self.url}: cannot read {p.name}: {exc}") from exc
         oldest = min((idx.created[s] for s in live), default=None)
         return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size,
-                            oldest)  # fmt: skip
+                            oldest)
 
     def live_bytes(self) -> tuple[int, int]:
         """`(bytes in segments, bytes of live frames)`: the rest is garbage a compaction reclaims."""
@@ -459,7 +472,7 @@ class FileJournal:
         live += sum(e.size[i] for i in range(len(e)) if i not in self._dropped)
         # The active segment counts up to its data: the space allocated ahead of it is not garbage.
         total = self._active_end + sum(p.stat().st_size for p in self.directory.glob("seg-*.log")
-                                       if p.name != segment_name(self._active))  # fmt: skip
+                                       if p.name != segment_name(self._active))
         return total, live
 
     async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
@@ -516,7 +529,8 @@ class FileJournal:
         await self._commit.wait_seq(self._next_seq - 1)
         e, phash = self._entries, self._process_hash(process_id)
         i = e.checkpoint.get(phash)
-        if i is not None and i not in self._dropped and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
+        if i is not None and i not in self._dropped \
+                and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
             return entry_from_dict(d, e.seq[i])
         for i in reversed(e.chain(phash, 0)):  # two process ids share a hash: look at each entry
             if i in self._dropped:

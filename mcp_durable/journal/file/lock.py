@@ -41,7 +41,7 @@ class WriterLock:
         info = orjson.dumps(
             {"pid": os.getpid(), "host": socket.gethostname(),
              "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        )  # fmt: skip
+        )
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, info + b"\n", 0)

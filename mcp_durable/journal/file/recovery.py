@@ -27,9 +27,9 @@ from ..base import CHECKPOINT
 from .codec import process_hash
 from .framing import Damage, scan
 from .index import STATE_CODES, CallIndex, EntryIndex, pack
-from .segments import FILE_MODE, Manifest, fsync_dir, segment_name, segment_number
-from .writer import data_end
+from .segments import Manifest, fsync_dir, segment_name, segment_number, write_synced
 from .snapshot import LoadedSnapshot, SnapshotError, list_snapshots, load
+from .writer import data_end
 
 WINDOW = 8 * 1024 * 1024  # bytes of a segment read at a time
 _STATE_BY_NAME = {state.value: code for state, code in STATE_CODES.items()}
@@ -59,7 +59,7 @@ def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, po
         calls.put_fields(
             int(d["h"], 16), r["version"], _STATE_BY_NAME[r["state"]], r["created_at"], r["expires_at"],
             r["tool"], r["principal"], position, size, seq,
-        )  # fmt: skip
+        )
         calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
     elif kind == "entry":
         entries.add(seq, position, size, process_hash(d["process_id"]), d["entry_type"] == CHECKPOINT)
@@ -97,14 +97,25 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
         calls, entries, last_seq = CallIndex(), EntryIndex(), 0
         start_index, start_offset = 0, 0
     out = Recovered(calls, entries, last_seq, manifest.segments[-1], 0,
-                    snapshot_used=snap.path.name if snap else None, problems=problems)  # fmt: skip
+                    snapshot_used=snap.path.name if snap else None, problems=problems)
     for i in range(start_index, len(manifest.segments)):
         path = directory / segment_name(manifest.segments[i])
         sealed = i < len(manifest.segments) - 1
         try:
             with open(path, "rb") as f:
                 out.active_end = _replay_segment(f, manifest.segments[i], start_offset if i == start_index else 0,
-                                                 out, writable=writable, sealed=sealed)  # fmt: skip
+                                                 out, writable=writable, sealed=sealed)
+        except FileNotFoundError:
+            raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
+    if start_index >= len(manifest.segments):
+        # The snapshot's active segment was never created: compaction rotates to a segment that
+        # exists only once a frame is written to it, and nothing was (e.g. `journal compact`
+        # closes right after). Writing goes on after the data of the manifest's last segment,
+        # never from its offset 0 over the records the snapshot indexes there.
+        path = directory / segment_name(manifest.segments[-1])
+        try:
+            with open(path, "rb") as f:
+                out.active_end = data_end(f.fileno(), os.fstat(f.fileno()).st_size)
         except FileNotFoundError:
             raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
     out.last_seq = max(out.last_seq, manifest.seq_floor - 1)
@@ -142,7 +153,7 @@ def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, wri
                 apply(out.calls, out.entries, d, item.seq, pack(number, pos + item.offset), item.size)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 out.problems.append(f"{path.name}: frame at offset {pos + item.offset} has a valid checksum "
-                                    f"but an unreadable payload ({exc}); skipped")  # fmt: skip
+                                    f"but an unreadable payload ({exc}); skipped")
             out.last_seq = item.seq
             out.frames_replayed += 1
         if resume is None:
@@ -154,7 +165,9 @@ def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, wri
     return size
 
 
-def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, *, writable: bool, sealed: bool) -> None:
+def _repair(
+    path: Path, base: int, data: bytes, damage: Damage, out: Recovered, *, writable: bool, sealed: bool
+) -> None:
     """Report (and, writable, set aside; a tail also cut off) one damaged range."""
     start, stop = base + damage.start, base + damage.end
     cut = data[damage.start : damage.end]
@@ -170,7 +183,7 @@ def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, 
     aside = path.with_name(f"{path.name}.torn-{start}")
     where = "sealed segment" if sealed else "tail"
     out.problems.append(f"{path.name}: torn or corrupt {where} at offset {start} ({damage.reason}): "
-                        f"{len(cut)} bytes cut off and kept in {aside.name}")  # fmt: skip
+                        f"{len(cut)} bytes cut off and kept in {aside.name}")
     out.bytes_truncated += len(cut)
     out.truncated_to = str(aside)
     if writable:
@@ -184,14 +197,7 @@ def _repair(path: Path, base: int, data: bytes, damage: Damage, out: Recovered, 
 
 
 def _keep_aside(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(path, data)
     fsync_dir(path.parent)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import orjson
 
 from ...errors import JournalCorruptError
+from ..fsync import fsync_dir as fsync_dir  # re-exported: the file journal's modules import it from here
 
 FORMAT = 1
 MANIFEST = "MANIFEST"
@@ -37,9 +38,18 @@ def segment_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def write_synced(path: Path, *chunks: bytes) -> None:
+    """Create (or truncate) `path` holding `chunks` in order, and fsync it before returning.
+
+    The one write-and-fsync loop of the file journal's side files (manifest, snapshots, bytes
+    kept aside); the directory entry is the caller's to fsync (`fsync_dir`), after a rename if
+    there is one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -48,14 +58,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file, whole."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(tmp, data)
     os.replace(tmp, path)
     fsync_dir(path.parent)
 
@@ -83,7 +86,7 @@ class Manifest:
              "segments": [segment_name(n) for n in self.segments], "next_segment": self.next_segment,
              "seq_floor": self.seq_floor},
             option=orjson.OPT_INDENT_2,
-        )  # fmt: skip
+        )
 
     @classmethod
     def read(cls, directory: Path) -> Manifest | None:
@@ -98,7 +101,7 @@ class Manifest:
             if any(n is None for n in numbers) or not numbers:
                 raise ValueError("bad segment list")
             return cls(d["journal_id"], bytes.fromhex(d["hash_key"]), numbers, int(d["next_segment"]),  # type: ignore[arg-type]
-                       int(d.get("seq_floor", 0)), int(d["format"]))  # fmt: skip
+                       int(d.get("seq_floor", 0)), int(d["format"]))
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             raise JournalCorruptError(str(path), 0, f"unreadable manifest: {exc}") from exc
 
@@ -141,7 +144,7 @@ class ManifestKeeper:
             updated = replace(
                 m, segments=(new, *m.segments[len(old) :]), next_segment=max(m.next_segment, new + 1),
                 seq_floor=max(m.seq_floor, seq_floor),
-            )  # fmt: skip
+            )
             updated.write(self.directory)
             self.current = updated
 

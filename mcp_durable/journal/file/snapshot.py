@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from .index import CallIndex, EntryIndex, Interned
-from .segments import FILE_MODE, fsync_dir, segment_name, segment_number
+from .segments import fsync_dir, segment_name, segment_number, write_synced
 
 FORMAT = 2  # 2: the call index's hash table is saved too
 PREFIX = "snapshot-"
@@ -82,17 +82,9 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "end": data.end, "byteorder": sys.byteorder, "crc": crc,
         "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
         "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
-    }  # fmt: skip
+    }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
-    try:
-        for blob in (orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)):
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(tmp, orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections))
     return tmp
 
 
@@ -156,7 +148,8 @@ def load(path: Path) -> LoadedSnapshot:
         # Absent from snapshots written before tasks existed (there were none then).
         calls.tasks = {(p, t): (int(h, 16), tool, key) for p, t, h, tool, key in header.get("tasks", ())}
         size = len(calls.table)
-        if size < 2 or size & (size - 1) or any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1]):
+        lengths_differ = any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1])
+        if size < 2 or size & (size - 1) or lengths_differ:
             raise SnapshotError("snapshot arrays do not fit together")
         calls.after_load()
         entries = EntryIndex()

@@ -18,8 +18,6 @@ from .segments import MANIFEST, Manifest, segment_name
 from .snapshot import list_snapshots, verify_file
 
 
-
-
 def verify(directory: str | Path, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Read every segment the manifest names, frame by frame, and every snapshot.
 

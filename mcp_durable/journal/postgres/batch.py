@@ -48,7 +48,7 @@ class Batcher(Generic[I, O]):
     """
 
     def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
-                 max_items: int = 256) -> None:  # fmt: skip
+                 max_items: int = 256) -> None:
         self._run_batch = run_batch
         self._slots = anyio.Semaphore(slots)
         self._max_items = max_items

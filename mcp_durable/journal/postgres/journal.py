@@ -49,8 +49,14 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
 from ..base import (
-    CHECKPOINT, SQL_LISTING_ORDER, CallCursor, ChangeSignals, RecoveryReport, sql_listing_filter, stored_decoder,
-)  # fmt: skip
+    CHECKPOINT,
+    SQL_LISTING_ORDER,
+    CallCursor,
+    ChangeSignals,
+    RecoveryReport,
+    sql_listing_filter,
+    stored_decoder,
+)
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from ..secrets import display_url
 from .batch import Batcher
@@ -68,13 +74,13 @@ _MUTABLE = [c.strip() for c in _COLUMNS.split(",")][3:]
 _IDENTITY = "principal = %s AND tool = %s AND key = %s"
 #: The Postgres type of each column (in `_COLUMNS` order), for the JSON rows of a batch.
 _TYPES = ("text", "text", "text", "text", "text", "bigint", "text", "integer", "float8", "float8", "text", "float8",
-          "float8", "float8", "bytea", "text", "bytea", "text")  # fmt: skip
+          "float8", "float8", "bytea", "text", "bytea", "text")
 _NAMES = tuple(c.strip() for c in _COLUMNS.split(","))
 _BYTES = tuple(i for i, t in enumerate(_TYPES) if t == "bytea")
 #: The columns of a batch's rows read from the JSON parameter (bytes arrive as base64 text).
 _RECORDSET = ", ".join(f"{n} {'text' if t == 'bytea' else t}" for n, t in zip(_NAMES, _TYPES, strict=True))
 _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.{n}"
-                     for n, t in zip(_NAMES, _TYPES, strict=True))  # fmt: skip
+                     for n, t in zip(_NAMES, _TYPES, strict=True))
 #: Batches of one kind (claims, swaps, reads) in flight at once, per journal: measured at 64
 #: callers against 1, 2, 4 and 8 (see docs/performance.md); the rest of the pool serves renewals,
 #: listings and entries.
@@ -87,7 +93,7 @@ def _params(record: CallRecord) -> tuple[Any, ...]:
         i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
         record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
         record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
-    )  # fmt: skip
+    )
 
 
 class _Alone:
@@ -104,7 +110,7 @@ def _broken_by_an_item(exc: JournalError) -> bool:
     if isinstance(cause, UnicodeEncodeError):
         return True
     return isinstance(cause, psycopg.Error) and not isinstance(cause, (psycopg.OperationalError,
-                                                                       psycopg.InterfaceError))  # fmt: skip
+                                                                       psycopg.InterfaceError))
 
 
 def _rows_json(records: list[CallRecord], expected: list[int] | None = None) -> str:
@@ -132,7 +138,7 @@ def _record(row: Row) -> CallRecord:
         owner=row[10], lease_until=row[11], completed_at=row[12], expires_at=row[13],
         result=None if row[14] is None else bytes(row[14]), error=row[15],
         arguments=None if row[16] is None else bytes(row[16]), task_id=row[17],
-    )  # fmt: skip
+    )
 
 
 @stored_decoder("process entry")
@@ -187,7 +193,8 @@ class PostgresJournal:
             f"WITH v AS (SELECT {_DECODED} FROM json_to_recordset(%s::json) AS r({_RECORDSET})), "
             f"claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) SELECT {_COLUMNS} FROM v "
             f"ON CONFLICT (principal, tool, key) DO NOTHING RETURNING principal, tool, key) "
-            f"SELECT true, principal, tool, key, {', '.join(['NULL'] * (len(_NAMES) - 3))}, false FROM claimed UNION ALL "
+            f"SELECT true, principal, tool, key, {', '.join(['NULL'] * (len(_NAMES) - 3))}, false "
+            "FROM claimed UNION ALL "
             f"SELECT false, {c_cols}, c.watched FROM {self._calls} c JOIN v ON {on_identity} "
             "WHERE NOT EXISTS (SELECT 1 FROM claimed d WHERE d.principal = c.principal AND d.tool = c.tool "
             "AND d.key = c.key)"
@@ -198,7 +205,8 @@ class PostgresJournal:
         )
         swap_sets = ", ".join(f"{c} = v.{c}" for c in _MUTABLE)
         self._swap_many_sql = (
-            f"UPDATE {self._calls} c SET {swap_sets} FROM (SELECT {_DECODED}, r.expected FROM json_to_recordset(%s::json) "
+            f"UPDATE {self._calls} c SET {swap_sets} "
+            f"FROM (SELECT {_DECODED}, r.expected FROM json_to_recordset(%s::json) "
             f"AS r({_RECORDSET}, expected bigint)) AS v "
             f"WHERE {on_identity} AND c.version = v.expected RETURNING c.principal, c.tool, c.key"
         )
@@ -283,7 +291,7 @@ class PostgresJournal:
             reconnect_timeout=1.0,
             kwargs={"autocommit": True, "options": options},
             name=f"mcp-durable/{s.schema}",
-        )  # fmt: skip
+        )
         try:
             await pool.open(wait=True, timeout=s.pool_timeout)
             async with pool.connection() as conn:
@@ -340,7 +348,7 @@ class PostgresJournal:
             # If it is not, it changed since: return at once and let the caller re-read.
             try:
                 marked = await self._rowcount(self._watch_sql, (identity.principal, identity.tool, identity.key,
-                                                                seen[0]))  # fmt: skip
+                                                                seen[0]))
             except JournalError:
                 marked = 1  # the database is away: fall back to re-reading below
             if marked == 0:
@@ -453,7 +461,7 @@ class PostgresJournal:
         unique = list(dict.fromkeys(identities))
         try:
             rows = await self._fetchall(self._get_many_sql, ([i.principal for i in unique], [i.tool for i in unique],
-                                                             [i.key for i in unique]))  # fmt: skip
+                                                             [i.key for i in unique]))
         except JournalError as exc:
             if _broken_by_an_item(exc):
                 return [ALONE] * len(identities)
@@ -475,7 +483,7 @@ class PostgresJournal:
         swapped = await self._swaps.submit((expected_version, record))
         if isinstance(swapped, _Alone):  # a second swap of one identity in a batch: after the first, alone
             swapped = await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
-                                                             expected_version)) == 1  # fmt: skip
+                                                             expected_version)) == 1
         if swapped:
             self._signals.notify(i)
         return swapped
@@ -496,7 +504,7 @@ class PostgresJournal:
             raise
         swapped = {CallIdentity(*row) for row in rows}
         return [record.identity in swapped if first[record.identity] == index else ALONE
-                for index, (_, record) in enumerate(items)]  # fmt: skip
+                for index, (_, record) in enumerate(items)]
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         count = await self._rowcount(
@@ -516,7 +524,7 @@ class PostgresJournal:
         tasks_only: bool = False,
     ) -> list[CallRecord]:
         where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor,
-                                         placeholder="%s", tasks_only=tasks_only)  # fmt: skip
+                                         placeholder="%s", tasks_only=tasks_only)
         rows = await self._fetchall(
             f"SELECT {_COLUMNS} FROM {self._calls} {where} {SQL_LISTING_ORDER} LIMIT %s", (*args, max(0, limit))
         )
@@ -541,7 +549,7 @@ class PostgresJournal:
             row = await cur.fetchone()
         assert row is not None
         return JournalStats("postgres", {k: int(v) for k, v in by_state}, {k: int(v) for k, v in by_tool},
-                            int(row[0]), int(row[2]), row[1])  # fmt: skip
+                            int(row[0]), int(row[2]), row[1])
 
     # -- process entries --------------------------------------------------------------------------
 
@@ -576,7 +584,7 @@ class PostgresJournal:
         if before_seq is None:
             return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s)", (names,))
         return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s) AND seq < %s",
-                                    (names, before_seq))  # fmt: skip
+                                    (names, before_seq))
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._fetchone(

@@ -76,7 +76,7 @@ def make_server(
 
     reconcile_every = env.get("CRASH_RECONCILE_EVERY")
     server = DurableServer("danger", journal=journal,
-                           reconcile_interval=float(reconcile_every) if reconcile_every else None)  # fmt: skip
+                           reconcile_interval=float(reconcile_every) if reconcile_every else None)
 
     def pay(order_id: str, amount_cents: int) -> dict[str, Any]:
         """Refund through a provider that honours the key (Stripe-like)."""
@@ -90,7 +90,7 @@ def make_server(
     server.add_tool(pay, durable=ToolPolicy(key="required", in_doubt="retry", lease=lease_s, wait=wait_s))
     if mode == "reconcile":
         mail = ToolPolicy(idempotent=False, key="required", in_doubt="reconcile", reconcile=mailer.find_sent_mail,
-                          lease=lease_s, wait=wait_s)  # fmt: skip
+                          lease=lease_s, wait=wait_s)
         assert mail.reconcile is mailer.POLICY.reconcile and mail.in_doubt == mailer.POLICY.in_doubt
     elif mode == "refuse":
         mail = ToolPolicy(idempotent=False, key="required", in_doubt="refuse", lease=lease_s, wait=wait_s)
@@ -111,7 +111,9 @@ def make_server(
         return {"keys": sorted(r.identity.key for r in records)}
 
     @server.tool()
-    async def resolve_call(tool: str, key: str, resolution: str, result: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def resolve_call(
+        tool: str, key: str, resolution: str, result: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """Test operator: resolve an in-doubt call (`completed` with the tool's `result`, or `not_applied`)."""
         registered = server._tool_manager.get_tool(tool)
         assert registered is not None
@@ -119,7 +121,7 @@ def make_server(
         if result is not None:
             payload = dump_result(registered.fn_metadata.convert_result(result))
         record = await server.engine.resolve(CallIdentity("local", tool, key), resolution, payload=payload,
-                                             note="crash test operator")  # fmt: skip
+                                             note="crash test operator")
         return {"state": record.state.value, "attempts": record.attempts}
 
     return server

@@ -30,7 +30,7 @@ RED_PIXEL_PNG = base64.b64encode(
     )
 ).decode()
 SILENT_WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00"
-                              b"\x80>\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00").decode()  # fmt: skip
+                              b"\x80>\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00").decode()
 
 server = MCPServer("conformance-fixtures")
 
@@ -53,7 +53,7 @@ def test_audio_content() -> list[Any]:
 
 def _embedded() -> EmbeddedResource:
     return EmbeddedResource(type="resource", resource=TextResourceContents(
-        uri="test://embedded-resource", mime_type="text/plain", text="This is an embedded resource content."))  # fmt: skip
+        uri="test://embedded-resource", mime_type="text/plain", text="This is an embedded resource content."))
 
 
 @server.tool()
@@ -64,7 +64,7 @@ def test_embedded_resource() -> list[Any]:
 @server.tool()
 def test_multiple_content_types() -> list[Any]:
     return [TextContent(type="text", text="Multiple content types test:"),
-            ImageContent(type="image", data=RED_PIXEL_PNG, mime_type="image/png"), _embedded()]  # fmt: skip
+            ImageContent(type="image", data=RED_PIXEL_PNG, mime_type="image/png"), _embedded()]
 
 
 @server.tool()

@@ -1,8 +1,9 @@
 """A test target: durable and plain tools that count their executions in a file.
 
 Every execution appends one line (`<tool>` when it starts, `<tool>.done` when it finishes) to the
-counter file (`gated` tools finish only once the test opens the gate file beside it), so a test in another process (stdio, HTTP, after a SIGKILL) can count how often a
-tool really ran. Results carry a fresh `run` id, so a re-execution could never pass for a replay.
+counter file (`gated` tools finish only once the test opens the gate file beside it), so a test
+in another process (stdio, HTTP, after a SIGKILL) can count how often a tool really ran. Results
+carry a fresh `run` id, so a re-execution could never pass for a replay.
 
 Serve it with `mcp-durable serve tests/server/servers/counting.py:make_server` (the counter file is
 `$COUNTER_FILE`), or build it in-process with `make_server(journal=…, counter=…)`.

@@ -56,7 +56,7 @@ def make_server(
     policy = ToolPolicy(
         key_fields=("order_id",), task_support="optional", task_after=0.2, in_doubt=mode,  # type: ignore[arg-type]
         reconcile=reconcile if mode == "reconcile" else None, lease=lease or float(env.get("TASK_LEASE", "1.0")),
-    )  # fmt: skip
+    )
 
     @server.tool(durable=policy)
     async def refund(order_id: str, amount_cents: int) -> dict[str, Any]:

@@ -86,7 +86,7 @@ async def seed_in_doubt(url: str) -> None:
                 identity=CallIdentity("local", tool, DOUBT_KEY), fingerprint=fingerprint(arguments),
                 state=CallState.PENDING, version=1, run_id=f"run-{tool}", attempts=1, created_at=1.0,
                 updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=canonical_json(arguments),
-            )  # fmt: skip
+            )
             won, _ = await journal.claim(record, 1.0)
             assert won
     finally:

@@ -1,0 +1,187 @@
+"""The checker: opens a journal left by a simulated power loss and reports what it finds.
+
+`python -m tests.powerloss.checker` reads one JSON request per line on stdin and answers one
+JSON line per request on stdout, so one process checks many states (the harness kills it and
+starts another if a state makes it hang). A request:
+
+    {"kind": "file"|"sqlite", "root": DIR, "acks": [[principal, tool, key, payload, failed, expires, at]],
+     "claims": [[principal, tool, key, expires]], "steps": [[process_id, index, result]]}
+
+For each state, in order:
+1. `mcp-durable journal verify` (the CLI's own `main`, on a copy for SQLite, whose verify
+   connection checkpoints the WAL when it closes) — exit code and problems;
+2. the next boot: `Engine(journal).start()` (recovery, then orphaned claims marked in doubt);
+   a `DurableError` is a refusal (its message is reported), any other exception a crash;
+3. every acknowledged result read back (`get`), every durable claim looked up, every
+   acknowledged durable step read back (`entries(process_id=…)`);
+4. the journal closed, and `journal verify` again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import shutil
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+
+from mcp_durable import Engine
+from mcp_durable.cli import main as cli_main
+from mcp_durable.errors import DurableError
+from mcp_durable.journal import CallIdentity, CallState
+from mcp_durable.journal.base import Journal
+
+from .workload import journal_path
+
+FINAL = {CallState.COMPLETED.value, CallState.FAILED.value}
+
+
+def journal_url(kind: str, root: Path) -> str:
+    path = journal_path(kind, root)
+    return f"file://{path}" if kind == "file" else f"sqlite:///{path}"
+
+
+def journal_exists(kind: str, root: Path) -> bool:
+    """Whether the state holds a journal to verify at all (else `verify` rightly says "none")."""
+    path = journal_path(kind, root)
+    if kind == "sqlite":
+        return path.is_file() and path.stat().st_size > 0
+    # Empty segments without a manifest are a creation cut short, which opens as a new journal.
+    return path.is_dir() and any(p.name == "MANIFEST" or (p.name.startswith("seg-") and p.stat().st_size)
+                                 for p in path.iterdir())
+
+
+def kept_aside(kind: str, root: Path) -> list[str]:
+    """The damaged ranges a recovery reported and copied aside (`<segment>.damaged-<offset>`)."""
+    path = journal_path(kind, root)
+    if kind != "file" or not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if ".damaged-" in p.name)
+
+
+def sqlite_schema_exists(path: Path) -> bool:
+    """Whether the database holds the journal's tables (else its creation was cut short)."""
+    import sqlite3
+
+    try:
+        conn = sqlite3.connect(path)  # on a copy: reading through the WAL may checkpoint it
+        try:
+            return conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'calls'").fetchone() is not None
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return True  # unreadable: a damaged journal, which verify must report
+
+
+def run_verify(url: str) -> dict[str, Any]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli_main(["journal", "verify", "--journal", url, "--json"])
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        except Exception as exc:  # noqa: BLE001 - reported: verify itself must not crash
+            return {"exit": -1, "problems": [], "crash": "".join(traceback.format_exception(exc))}
+    problems = [orjson.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    return {"exit": code, "problems": problems, "stderr": err.getvalue()[-500:]}
+
+
+def open_journal(kind: str, root: Path) -> Journal:
+    from mcp_durable.journal import create_journal
+
+    return create_journal(journal_url(kind, root))
+
+
+def check(request: dict[str, Any]) -> dict[str, Any]:
+    """Verify, boot, read back, close, verify (the CLI runs its own event loop: not inside ours)."""
+    kind, root = request["kind"], Path(request["root"])
+    url = journal_url(kind, root)
+    report: dict[str, Any] = {"exists": journal_exists(kind, root)}
+    if kind == "sqlite":
+        copy = root.with_name(root.name + "-verify")
+        shutil.copytree(root, copy)
+        report["verify_before"] = run_verify(journal_url(kind, copy))
+        shutil.rmtree(copy)
+        shutil.copytree(root, copy)
+        report["exists"] = report["exists"] and sqlite_schema_exists(journal_path(kind, copy))
+        shutil.rmtree(copy)
+    else:
+        report["verify_before"] = run_verify(url)
+    report["kept_aside_before"] = kept_aside(kind, root)
+    anyio.run(boot, request, report)
+    if report["outcome"] == "opened":
+        report["verify_after"] = run_verify(url)
+        report["kept_aside_after"] = kept_aside(kind, root)
+    return report
+
+
+async def boot(request: dict[str, Any], report: dict[str, Any]) -> None:
+    kind, root = request["kind"], Path(request["root"])
+    journal = open_journal(kind, root)
+    engine = Engine(journal)
+    try:
+        await engine.start()
+    except DurableError as exc:
+        report["outcome"] = "refused"
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        return
+    except Exception as exc:  # noqa: BLE001 - a crash is what the harness counts
+        report["outcome"] = "crash"
+        report["error"] = "".join(traceback.format_exception(exc))
+        return
+    report["outcome"] = "opened"
+    recovery = journal.recovery
+    report["problems"] = list(recovery.problems) if recovery is not None else []
+    report["orphans_in_doubt"] = engine.orphans_found
+    lost_acks, lost_claims, lost_steps = [], [], []
+    try:
+        for principal, tool, key, payload, failed, expires, at in request["acks"]:
+            record = await journal.get(CallIdentity(principal, tool, key))
+            if record is None:
+                if not expires:
+                    lost_acks.append([tool, key, "absent"])
+                continue
+            if expires and record.created_at > at:
+                continue  # its retention ended and the key was claimed afresh (workload clock)
+            want = CallState.FAILED.value if failed else CallState.COMPLETED.value
+            if record.state.value != want:
+                lost_acks.append([tool, key, f"state {record.state.value}, acknowledged {want}"])
+            elif record.result != payload.encode():
+                lost_acks.append([tool, key, "result differs from the acknowledged bytes"])
+        for principal, tool, key, expires in request["claims"]:
+            if not expires and await journal.get(CallIdentity(principal, tool, key)) is None:
+                lost_claims.append([tool, key])
+        by_process: dict[str, dict[int, Any]] = {}
+        for process_id, index, result in request["steps"]:
+            if process_id not in by_process:
+                entries = await journal.entries(process_id=process_id)
+                by_process[process_id] = {e.data["index"]: e.data["result"] for e in entries if e.entry_type == "step"}
+            if by_process[process_id].get(index, KeyError) != result:
+                lost_steps.append([process_id, index])
+    except Exception as exc:  # noqa: BLE001 - reading back what recovery kept must not fail
+        report["outcome"] = "crash"
+        report["error"] = "reading back: " + "".join(traceback.format_exception(exc))
+    finally:
+        with contextlib.suppress(Exception):
+            await engine.aclose()
+    report.update(lost_acks=lost_acks, lost_claims=lost_claims, lost_steps=lost_steps)
+
+
+def main() -> None:
+    for line in sys.stdin:
+        request = orjson.loads(line)
+        try:
+            answer = check(request)
+        except Exception as exc:  # noqa: BLE001 - never leave the harness waiting
+            answer = {"outcome": "crash", "error": "".join(traceback.format_exception(exc))}
+        sys.stdout.write(orjson.dumps(answer).decode() + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
