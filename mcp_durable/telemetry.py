@@ -37,10 +37,10 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import observe
-from .version import __version__
 from .errors import ConfigError, DurableError, InDoubtError
 from .journal.base import CallCursor, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
+from .version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
