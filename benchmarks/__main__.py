@@ -34,6 +34,7 @@ CASES: dict[str, tuple[str, str]] = {
     "8": ("MCP tasks", "tasks"),
     "9": ("peers side by side", "peers"),
     "10": ("capacity of one Postgres", "capacity"),
+    "11": ("retention", "retention"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

@@ -51,8 +51,9 @@ from typing import Any
 import anyio
 import orjson
 
-from . import keys, operators
+from . import keys, observe, operators
 from .errors import (
+    CallCancelledError,
     ConfigError,
     DeterminismError,
     DurableError,
@@ -71,7 +72,7 @@ from .policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
 from .runtimes import RunTimes
 from .steps import DurableCall, bind, load_steps, unbind
 from .task_runs import TaskRuns
-from .tasks import RECONCILE_FAILED, is_cancelled
+from .tasks import RECONCILE_FAILED, is_cancelled, is_operator_cancelled
 
 logger = logging.getLogger(__name__)
 
@@ -294,6 +295,26 @@ class Engine(TaskRuns):
         return await operators.resolve(self, identity, resolution, payload=payload, note=note, retention=retention,
                                        by=by)
 
+    async def rerun(
+        self, identity: CallIdentity, *, from_step: int | None = None, by: str = "", note: str = "",
+        retention: float | None = DEFAULT_RETENTION,
+    ) -> CallRecord:
+        """Re-run a completed or failed call under a new attempt: see `operators.rerun`."""
+        await self.start()
+        return await operators.rerun(self, identity, from_step=from_step, by=by, note=note, retention=retention)
+
+    async def cancel(
+        self, identity: CallIdentity, *, by: str = "", note: str = "", retention: float | None = DEFAULT_RETENTION,
+    ) -> CallRecord:
+        """An operator's cancel of a running (or in-doubt) call: see `operators.cancel`. A run of it
+        here stops at once; an owner elsewhere stops at its next lease renewal or durable step."""
+        await self.start()
+        cancelled = await operators.cancel(self, identity, by=by, note=note, retention=retention)
+        scope = self._task_scopes.get(identity)
+        if scope is not None:
+            scope.cancel()
+        return cancelled
+
     async def forget(self, identity: CallIdentity, *, by: str = "", note: str = "") -> CallRecord:
         """Forget an in-doubt (or released) call so its key runs anew: see `operators.forget`."""
         await self.start()
@@ -389,7 +410,8 @@ class Engine(TaskRuns):
                     # whose tool never ran, later mistaken for a crash in the danger window.
                     self._hold(identity)  # before the claim is sent: see `_running`
                     try:
-                        won, record = await self.journal.claim(fresh, now)
+                        with observe.span("durable.claim"):
+                            won, record = await self.journal.claim(fresh, now)
                         if won:
                             await self.notify_changed(record)
                             return await self._run(record, policy, run)
@@ -437,6 +459,7 @@ class Engine(TaskRuns):
                     raise InProgressError(identity.tool, identity.key, retry_after)
                 # Latch on: sleep until the record changes (or a lease check is due), re-read.
                 lease_left = max(0.01, (record.lease_until or now) - now)
+                observe.waited()
                 await self.journal.wait_for_change(identity, min(remaining, lease_left))
                 return None  # re-read and decide again
             doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now)
@@ -444,6 +467,8 @@ class Engine(TaskRuns):
                 await self.notify_changed(doubted)
             return None
         if record.state == CallState.RELEASED:
+            if is_operator_cancelled(record):
+                raise CallCancelledError(identity.tool, identity.key)  # never resumed
             return await self._take_over(record, policy, run)
         # IN_DOUBT
         if record.attempts >= policy.max_attempts:
@@ -502,7 +527,9 @@ class Engine(TaskRuns):
         with anyio.CancelScope(shield=True):
             self._hold(record.identity)  # before the swap is sent: see `_running`
             try:
-                if not await self.journal.swap(record.version, claimed):
+                with observe.span("durable.claim", take_over=True):
+                    taken = await self.journal.swap(record.version, claimed)
+                if not taken:
                     return None
                 await self.notify_changed(claimed)
                 return await self._run(claimed, policy, run)
@@ -510,10 +537,22 @@ class Engine(TaskRuns):
                 self._unhold(record.identity)
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
+    async def reconcile_unattended(self, record: CallRecord, policy: ToolPolicy, encode: Encoder) -> CallRecord | None:
+        """Reconcile an in-doubt record with no caller waiting (background recovery, `recovery.py`).
+
+        The hook's answer completes the record, as for a call; NOT_APPLIED releases it instead of
+        running the tool (there is nobody to answer, and the next call with the key runs it).
+        Returns the record as it is afterwards (None if it vanished); raises `InDoubtError` when
+        the hook could not tell (the record stays in doubt, with the reason in `error`).
+        """
+        await self._reconcile(record, policy, None, encode)
+        return await self.journal.get(record.identity)
+
     async def _reconcile(
-        self, record: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder | None
+        self, record: CallRecord, policy: ToolPolicy, run: Runner | None, encode: Encoder | None
     ) -> CallOutcome | None:
-        """Ask the downstream system whether the in-doubt effect happened, then complete or run."""
+        """Ask the downstream system whether the in-doubt effect happened, then complete or run
+        (or, with no `run`, release it for the next call)."""
         assert policy.reconcile is not None and encode is not None
         now = self.clock()
         identity = record.identity
@@ -529,7 +568,7 @@ class Engine(TaskRuns):
         return None  # not reached: nothing cancels this shielded scope (mypy cannot know)
 
     async def _reconcile_owned(
-        self, record: CallRecord, claimed: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder
+        self, record: CallRecord, claimed: CallRecord, policy: ToolPolicy, run: Runner | None, encode: Encoder
     ) -> CallOutcome | None:
         """`_reconcile` once this instance holds the identity: own it, ask the hook, complete or run."""
         assert policy.reconcile is not None
@@ -553,6 +592,9 @@ class Engine(TaskRuns):
         finally:
             unbind(token)
         if isinstance(found, NotApplied):
+            if run is None:  # unattended: nobody to run it for; the next call with the key runs it
+                await self._release(claimed, policy, "reconciled in the background: not applied")
+                return None
             running = claimed.evolve(attempts=claimed.attempts + 1, updated_at=self.clock())
             if not await self._swap(claimed, running):
                 return None
@@ -578,10 +620,8 @@ class Engine(TaskRuns):
         try:
             async with self._lease_kept(identity, policy):
                 try:
-                    if record.task_id is None:
-                        outcome = await run(call)
-                    else:
-                        outcome = await self._run_cancellable(identity, run, call)
+                    # Every run can be stopped: a task by `tasks/cancel`, any call by an operator's cancel.
+                    outcome = await self._run_cancellable(identity, run, call)
                 except BaseException as exc:  # noqa: BLE001 - re-raised below, unwrapped from the task group
                     failure = exc
         finally:
@@ -594,7 +634,7 @@ class Engine(TaskRuns):
             await self._doubt(record, failure.reason)
             raise InDoubtError(identity.tool, identity.key, record.attempts, failure.reason) from failure
         if failure is not None or outcome is None:
-            failure = failure or TaskCancelledError(identity.tool, identity.key)
+            failure = failure or _cancelled(record)
             await self._release_after(record, policy, failure)
             if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
                 raise failure.__cause__  # the face wrapped it; it is ours to report with its code
@@ -626,13 +666,15 @@ class Engine(TaskRuns):
             owner=None, lease_until=None, completed_at=now, updated_at=now, result=outcome.payload,
             expires_at=None if policy.retention is None else now + policy.retention,
         )
-        if not await self.journal.swap(record.version, done):
+        with observe.span("durable.persist", state=done.state.value):
+            persisted = await self.journal.swap(record.version, done)
+        if not persisted:
             current = await self.journal.get(record.identity)
             if current is not None and current.state.is_final:
                 return current, False  # someone resolved it meanwhile (an operator); theirs stands
             if current is not None and is_cancelled(current):
                 # Cancelled while the tool finished: a cancelled task stays cancelled.
-                raise TaskCancelledError(record.identity.tool, record.identity.key)
+                raise _cancelled(record)
             # Our claim was taken over (our lease was lost) but the effect happened: record it,
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
@@ -681,6 +723,13 @@ class Engine(TaskRuns):
             rebased = _rebase(released, current)
             if await self.journal.swap(current.version, rebased):
                 await self.notify_changed(rebased)
+
+
+def _cancelled(record: CallRecord) -> DurableError:
+    """The error a stopped run answers with: its task was cancelled, or an operator cancelled it."""
+    if record.task_id is not None:
+        return TaskCancelledError(record.identity.tool, record.identity.key)
+    return CallCancelledError(record.identity.tool, record.identity.key)
 
 
 def _live_owners(journal: Journal) -> set[str]:

@@ -19,6 +19,7 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 │   ├── TooLargeError        over max_argument_bytes / max_result_bytes (code too_large)
 │   └── NotSerialisableError not JSON the journal can store (code not_serialisable)
 ├── TaskCancelledError       .tool .key: the task's requestor cancelled it while its tool ran (code cancelled)
+├── CallCancelledError       .tool .key: an operator cancelled the call; it is never resumed (code cancelled)
 └── JournalError             storage failed; the driver's exception is __cause__ (code journal_unavailable)
     ├── JournalLockedError   .holder: another writer holds the journal
     └── JournalCorruptError  .path .offset: what could not be read, and where
@@ -196,6 +197,21 @@ class TaskCancelledError(DurableError):
 
     def __init__(self, tool: str, key: str) -> None:
         super().__init__(f"task call of tool {tool!r} with key {key!r} was cancelled")
+        self.tool = tool
+        self.key = key
+
+    def details(self) -> dict[str, object]:
+        return {"tool": self.tool, "key": self.key}
+
+
+class CallCancelledError(DurableError):
+    """An operator cancelled the call (`journal cancel`, `journal_cancel`): its tool was stopped, or
+    will not run; a repeat of its key is refused until the record expires or is forgotten."""
+
+    code = "cancelled"
+
+    def __init__(self, tool: str, key: str) -> None:
+        super().__init__(f"call of tool {tool!r} with key {key!r} was cancelled by an operator")
         self.tool = tool
         self.key = key
 

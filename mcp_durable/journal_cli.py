@@ -1,7 +1,7 @@
 """`mcp-durable journal …`: inspect and operate a journal from the shell.
 
     mcp-durable journal [--journal URL] [--json] stats | list | show | tail | verify | compact
-                                                 | export FILE | import FILE | resolve | forget
+                                                 | export FILE | import FILE | resolve | forget | rerun | cancel
 
 Data goes to stdout (rich tables, or with `--json` one JSON object per line), messages and
 progress to stderr. Exit 0 ok, 1 a `DurableError` (or a corrupt journal for `verify`), 2 a usage
@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import orjson
@@ -26,6 +26,9 @@ from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 from .journal.base import Maintainable
 from .operators import RESOLUTIONS
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -381,22 +384,42 @@ async def _resolve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _forget(args: argparse.Namespace) -> int:
+async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity], Awaitable[CallRecord]],
+                   said: str) -> int:
+    """An operator action on the one record `args` name: `act` through an engine on the journal,
+    then the record (masked) as JSON or `said` (formatted with `who`) as a message."""
     from .engine import Engine
     from .views import record_view
 
     journal = await _open(args, read_only=False)
     try:
         record = await _one_record(journal, args)
-        forgotten = await Engine(journal).forget(record.identity, by=_operator(), note=args.note)
+        after = await act(Engine(journal), record.identity)
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()
     if _wants_json(args):
-        _emit_json(record_view(forgotten, sensitive.get(args.tool, ())))
+        _emit_json(record_view(after, sensitive.get(args.tool, ())))
     else:
-        _say(f"forgot {forgotten.identity.principal} {args.tool}/{args.key}: the next call with this key runs anew")
+        _say(said.format(who=f"{after.identity.principal} {args.tool}/{args.key}"))
     return 0
+
+
+async def _forget(args: argparse.Namespace) -> int:
+    return await _operate(args, lambda engine, identity: engine.forget(identity, by=_operator(), note=args.note),
+                          "forgot {who}: the next call with this key runs anew")
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    return await _operate(args, lambda engine, identity: engine.cancel(identity, by=_operator(), note=args.note),
+                          "cancelled {who}: its owner stops it at its next lease renewal or durable step")
+
+
+async def _rerun(args: argparse.Namespace) -> int:
+    start = "" if args.from_step is None else f" from step {args.from_step}"
+    return await _operate(
+        args, lambda engine, identity: engine.rerun(identity, from_step=args.from_step, by=_operator(), note=args.note),
+        f"re-run {{who}}{start}: the next call with this key runs it")
 
 
 def _operator() -> str:
@@ -468,6 +491,17 @@ def add_journal_commands(subparsers: Any) -> None:
     forget.add_argument("key")
     forget.add_argument("--principal", help="whose record (needed when several principals used the key)")
     forget.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
+    cancel = command("cancel", _cancel, "cancel a running call: its owner stops it; it is never resumed")
+    cancel.add_argument("tool")
+    cancel.add_argument("key")
+    cancel.add_argument("--principal", help="whose record (needed when several principals used the key)")
+    cancel.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
+    rerun = command("rerun", _rerun, "re-run a completed or failed call: the next call with its key runs it again")
+    rerun.add_argument("tool")
+    rerun.add_argument("key")
+    rerun.add_argument("--from-step", type=int, help="replay the durable steps before this index, run the rest")
+    rerun.add_argument("--principal", help="whose record (needed when several principals used the key)")
+    rerun.add_argument("--note", default="", help="why, kept in the audit entry and the record's error field")
 
 
 __all__ = ["ConfigError", "JournalError", "UsageError", "add_journal_commands", "read_only_url"]

@@ -25,6 +25,7 @@ from typing import Any
 
 import anyio
 
+from . import observe
 from .journal.base import Journal
 from .journal.model import CallIdentity
 from .policy import ToolPolicy
@@ -61,6 +62,7 @@ class LeaseKeeper:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.backend = journal.url.split(":", 1)[0]  # names the journal in telemetry
 
     def kept(self, identity: CallIdentity, policy: ToolPolicy) -> Any:
         """`async with keeper.kept(identity, policy):` renews the lease on `identity` while inside."""
@@ -109,10 +111,12 @@ class LeaseKeeper:
     async def _renew(self, held: _Held) -> None:
         try:
             renewed = await self.journal.renew(held.identity, self.owner, self.clock() + held.policy.lease)
-            if not renewed and self.on_lost is not None and self._held.get(held.identity) is held:
-                self.on_lost(held.identity)
+            if not renewed:
+                observe.lease_renewal_failed(self.backend)
+                if self.on_lost is not None and self._held.get(held.identity) is held:
+                    self.on_lost(held.identity)
         except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
-            pass
+            observe.lease_renewal_failed(self.backend)
         finally:
             held.renewal = None
             if self._held.get(held.identity) is held and self._loop is not None:
@@ -146,9 +150,10 @@ async def _kept_by_task(keeper: LeaseKeeper, identity: CallIdentity, policy: Too
         while True:
             await anyio.sleep(policy.heartbeat_interval)
             try:
-                await keeper.journal.renew(identity, keeper.owner, keeper.clock() + policy.lease)
+                if not await keeper.journal.renew(identity, keeper.owner, keeper.clock() + policy.lease):
+                    observe.lease_renewal_failed(keeper.backend)
             except Exception:  # noqa: BLE001 - a transient journal error must not kill the tool
-                pass
+                observe.lease_renewal_failed(keeper.backend)
 
     async with anyio.create_task_group() as group:
         group.start_soon(heartbeat)

@@ -26,10 +26,12 @@ from typing import Any
 
 import anyio.from_thread
 
-from .errors import DeterminismError
+from . import observe
+from .errors import CallCancelledError, DeterminismError, TaskCancelledError
 from .journal.base import Journal
 from .journal.model import CallIdentity, JournalEntry
 from .keys import scoped_key, step_key
+from .tasks import is_cancelled, is_operator_cancelled
 
 STEP_ENTRY = "step"
 
@@ -107,15 +109,27 @@ class DurableCall:
             if recorded["name"] != name:
                 raise DeterminismError(index, recorded["name"], name)
             self.steps_replayed += 1
-            return recorded["result"]
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        await self._journal.append(
-            self.process_id, STEP_ENTRY, {"index": index, "name": name, "result": result}, self._clock()
-        )
+            with observe.span("durable.step", step=name, index=index, replayed=True):
+                return recorded["result"]
+        with observe.span("durable.step", step=name, index=index, replayed=False):
+            await self._stop_if_cancelled()
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            await self._journal.append(
+                self.process_id, STEP_ENTRY, {"index": index, "name": name, "result": result}, self._clock()
+            )
         self.steps_run += 1
         return result
+
+    async def _stop_if_cancelled(self) -> None:
+        """Raise the cancel if this run's call was cancelled (an operator's, or its task's requestor's):
+        a run stops at its next durable step at the latest, even between lease renewals."""
+        record = await self._journal.get(self.identity)
+        if record is not None and record.run_id == self.run_id and is_cancelled(record):
+            if is_operator_cancelled(record):
+                raise CallCancelledError(self.identity.tool, self.identity.key)
+            raise TaskCancelledError(self.identity.tool, self.identity.key)
 
     def step_sync(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`step()` for a sync tool running on its worker thread."""

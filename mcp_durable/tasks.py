@@ -43,8 +43,19 @@ def new_task_id() -> str:
     return secrets.token_urlsafe(24)
 
 
+#: How the `error` of a record an operator cancelled begins (`operators.cancel`).
+OPERATOR_CANCELLED = "cancelled by an operator"
+
+
 def is_cancelled(record: CallRecord) -> bool:
-    return record.state == CallState.RELEASED and record.error == CANCELLED_REASON
+    """A record released by a cancel: the task's requestor's, or an operator's."""
+    return record.state == CallState.RELEASED and (
+        record.error == CANCELLED_REASON or (record.error or "").startswith(OPERATOR_CANCELLED))
+
+
+def is_operator_cancelled(record: CallRecord) -> bool:
+    """A record an operator cancelled: never resumed (a repeat of its key is refused)."""
+    return record.state == CallState.RELEASED and (record.error or "").startswith(OPERATOR_CANCELLED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,5 +27,5 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
     text = report.read_text()
     for heading in ("## Machine", "1. Sequential latency", "2. Throughput", "3. Journal appends",
                     "4. Recovery", "5. Streamable HTTP", "6. Bytes on disk", "7. Proxy", "8. MCP tasks",
-                    "9. Peers side by side", "Targets"):
+                    "9. Peers side by side", "11. Journal size over time", "Targets"):
         assert heading in text, f"the report lacks {heading!r}"

@@ -7,7 +7,7 @@ record means. A backend is done when it passes `tests/contract/`, unchanged.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
@@ -203,6 +203,15 @@ class Journal(Protocol):
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         """The latest entry of type `CHECKPOINT` of `process_id`, or None."""
+        ...
+
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
+        """Drop the entries of `process_ids` (only those with `seq < before_seq` when given); return how many.
+
+        Retention uses it for the durable steps of expired records and the lifecycle entries a
+        checkpoint holds. Later reads never return them; the space comes back as the backend
+        reuses it (the file journal: at its next compaction).
+        """
         ...
 
 

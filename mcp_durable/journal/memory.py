@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 from .base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, page
@@ -19,6 +20,7 @@ class MemoryJournal:
         self.url = url
         self._calls: dict[CallIdentity, CallRecord] = {}
         self._entries: list[JournalEntry] = []
+        self._dropped = 0  # tombstones (`_DROPPED`) in `_entries`
         self._checkpoints: dict[str, JournalEntry] = {}
         self._tasks: dict[tuple[str, str], CallIdentity] = {}
         self._signals = ChangeSignals()
@@ -100,7 +102,7 @@ class MemoryJournal:
             backend="memory",
             calls_by_state=dict(Counter(r.state.value for r in records)),
             calls_by_tool=dict(Counter(r.identity.tool for r in records)),
-            entries=len(self._entries),
+            entries=len(self._entries) - self._dropped,
             size_bytes=None,
             oldest_record_at=min((r.created_at for r in records), default=None),
         )
@@ -116,11 +118,32 @@ class MemoryJournal:
         self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
     ) -> list[JournalEntry]:
         # seq == index + 1, so the tail after `after` starts at index `after`.
-        selected = [e for e in self._entries[max(0, after) :] if process_id is None or e.process_id == process_id]
+        selected = [e for e in self._entries[max(0, after) :]
+                    if e is not _DROPPED and (process_id is None or e.process_id == process_id)]
         return selected if limit is None else selected[:limit]
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         return self._checkpoints.get(process_id)
+
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
+        wanted = set(process_ids)
+        dropped = 0
+        for i, entry in enumerate(self._entries):
+            # Tombstones keep `seq == index + 1`, which `entries(after=…)` relies on.
+            if entry is not _DROPPED and entry.process_id in wanted and (before_seq is None or entry.seq < before_seq):
+                self._entries[i] = _DROPPED
+                if self._checkpoints.get(entry.process_id) is entry:
+                    del self._checkpoints[entry.process_id]
+                    older = [e for e in self._entries[:i]
+                             if e.process_id == entry.process_id and e.entry_type == CHECKPOINT]
+                    if older:
+                        self._checkpoints[entry.process_id] = older[-1]
+                dropped += 1
+        self._dropped += dropped
+        return dropped
+
+
+_DROPPED = JournalEntry("", "dropped", {}, 0.0, 0)
 
 
 def _with_lease(record: CallRecord, lease_until: float) -> CallRecord:

@@ -9,6 +9,12 @@ and, from time to time, a `checkpoint` whose `data` holds the whole state
 `ReplayEngine(journal).recover(process_id)` loads the last checkpoint and replays the
 `context_update` and `state_transition` entries after it. Journal levels: `none` writes
 nothing, `checkpoint` writes only checkpoints, `full` writes every entry.
+
+Entries written through the seed's API (`mcp_durable.seed`) keep the seed's shapes
+(`context_update {key, value}`, `state_transition {to_state}`, `checkpoint {state}`) inside a
+marked envelope, `data = {SEED_ENVELOPE: {"format": 1, "entry_id", "timestamp", "data"}}`. `apply`
+reads both shapes, so either API recovers what the other wrote; an envelope of an unknown format
+is an error, never a guess.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, JournalError
 from .base import CHECKPOINT, Journal
 from .model import JournalEntry
 
 CONTEXT_UPDATE = "context_update"
 STATE_TRANSITION = "state_transition"
 JournalLevel = Literal["none", "checkpoint", "full"]
+#: The data key of an entry written through `mcp_durable.seed`; native data never uses it.
+SEED_ENVELOPE = "mcp-durable/seed-entry"
+SEED_FORMAT = 1
 
 
 @dataclass(slots=True)
@@ -49,15 +58,45 @@ class RecoveredProcess:
         }
 
 
+def seed_envelope(entry: JournalEntry) -> dict[str, Any] | None:
+    """The seed envelope of `entry` (None for a native entry). Raises `JournalError` for a bad one."""
+    envelope = entry.data.get(SEED_ENVELOPE) if len(entry.data) == 1 else None
+    if envelope is None:
+        if SEED_ENVELOPE in entry.data:
+            raise JournalError(f"entry {entry.seq} of {entry.process_id!r} mixes a seed envelope with other data")
+        return None
+    if not isinstance(envelope, dict) or envelope.get("format") != SEED_FORMAT \
+            or not isinstance(envelope.get("data"), dict):
+        raise JournalError(f"entry {entry.seq} of {entry.process_id!r} has a seed envelope this version cannot read")
+    return envelope
+
+
 def apply(process: RecoveredProcess, entry: JournalEntry) -> None:
     """Fold one entry into a process state (the replay rule, in one place)."""
-    if entry.entry_type == CONTEXT_UPDATE:
+    envelope = seed_envelope(entry)
+    if envelope is not None:
+        _apply_seed(process, entry, envelope["data"])
+    elif entry.entry_type == CONTEXT_UPDATE:
         process.context_state.update(entry.data)
     elif entry.entry_type == STATE_TRANSITION:
         process.lifecycle_state = entry.data.get("to")
     elif entry.entry_type == CHECKPOINT:
         process.context_state = dict(entry.data.get("context_state", {}))
         process.lifecycle_state = entry.data.get("lifecycle_state")
+        process.checkpoint_seq = entry.seq
+    process.last_seq = max(process.last_seq, entry.seq)
+
+
+def _apply_seed(process: RecoveredProcess, entry: JournalEntry, data: dict[str, Any]) -> None:
+    """The seed's replay rule for an entry written the seed's way (promptise's `ReplayEngine`)."""
+    if entry.entry_type == CONTEXT_UPDATE and "key" in data:
+        process.context_state[data["key"]] = data.get("value")
+    elif entry.entry_type == STATE_TRANSITION and data.get("to_state"):
+        process.lifecycle_state = data["to_state"]
+    elif entry.entry_type == CHECKPOINT:
+        state = data.get("state") or {}
+        process.context_state = dict(state.get("context_state") or {})
+        process.lifecycle_state = state.get("lifecycle_state", "running")
         process.checkpoint_seq = entry.seq
     process.last_seq = max(process.last_seq, entry.seq)
 

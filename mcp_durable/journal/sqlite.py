@@ -25,7 +25,7 @@ import fcntl
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -382,6 +382,22 @@ class SQLiteJournal:
         args.append(-1 if limit is None else limit)
         rows = await self._run(lambda conn: conn.execute(sql, args).fetchall())
         return [_entry(r) for r in rows]
+
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
+        names = list(process_ids)
+        if not names:
+            return 0
+
+        def body(conn: sqlite3.Connection) -> int:
+            marks = ", ".join("?" * len(names))
+            sql = f"DELETE FROM entries WHERE process_id IN ({marks})"
+            args: list[Any] = list(names)
+            if before_seq is not None:
+                sql += " AND seq < ?"
+                args.append(before_seq)
+            return conn.execute(sql, args).rowcount
+
+        return await self._write(body)
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._run(

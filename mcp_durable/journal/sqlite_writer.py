@@ -36,11 +36,14 @@ import concurrent.futures
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import anyio
 import anyio.to_thread
+
+from .. import observe
 
 T = TypeVar("T")
 
@@ -206,7 +209,9 @@ class SQLiteWriter:
                 for op in writes:
                     op.error = error
             else:
+                began = time.perf_counter()
                 self._commit(conn, writes)
+                observe.journal_committed("sqlite", time.perf_counter() - began, len(writes))
                 self.batches += 1
                 self.writes += len(writes)
             _deliver(writes)

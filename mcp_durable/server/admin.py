@@ -12,6 +12,12 @@ in memory it is `local`, which may be configured as an admin.
   whose record (default: the caller's own).
 - `journal_forget(tool, key, principal=None, note="")`: forget a call in doubt, via
   `Engine.forget`: its record expires now, so the next call with the key runs as a new call.
+- `journal_cancel(tool, key, principal=None, note="")`: cancel a running (or in-doubt) call, via
+  `Engine.cancel`: its owner stops the tool at its next lease renewal or durable step, and the
+  call is never resumed.
+- `journal_rerun(tool, key, from_step=None, principal=None, note="")`: re-run a completed or
+  failed call under a new attempt, via `Engine.rerun`: the next call with its key runs the tool
+  again, replaying the durable steps before index `from_step`.
 - `journal_purge_expired()`: drop records whose retention has ended (`Engine.purge_expired`).
 
 Each action journals an audit entry naming the admin who acted and the note (`operators.py`).
@@ -119,6 +125,29 @@ def register_admin_tools(server: DurableServer) -> bool:
         policy = server.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
+    async def journal_cancel(
+        tool: str, key: str, ctx: Context[Any, Any], principal: str | None = None, note: str = ""
+    ) -> dict[str, Any]:
+        """Cancel a running (or in-doubt) call: its tool stops at its owner's next lease renewal or
+        durable step, and the call is never resumed (repeats of its key are refused `cancelled`)."""
+        caller = require_admin(ctx)
+        record = await server.engine.cancel(CallIdentity(principal or caller, tool, key), by=caller, note=note,
+                                            retention=_retention(server, tool))
+        policy = server.policies.get(tool)
+        return record_view(record, policy.sensitive if policy else ())
+
+    async def journal_rerun(
+        tool: str, key: str, ctx: Context[Any, Any], from_step: int | None = None, principal: str | None = None,
+        note: str = "",
+    ) -> dict[str, Any]:
+        """Re-run a completed or failed call under a new attempt: the next call with its key runs the
+        tool again, replaying durable steps before index `from_step` (None: every step runs again)."""
+        caller = require_admin(ctx)
+        record = await server.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
+                                           by=caller, note=note, retention=_retention(server, tool))
+        policy = server.policies.get(tool)
+        return record_view(record, policy.sensitive if policy else ())
+
     async def journal_purge_expired(ctx: Context[Any, Any]) -> dict[str, int]:
         """Drop call records whose retention has ended; returns how many were purged."""
         require_admin(ctx)
@@ -127,6 +156,8 @@ def register_admin_tools(server: DurableServer) -> bool:
     operator = ToolAnnotations(destructive_hint=True, idempotent_hint=False, read_only_hint=False)
     server.add_tool(journal_resolve, name="journal_resolve", annotations=operator)
     server.add_tool(journal_forget, name="journal_forget", annotations=operator)
+    server.add_tool(journal_rerun, name="journal_rerun", annotations=operator)
+    server.add_tool(journal_cancel, name="journal_cancel", annotations=operator)
     server.add_tool(journal_purge_expired, name="journal_purge_expired",
                     annotations=operator.model_copy(update={"idempotent_hint": True}))
     return True

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, TypeVar
 
+import anyio
 import orjson
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.mcpserver import Context, MCPServer
@@ -31,10 +32,15 @@ from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
+from ..recovery import BackgroundRecovery, ReconcilePass
+from ..retention import BackgroundRetention, RetentionSchedule
+from ..schedule import check_interval
 from ..steps import DurableCall
+from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
 from .admin import admins_from_env, register_admin_tools
 from .auth import token_auth_kwargs, tokens_from_env
+from .lookup import register_lookup_tool
 from .notifications import JournalNotifier
 from .resources import register_journal_resources
 from .results import OutputSchemas, answer, dump_result, refusal
@@ -42,6 +48,11 @@ from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = config.INSTANCE
+
+#: Seconds between background reconcile passes (`reconcile_interval`); the first runs at start.
+DEFAULT_RECONCILE_INTERVAL = 60.0
+#: The retention a server runs by itself unless told otherwise (`retention_schedule`).
+DEFAULT_RETENTION_SCHEDULE = RetentionSchedule()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 logger = logging.getLogger(__name__)
@@ -69,7 +80,14 @@ class DurableServer(MCPServer[Any]):
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
     (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
     durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
-    refused (`non_finite_argument`).
+    refused (`non_finite_argument`). `telemetry` (a `Telemetry`, or True for one on the global
+    OpenTelemetry providers) adds durable attributes, child spans and metrics to every durable
+    call (docs/telemetry.md); None emits nothing. `lookup_tool=True` adds
+    `journal_lookup(tool, key)`, a read tool any caller may use on its own records
+    (server/lookup.py). `reconcile_interval` (60 s; None: off) reconciles in-doubt calls of
+    `reconcile` tools in the background (recovery.py); `retention_schedule` (None: off) purges
+    expired records, their steps and old lifecycle entries, and compacts the file journal,
+    every `interval` (retention.py).
     """
 
     def __init__(
@@ -86,6 +104,10 @@ class DurableServer(MCPServer[Any]):
         max_argument_bytes: int | None = limits.DEFAULT_MAX_ARGUMENT_BYTES,
         max_result_bytes: int | None = limits.DEFAULT_MAX_RESULT_BYTES,
         max_argument_depth: int | None = limits.DEFAULT_MAX_ARGUMENT_DEPTH,
+        telemetry: Telemetry | bool | None = None,
+        lookup_tool: bool = False,
+        reconcile_interval: float | None = DEFAULT_RECONCILE_INTERVAL,
+        retention_schedule: RetentionSchedule | None = DEFAULT_RETENTION_SCHEDULE,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -124,6 +146,9 @@ class DurableServer(MCPServer[Any]):
         # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals) or admins_from_env()
+        self.telemetry: Telemetry | None = Telemetry() if telemetry is True else (telemetry or None)
+        if self.telemetry is not None:
+            self.telemetry.attach(self.engine)
         self.journal_views = register_journal_resources(self)
         self.journal_views.notifier = JournalNotifier(self)
         self.journal_views.notifier.install()
@@ -134,6 +159,19 @@ class DurableServer(MCPServer[Any]):
         self.middleware.append(self.tasks.middleware)
         self.engine.task_resumer = self._resume_task
         self.engine.task_policy = self.policies.get
+        if lookup_tool:
+            register_lookup_tool(self)
+        # In-doubt calls of `reconcile` tools are reconciled at start and every interval (recovery.py).
+        self.recovery: BackgroundRecovery | None = None
+        if check_interval("reconcile_interval", reconcile_interval) is not None:
+            assert reconcile_interval is not None
+            self.recovery = BackgroundRecovery(self.engine, self.policies, self.result_encoder, reconcile_interval,
+                                               after_pass=self._after_recovery_pass)
+        # Expired records, their steps and old lifecycle entries purged on a schedule (retention.py).
+        self.retention: BackgroundRetention | None = None
+        if retention_schedule is not None:
+            check_interval("retention_schedule.interval", retention_schedule.interval)
+            self.retention = BackgroundRetention(self.engine, retention_schedule)
 
     @property
     def journal(self) -> Journal:
@@ -160,16 +198,30 @@ class DurableServer(MCPServer[Any]):
             # the fault clears without a restart.
             logger.warning("journal %s unavailable at start: %s",
                            display_url(self.journal.url), display_url(str(exc)))
+        else:
+            if self.telemetry is not None and self._lifespan_users == 0:
+                await self.telemetry.start(self.journal)
         self._lifespan_users += 1
         try:
-            if self._user_lifespan is None:
-                yield {}
-            else:
-                async with self._user_lifespan(app) as state:
-                    yield state
+            # Background work (recovery) runs while the first user of the lifespan is inside it.
+            async with anyio.create_task_group() as background:
+                if self._lifespan_users == 1:
+                    for job in (self.recovery, self.retention):
+                        if job is not None:
+                            background.start_soon(job.run_forever)
+                try:
+                    if self._user_lifespan is None:
+                        yield {}
+                    else:
+                        async with self._user_lifespan(app) as state:
+                            yield state
+                finally:
+                    background.cancel_scope.cancel()
         finally:
             self._lifespan_users -= 1
             if self._lifespan_users == 0:
+                if self.telemetry is not None:
+                    self.telemetry.stop()
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
@@ -328,6 +380,15 @@ class DurableServer(MCPServer[Any]):
 
         return run
 
+    def result_encoder(self, name: str) -> Encoder | None:
+        """How a value a reconcile hook found for tool `name` becomes its stored result (None: not a tool here)."""
+        tool = self._tool_manager.get_tool(name)
+        return None if tool is None else _encoder(tool)
+
+    async def _after_recovery_pass(self, report: ReconcilePass) -> None:
+        if self.telemetry is not None:
+            await self.telemetry.refresh(self.journal)  # in-doubt calls other replicas marked, too
+
     def tool_outcome(
         self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult
     ) -> ToolOutcome:
@@ -367,24 +428,45 @@ class DurableServer(MCPServer[Any]):
         (`DurableError`) become `isError` results; a replay carries the replay `_meta`. Used by
         `call_tool` here and by the proxy (mcp_durable/proxy/), whose `run` forwards upstream.
         """
+        principal = self.principal_of(context)
+        if self.telemetry is None:
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None)
+        with self.telemetry.call(name, principal) as observed:
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal,
+                                           observed)
+
+    async def _run_durable(
+        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes,
+        context: Context[Any, Any] | None, run: Runner, encode: Encoder | None, principal: str,
+        observed: ObservedCall | None,
+    ) -> CallToolResult | InputRequiredResult:
         try:
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
-                principal=self.principal_of(context), canonical=canonical,
+                principal=principal, canonical=canonical,
             )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
+            if observed is not None:
+                observed.refused(exc)
             return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
         except DurableError as exc:
+            if observed is not None:
+                observed.refused(exc)
             return self.refuse(name, exc, getattr(exc, "key", None))
         except ToolError as exc:
             # A DurableError inside the tool (e.g. the journal failing under a durable step),
             # wrapped by the SDK: answered with its code, not as an anonymous crash.
             if isinstance(exc.__cause__, DurableError):
+                if observed is not None:
+                    observed.refused(exc.__cause__)
                 return self.refuse(name, exc.__cause__, getattr(exc.__cause__, "key", None))
             raise
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
-        return answer(outcome)
+        result = answer(outcome)
+        if observed is not None:
+            observed.answered(outcome, bool(result.is_error))
+        return result
 
     # -- tasks (server/tasks.py serves the protocol; these run them) -------------------------------
 

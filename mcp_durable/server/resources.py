@@ -170,6 +170,24 @@ async def stats_body(journal: Journal, principal: str | None) -> dict[str, Any]:
     }
 
 
+def maintenance_body(server: DurableServer) -> dict[str, Any]:
+    """What the server's background work did: retention (what it reclaimed, when) and recovery."""
+    retention = server.retention
+    recovery = server.recovery
+    return {
+        "retention": None if retention is None else {
+            "interval_s": retention.schedule.interval,
+            "compact_garbage_ratio": retention.schedule.compact_garbage_ratio,
+            **retention.report.as_dict(),
+            "last_at": iso(retention.report.last.at) if retention.report.last else None,
+        },
+        "recovery": None if recovery is None else {
+            "interval_s": recovery.interval,
+            "last": recovery.last.as_dict() if recovery.last is not None else None,
+        },
+    }
+
+
 async def in_doubt_records(journal: Journal, principal: str | None, now: float) -> list[CallRecord]:
     """The calls of `journal://in-doubt`: IN_DOUBT records, then PENDING ones whose lease ran out
     (owner gone), of `principal` (None: everyone's); at most `MAX_IN_DOUBT + 1` (one more tells
@@ -265,8 +283,11 @@ class JournalResources:
             "default_s": DEFAULT_RETENTION,
             "by_tool": {tool: policy.retention for tool, policy in sorted(self.server.policies.items())},
         }
-        body = await stats_body(journal, None if self.is_admin(principal) else principal)
+        admin = self.is_admin(principal)
+        body = await stats_body(journal, None if admin else principal)
         body["retention"] = retention
+        if admin:  # journal-wide work: counts over every principal's records
+            body["maintenance"] = maintenance_body(self.server)
         return _dumps(body)
 
     async def recovery(self) -> str:

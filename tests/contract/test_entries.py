@@ -48,3 +48,36 @@ async def test_entries_survive_close_and_reopen(journal_factory: JournalFactory)
         assert later.seq > written.seq
     finally:
         await second.aclose()
+
+
+async def test_purged_entries_are_never_read_again_and_other_processes_keep_theirs(
+    journal_factory: JournalFactory,
+) -> None:
+    store = journal_factory()
+    await store.open()
+    try:
+        steps = [await store.append("steps/r1", "step", {"index": i}, 1.0 + i) for i in range(3)]
+        kept = await store.append("steps/r2", "step", {"index": 0}, 5.0)
+        life = [await store.append("server/s", t, {"to": t}, 6.0) for t in ("starting", "running")]
+        mark = await store.append("server/s", "checkpoint", {"context_state": {}, "lifecycle_state": "running"}, 7.0)
+        after = await store.append("server/s", "state_transition", {"to": "stopping"}, 8.0)
+        assert await store.purge_entries(["steps/r1"]) == 3
+        assert await store.purge_entries(["steps/r1"]) == 0
+        assert await store.purge_entries(["server/s"], before_seq=mark.seq) == 2
+        assert await store.entries(process_id="steps/r1") == []
+        assert [e.seq for e in await store.entries(process_id="server/s")] == [mark.seq, after.seq]
+        assert [e.seq for e in await store.entries()] == [kept.seq, mark.seq, after.seq]
+        assert [e.seq for e in await store.entries(after=steps[0].seq, limit=2)] == [kept.seq, mark.seq]
+        last = await store.last_checkpoint("server/s")
+        assert last is not None and last.seq == mark.seq
+        assert (await store.stats()).entries == 3
+        assert life[0].seq < mark.seq
+    finally:
+        await store.aclose()
+    store = journal_factory()  # what a purge dropped stays dropped over a reopen (or was kept: never half)
+    await store.open()
+    try:
+        assert (await store.last_checkpoint("server/s")) is not None
+        assert [e.seq for e in await store.entries(process_id="steps/r2")] == [kept.seq]
+    finally:
+        await store.aclose()

@@ -164,6 +164,7 @@ KNOWN_TYPE_CIRCLES = {
     (
         "mcp_durable.server.admin",
         "mcp_durable.server.app",
+        "mcp_durable.server.lookup",
         "mcp_durable.server.notifications",
         "mcp_durable.server.resources",
         "mcp_durable.server.tasks",

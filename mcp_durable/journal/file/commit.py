@@ -33,6 +33,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
+from ... import observe
 from ...errors import JournalError
 from ..fsync import sync_data
 from .writer import SegmentWriter
@@ -81,6 +82,27 @@ class GroupCommit:
         batch.last_seq = seq
         return batch
 
+    def pending(self, segment: int, offset: int) -> bytes | None:
+        """The frame at `(segment, offset)` if it waits in a batch not written yet, else None.
+
+        The index points at a frame as soon as it is queued, so a reader that did not wait for
+        this very frame (a listing while writers go on) may find its bytes not in the file yet.
+        """
+        for batch in (self.flushing, self.current):
+            if batch is None:
+                continue
+            for chunk_segment, start, frames in batch.chunks:
+                if chunk_segment != segment or offset < start:
+                    continue
+                at = start
+                for frame in frames:
+                    if at == offset:
+                        return frame
+                    at += len(frame)
+                    if at > offset:
+                        break
+        return None
+
     def check(self) -> None:
         if self.failure is not None:
             raise JournalError(f"the journal failed to write: {self.failure}") from self.failure
@@ -117,6 +139,7 @@ class GroupCommit:
         assert batch is self.current
         self.current = Batch()
         self.flushing = batch
+        began = time.perf_counter()
         try:
             if batch.chunks:
                 if self.flush_s < INLINE_FLUSH_S:
@@ -126,6 +149,8 @@ class GroupCommit:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._write, batch)
             self.durable_seq = max(self.durable_seq, batch.last_seq)
+            if batch.chunks:
+                observe.journal_committed("file", time.perf_counter() - began, sum(len(c[2]) for c in batch.chunks))
         except Exception as exc:  # noqa: BLE001 - kept for every writer waiting on the batch
             self.failure = exc
         finally:

@@ -23,6 +23,7 @@ import dataclasses
 import os
 import signal
 import time
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ class CompactionTarget(Protocol):
     _maintenance: anyio.Lock
     _calls: CallIndex
     _entries: EntryIndex
+    _dropped: set[int]
     _readers: dict[int, int]
     _next_seq: int
     _active: int
@@ -130,8 +132,9 @@ async def compact(journal: CompactionTarget, now: float) -> CompactionReport:
         for slot in range(len(calls.state)):
             if calls.state[slot] != DEAD and unpack(calls.pos[slot])[0] in order:
                 items.append((calls.pos[slot], calls.size[slot], slot))
+        dropped = set(journal._dropped)  # entries purged: left out of the new segment and index
         for i in range(len(entries)):
-            if unpack(entries.pos[i])[0] in order:
+            if i not in dropped and unpack(entries.pos[i])[0] in order:
                 items.append((entries.pos[i], entries.size[i], ~i))
         items.sort(key=lambda item: (order[unpack(item[0])[0]], unpack(item[0])[1]))
         bytes_before = await anyio.to_thread.run_sync(_segment_bytes, directory, sealed)
@@ -149,6 +152,12 @@ async def compact(journal: CompactionTarget, now: float) -> CompactionReport:
             else:
                 entries.pos[~ref] = pack(target, offset)
                 kept_entries += 1
+        if dropped:
+            # Rebuilt in one go (no await): entries appended meanwhile are kept, in order.
+            late = journal._dropped - dropped  # dropped during the copy: renumbered like the index
+            journal._entries = entries.without(dropped)
+            order_dropped = sorted(dropped)
+            journal._dropped = {i - bisect_left(order_dropped, i) for i in late}
         for segment in sealed:
             fd = journal._readers.pop(segment, None)
             if fd is not None:

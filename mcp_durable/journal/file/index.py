@@ -244,6 +244,15 @@ class EntryIndex:
         if is_checkpoint:
             self.checkpoint[phash] = index
 
+    def without(self, dropped: set[int]) -> EntryIndex:
+        """A new index of the entries not in `dropped` (indexes), in the same order."""
+        kept = EntryIndex()
+        checkpoints = {i for i in self.checkpoint.values()}
+        for i in range(len(self.seq)):
+            if i not in dropped:
+                kept.add(self.seq[i], self.pos[i], self.size[i], self.phash[i], i in checkpoints)
+        return kept
+
     def first_after(self, after: int) -> int:
         """Index of the first entry with `seq > after`."""
         return bisect_right(self.seq, after)

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import time
 from collections import Counter
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -70,6 +71,9 @@ class FileJournal:
     def _reset(self) -> None:
         self._calls = CallIndex()
         self._entries = EntryIndex()
+        #: Entries `purge_entries` dropped (indexes into `_entries`): skipped by every read, left
+        #: out of the segments (and the index) by the next compaction.
+        self._dropped: set[int] = set()
         self._manifest: Manifest | None = None
         self._keeper: ManifestKeeper | None = None
         self._commit: GroupCommit | None = None
@@ -147,6 +151,7 @@ class FileJournal:
         found = recover(self.directory, manifest, writable=not self.read_only)
         self._manifest = manifest
         self._calls, self._entries = found.calls, found.entries
+        self._dropped = set()
         self._next_seq = found.last_seq + 1
         self._active, self._active_end = found.active, found.active_end
         self._since_snapshot = found.frames_replayed
@@ -287,6 +292,13 @@ class FileJournal:
         except OSError as exc:
             raise JournalError(f"journal {self.url}: cannot read {path.name}: {exc}") from exc
         frame = parse_at(buf, 0, len(buf))
+        if not isinstance(frame, Frame) and self._commit is not None:
+            # Queued but not written yet (a reader that did not wait for this frame): its bytes are
+            # still in the group commit's batch.
+            queued = self._commit.pending(segment, offset)
+            if queued is not None:
+                buf = queued
+                frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame):
             raise JournalCorruptError(str(path), offset, frame)
         try:
@@ -450,7 +462,33 @@ class FileJournal:
             except OSError as exc:
                 raise JournalError(f"journal {self.url}: cannot read {p.name}: {exc}") from exc
         oldest = min((idx.created[s] for s in live), default=None)
-        return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries), size, oldest)
+        return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size,
+                            oldest)
+
+    def live_bytes(self) -> tuple[int, int]:
+        """`(bytes in segments, bytes of live frames)`: the rest is garbage a compaction reclaims."""
+        idx, e = self._calls, self._entries
+        live = sum(idx.size[s] for s in range(len(idx.state)) if idx.state[s] != DEAD)
+        live += sum(e.size[i] for i in range(len(e)) if i not in self._dropped)
+        # The active segment counts up to its data: the space allocated ahead of it is not garbage.
+        total = self._active_end + sum(p.stat().st_size for p in self.directory.glob("seg-*.log")
+                                       if p.name != segment_name(self._active))
+        return total, live
+
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
+        if self._commit is None:
+            raise JournalError(f"journal {self.url} is not open")
+        self._writable()
+        e = self._entries
+        dropped = 0
+        for process_id in set(process_ids):
+            for i in e.chain(self._process_hash(process_id), 0):
+                if i in self._dropped or (before_seq is not None and e.seq[i] >= before_seq):
+                    continue
+                if self._read(e.pos[i], e.size[i])["process_id"] == process_id:  # hashes may collide
+                    self._dropped.add(i)
+                    dropped += 1
+        return dropped
 
     # -- process entries --------------------------------------------------------------------------
 
@@ -469,14 +507,17 @@ class FileJournal:
         await self._commit.wait_seq(self._next_seq - 1)
         e = self._entries
         if process_id is None:
-            stop = len(e) if limit is None else min(len(e), e.first_after(after) + max(0, limit))
+            stop = len(e) if limit is None or self._dropped else min(len(e), e.first_after(after) + max(0, limit))
             indexes: list[int] | range = range(e.first_after(after), stop)
         else:
             indexes = e.chain(self._process_hash(process_id), after)
         out: list[JournalEntry] = []
+        dropped = self._dropped
         for i in indexes:
             if limit is not None and len(out) >= limit:
                 break
+            if i in dropped:
+                continue
             d = self._read(e.pos[i], e.size[i])
             if process_id is None or d["process_id"] == process_id:
                 out.append(entry_from_dict(d, e.seq[i]))
@@ -488,9 +529,12 @@ class FileJournal:
         await self._commit.wait_seq(self._next_seq - 1)
         e, phash = self._entries, self._process_hash(process_id)
         i = e.checkpoint.get(phash)
-        if i is not None and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
+        if i is not None and i not in self._dropped \
+                and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
             return entry_from_dict(d, e.seq[i])
         for i in reversed(e.chain(phash, 0)):  # two process ids share a hash: look at each entry
+            if i in self._dropped:
+                continue
             d = self._read(e.pos[i], e.size[i])
             if d["process_id"] == process_id and d["entry_type"] == CHECKPOINT:
                 return entry_from_dict(d, e.seq[i])

@@ -18,11 +18,14 @@ fails every item of its batch with the same exception.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
 import anyio.lowlevel
+
+from ... import observe
 
 I = TypeVar("I")  # noqa: E741 - an item
 O = TypeVar("O")  # noqa: E741 - its outcome
@@ -83,8 +86,10 @@ class Batcher(Generic[I, O]):
             self._close(batch)
             self.batches += 1
             self.items += len(batch.items)
+            began = time.perf_counter()
             try:
                 outcomes: Sequence[O | BaseException] = await self._run_batch(batch.items)
+                observe.journal_committed("postgres", time.perf_counter() - began, len(batch.items))
                 if len(outcomes) != len(batch.items):
                     raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")
             except BaseException as exc:  # noqa: BLE001 - every item of the batch fails with it

@@ -38,7 +38,7 @@ import asyncio
 import binascii
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import anyio
@@ -576,6 +576,15 @@ class PostgresJournal:
         sql += " ORDER BY seq LIMIT %s"
         args.append(limit)
         return [_entry(row) for row in await self._fetchall(sql, args)]
+
+    async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
+        names = list(process_ids)
+        if not names:
+            return 0
+        if before_seq is None:
+            return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s)", (names,))
+        return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s) AND seq < %s",
+                                    (names, before_seq))
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._fetchone(

@@ -8,7 +8,9 @@ settings come from the environment (the stdio client passes them):
 - `PAYMENTS_LEDGER` — the payment provider's ledger; `MAILER_OUTBOX` — the mail outbox;
 - `CRASH_MAIL_POLICY` — `reconcile` (tools/mailer.py's own policy) or `refuse`;
 - `CRASH_LEASE` — lease seconds (short, so a dead owner's lease expires quickly);
-- `CRASH_WAIT` — seconds a duplicate waits for a running call.
+- `CRASH_WAIT` — seconds a duplicate waits for a running call;
+- `CRASH_RECONCILE_EVERY` — seconds between background reconcile passes (unset: off, so a
+  retry, not the background, meets each in-doubt call).
 
 `in_doubt_calls` and `resolve_call` are test-only operator tools over `Engine.resolve` and
 `journal.list_calls(state=IN_DOUBT)`, so a test can act as the operator while the server (which
@@ -72,7 +74,9 @@ def make_server(
     # The real mailer tool and reconcile hook, sending through this process's crash-hooked outbox.
     mailer.outbox = CrashingOutbox(outbox or env.get("MAILER_OUTBOX"), crash_plan, events)
 
-    server = DurableServer("danger", journal=journal)
+    reconcile_every = env.get("CRASH_RECONCILE_EVERY")
+    server = DurableServer("danger", journal=journal,
+                           reconcile_interval=float(reconcile_every) if reconcile_every else None)
 
     def pay(order_id: str, amount_cents: int) -> dict[str, Any]:
         """Refund through a provider that honours the key (Stripe-like)."""

@@ -1,0 +1,158 @@
+"""Retention that runs itself: expired records, their durable steps and old lifecycle entries, on a schedule.
+
+Records carry their own expiry (`ToolPolicy.retention`); nothing removed them but an operator's
+`purge`/`compact`. A server with a `RetentionSchedule` (the default; `retention_schedule=None`
+turns it off) runs `retention_pass` every `interval` seconds (the first one interval after start):
+
+1. the durable-step entries (`steps/<run_id>`) of every expired record are dropped (an expired
+   record's run never resumes: a new call with its key claims a new run);
+2. expired records are purged (`Journal.purge_expired`);
+3. the server's own lifecycle process and the redaction process are checkpointed, and their
+   entries before that checkpoint dropped (a checkpoint holds their whole state);
+4. the file journal compacts online when its garbage (bytes of segments not held by a live
+   record or entry) reaches `compact_garbage_ratio` of its segments and they hold at least
+   `compact_min_bytes`: compaction copies the sealed segments' live frames in a worker thread
+   while writers go on appending (journal/file/compaction.py), so serving does not pause.
+   SQLite and Postgres reuse the space of deleted rows themselves.
+
+Operator audit entries are kept. What each pass reclaimed, and when, is kept in
+`RetentionReport` and shown by `journal://stats` (`maintenance.retention`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .engine import Engine
+from .journal.base import CallCursor
+from .steps import steps_process_id
+
+#: Processes whose state a checkpoint holds whole: entries before their last checkpoint are dropped.
+CHECKPOINTED_PROCESSES = ("mcp-durable/redaction",)
+_CHUNK = 500  # process ids per purge_entries call
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionSchedule:
+    """When and how a server cleans its journal up (see the module docstring)."""
+
+    interval: float = 300.0
+    compact_garbage_ratio: float | None = 0.5  # None: never compact by itself
+    compact_min_bytes: int = 8 * 1024 * 1024
+    lifecycle: bool = True  # drop lifecycle entries folded into a checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPass:
+    """What one pass reclaimed."""
+
+    at: float
+    duration_s: float
+    records_purged: int
+    step_entries_dropped: int
+    lifecycle_entries_dropped: int
+    compacted: bool
+    bytes_reclaimed: int
+    size_bytes: int | None
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    """Every pass so far, summed, and the last one (for `journal://stats`)."""
+
+    passes: int = 0
+    records_purged: int = 0
+    entries_dropped: int = 0
+    compactions: int = 0
+    bytes_reclaimed: int = 0
+    last: RetentionPass | None = None
+    last_compaction_at: float | None = None
+    history: list[tuple[float, int | None]] = field(default_factory=list)  # (at, size_bytes), last 60
+
+    def add(self, done: RetentionPass) -> None:
+        self.passes += 1
+        self.records_purged += done.records_purged
+        self.entries_dropped += done.step_entries_dropped + done.lifecycle_entries_dropped
+        self.bytes_reclaimed += done.bytes_reclaimed
+        if done.compacted:
+            self.compactions += 1
+            self.last_compaction_at = done.at
+        self.last = done
+        self.history = [*self.history[-59:], (done.at, done.size_bytes)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passes": self.passes, "records_purged": self.records_purged, "entries_dropped": self.entries_dropped,
+                "compactions": self.compactions, "bytes_reclaimed": self.bytes_reclaimed,
+                "last_compaction_at": self.last_compaction_at,
+                "last": asdict(self.last) if self.last is not None else None}
+
+
+async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> RetentionPass:
+    """One pass of retention over `engine`'s journal (see the module docstring)."""
+    began = time.perf_counter()
+    await engine.start()
+    journal = engine.journal
+    now = engine.clock()
+    runs: list[str] = []
+    cursor: CallCursor | None = None
+    while page := await journal.list_calls(limit=1000, cursor=cursor):
+        cursor = CallCursor.after(page[-1])
+        runs.extend(r.run_id for r in page if r.is_expired(now))
+    steps = 0
+    for start in range(0, len(runs), _CHUNK):
+        steps += await journal.purge_entries([steps_process_id(r) for r in runs[start : start + _CHUNK]])
+    purged = await journal.purge_expired(now)
+    lifecycle = await _fold_checkpointed(engine) if schedule.lifecycle else 0
+    compacted, reclaimed = await _compact_if_worth_it(engine, schedule, now)
+    size = (await journal.stats()).size_bytes
+    return RetentionPass(now, time.perf_counter() - began, purged, steps, lifecycle, compacted, reclaimed, size)
+
+
+async def _fold_checkpointed(engine: Engine) -> int:
+    """Checkpoint the server's lifecycle and drop the entries a checkpoint already holds."""
+    journal = engine.journal
+    dropped = 0
+    if engine.lifecycle is not None:
+        mark = await engine.lifecycle.checkpoint()
+        if mark is not None:
+            dropped += await journal.purge_entries([engine.lifecycle.process_id], before_seq=mark.seq)
+    for process_id in CHECKPOINTED_PROCESSES:
+        mark = await journal.last_checkpoint(process_id)
+        if mark is not None:
+            dropped += await journal.purge_entries([process_id], before_seq=mark.seq)
+    return dropped
+
+
+async def _compact_if_worth_it(engine: Engine, schedule: RetentionSchedule, now: float) -> tuple[bool, int]:
+    from .journal.file import FileJournal
+
+    journal = engine.journal
+    if schedule.compact_garbage_ratio is None or not isinstance(journal, FileJournal) or journal.read_only:
+        return False, 0
+    total, live = journal.live_bytes()
+    if total < schedule.compact_min_bytes or (total - live) < schedule.compact_garbage_ratio * total:
+        return False, 0
+    report = await journal.compact(now)
+    return True, max(0, report.bytes_before - report.bytes_after)
+
+
+class BackgroundRetention:
+    """Runs `retention_pass` every `schedule.interval` seconds; keeps the report."""
+
+    def __init__(self, engine: Engine, schedule: RetentionSchedule) -> None:
+        self.engine = engine
+        self.schedule = schedule
+        self.report = RetentionReport()
+
+    async def run_once(self) -> RetentionPass:
+        done = await retention_pass(self.engine, self.schedule)
+        self.report.add(done)
+        return done
+
+    async def run_forever(self) -> None:
+        from .schedule import run_every
+
+        await run_every(self.schedule.interval, self.run_once, "retention", at_start=False)
+
