@@ -36,8 +36,24 @@ from .queries import CallFilter, call_detail, call_page, chart, in_doubt, overvi
 from .source import ConsoleSource
 
 HERE = Path(__file__).parent
-ACTIONS = {"completed": "resolve as completed", "not_applied": "resolve as not applied",
-           "failed": "resolve as failed", "forget": "forget"}
+#: The verdicts on a call nobody finished (in doubt, released, or pending past its lease).
+DECISIONS = {"completed": "resolve as completed", "not_applied": "resolve as not applied",
+             "failed": "resolve as failed", "forget": "forget"}
+#: Every operator action the console offers, by the name its form posts.
+ACTIONS = {**DECISIONS, "cancel": "cancel", "rerun": "re-run"}
+
+
+def actions_for(state: CallState) -> dict[str, str]:
+    """The actions that apply to a call in `state` (the engine refuses any other with OperatorError):
+    verdicts on an undecided call, cancel of a running or in-doubt one, re-run of a finished one."""
+    available: dict[str, str] = {}
+    if state in (CallState.IN_DOUBT, CallState.RELEASED, CallState.PENDING):
+        available.update(DECISIONS)
+    if state in (CallState.PENDING, CallState.IN_DOUBT):
+        available["cancel"] = ACTIONS["cancel"]
+    if state.is_final:
+        available["rerun"] = ACTIONS["rerun"]
+    return available
 #: Seconds between keep-alive comments on an idle live-update stream.
 PING_SECONDS = 15.0
 
@@ -224,15 +240,16 @@ class Console:
 
         return self.render(request, "call.html", viewer=viewer, d=detail, v=detail["view"],
                            ident={"principal": identity.principal, "tool": identity.tool, "key": identity.key},
-                           actions=ACTIONS if self._can_act(viewer) and detail["undecided"] else {},
+                           actions=actions_for(detail["record"].state) if self._can_act(viewer) else {},
                            done=request.query_params.get("done"), watch=record_uri(identity.tool, identity.key))
 
     async def in_doubt(self, request: Request, viewer: Viewer) -> Response:
         async with self.source.reading() as journal:
             records = await in_doubt(journal, self.scope(viewer), self.source.clock())
         rows = [{**record_summary(r), "error": r.error, "lease_expired": r.state == CallState.PENDING} for r in records]
+        actions = {**DECISIONS, "cancel": ACTIONS["cancel"]}  # every row is in doubt, or pending past its lease
         return self.render(request, "in_doubt.html", viewer=viewer, calls=rows,
-                           actions=ACTIONS if self._can_act(viewer) else {}, watch="*")
+                           actions=actions if self._can_act(viewer) else {}, watch="*")
 
     # -- operator actions ---------------------------------------------------------------------------
 
@@ -252,7 +269,7 @@ class Console:
             return self.render(request, "error.html", status=404, viewer=viewer,
                                message=f"No call {identity.tool}/{identity.key}.")
         return self.render(request, "confirm.html", viewer=viewer, action=action, label=ACTIONS[action],
-                           call=record_summary(record), error=None, note="", result="")
+                           call=record_summary(record), error=None, note="", result="", from_step="")
 
     async def act(self, request: Request, viewer: Viewer) -> Response:
         if not self._can_act(viewer):
@@ -262,6 +279,7 @@ class Console:
         form = await request.form()
         identity = CallIdentity(_text(form.get("principal")), _text(form.get("tool")), _text(form.get("key")))
         action, note, result_text = _text(form.get("action")), _text(form.get("note")), _text(form.get("result"))
+        from_step = _text(form.get("from_step"))
         by = f"console:{viewer.principal}"
         try:
             if action == "forget":
@@ -270,13 +288,18 @@ class Console:
                 payload = _payload(action, result_text, note)
                 await resolve(engine, identity, action, payload=payload, note=note or by,
                               retention=self.source.retention(identity.tool), by=by)
+            elif action == "cancel":  # through the engine: a run in this process stops at once
+                await engine.cancel(identity, by=by, note=note, retention=self.source.retention(identity.tool))
+            elif action == "rerun":
+                await engine.rerun(identity, from_step=_from_step(_text(form.get("from_step"))), by=by, note=note,
+                                   retention=self.source.retention(identity.tool))
             else:
                 raise OperatorError(f"unknown action {action!r}")
         except DurableError as exc:
             summary = {"principal": identity.principal, "tool": identity.tool, "key": identity.key}
             return self.render(request, "confirm.html", status=409, viewer=viewer, action=action,
                                label=ACTIONS.get(action, action), call=summary, error=exc.message, note=note,
-                               result=result_text)
+                               result=result_text, from_step=from_step)
         base = request.scope.get("root_path", "")
         query = urlencode({"principal": identity.principal, "tool": identity.tool, "key": identity.key,
                            "done": ACTIONS[action]})
@@ -382,3 +405,12 @@ def console_app(source: ConsoleSource, security: Any = None) -> Starlette:
 
 
 __all__ = ["Console", "console_app", "iso"]
+
+
+def _from_step(text: str) -> int | None:
+    """The re-run form's "from durable step" field: empty for every step, else a whole number."""
+    if not text.strip():
+        return None
+    if not text.strip().isdigit():
+        raise OperatorError(f"from step must be a whole number (0 for the first step), not {text!r}")
+    return int(text)
