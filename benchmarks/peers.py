@@ -163,7 +163,7 @@ def _crash_trial(peer: str, store: str, ledger: Path) -> tuple[int, str]:
 async def _crash_harness(settings: Settings, systems: dict[str, tuple[str, str]]) -> Table:
     trials = settings.pick(1, 5)
     table = Table(
-        "7b. The danger window: a refund killed (SIGKILL) after its money moved, then retried",
+        "9b. The danger window: a refund killed (SIGKILL) after its money moved, then retried",
         ["system", "trials", "duplicate refunds", "the retry answered"],
     )
     for name, (peer, store) in systems.items():

@@ -109,7 +109,8 @@ async def test_a_call_page_shows_the_record_masked_arguments_result_and_steps(br
         assert '"text": "page-1"' in await page.inner_text("#arguments")
         assert view["result"]["structuredContent"]["run"] in await page.inner_text("#result")
         assert "created (claimed)" in await page.inner_text("#timeline")
-        assert await page.query_selector("#actions") is None  # completed: nothing to act on
+        # Completed: no verdict, forget or cancel applies; an admin may only re-run it.
+        assert (await page.inner_text("#actions")).split() == ["re-run"]
 
 
 async def test_a_non_admin_sees_only_its_calls_no_action_buttons_and_a_forged_post_is_refused(
