@@ -121,7 +121,7 @@ def _start_cli(cli_args: Sequence[str], port: int, env: Mapping[str, str] | None
     return ServedHttp(f"http://127.0.0.1:{port}/mcp", port, proc, Path(log.name), [log])
 
 
-async def _wait_listening(served: ServedHttp) -> bool:
+async def wait_listening(served: ServedHttp) -> bool:
     """True once the port accepts connections; False if the process exited first."""
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while time.monotonic() < deadline:
@@ -172,7 +172,7 @@ async def serve_cli_http(
     for _attempt in range(5):
         served = _start_cli(cli_args, port or free_port(), env)
         try:
-            if await _wait_listening(served):
+            if await wait_listening(served):
                 break
             text = served.stderr()
             if port is None and "address already in use" in text.lower():

@@ -10,9 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
-
-from tests.helpers import REPO, ServedHttp, free_port, serve_command, serve_http
+from tests.helpers import REPO, ServedHttp, free_port, serve_command, serve_http, wait_listening
 
 COUNTING = "tests/server/servers/counting.py:make_server"
 TOKENS = {"alice": "tok-alice-4f1c", "bob": "tok-bob-9a2e", "ops": "tok-ops-77d0"}
@@ -70,18 +68,10 @@ async def standalone_console(journal: str) -> AsyncIterator[str]:
     console = subprocess.Popen([*serve_command(), "console", "--journal", journal, "--port", str(port)],
                                cwd=REPO, env={**os.environ, **ENV}, stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=log)
+    served = ServedHttp(f"http://127.0.0.1:{port}/console", port, console, Path(log.name), [log])
     try:
-        with anyio.fail_after(30):
-            while True:
-                assert console.poll() is None, Path(log.name).read_text()
-                try:
-                    stream = await anyio.connect_tcp("127.0.0.1", port)
-                except OSError:
-                    await anyio.sleep(0.05)
-                    continue
-                await stream.aclose()
-                break
-        yield f"http://127.0.0.1:{port}/console"
+        assert await wait_listening(served), served.stderr()  # False: the console exited first
+        yield served.url
     finally:
         console.terminate()
         console.wait(timeout=10)
