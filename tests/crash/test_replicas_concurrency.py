@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.helpers import serve_http
+from tests.helpers import ServedHttp, serve_http
 
 pytestmark = pytest.mark.postgres
 
@@ -44,6 +44,8 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
 
     async with AsyncExitStack() as stack:
         replicas = [await stack.enter_async_context(serve_http(TARGET, journal=journal, env=env)) for _ in range(3)]
+        # Runs before the replicas stop (and their stderr files go): keeps what they logged.
+        stack.push(lambda *exc: _keep_stderr(replicas, tmp_path, shown=exc[1] is not None or bool(first_errors)))
         # Two clients per replica, shared by the calls; 50 calls in flight at most (2 cores).
         clients = [[await stack.enter_async_context(Client(r.url)) for _ in range(2)] for r in replicas]
         limit = anyio.Semaphore(50)
@@ -66,7 +68,7 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
 
     assert len(results) == 500
     errors = [_seen(r) for _, r in results.values() if r.is_error]
-    assert errors == [], f"errors even after retries; first errors: {first_errors}"
+    assert errors == [], f"errors even after retries; first errors: {first_errors}\n{_stderr_text(tmp_path)}"
     print(f"error answers a retry got past: {first_errors}")
     by_key: dict[str, set[str]] = defaultdict(set)
     for key, result in results.values():
@@ -78,6 +80,23 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
     effects = ledger.effects()
     assert len(effects) == 50 and len(ledger.requests()) == 50  # 50 executions, no duplicate request
     assert {e["idempotency_key"]: e["id"] for e in effects} == {k: ids.pop() for k, ids in by_key.items()}
+
+
+def _keep_stderr(replicas: list[ServedHttp], tmp_path: Path, *, shown: bool) -> None:
+    """Copy each replica's stderr to `tmp_path/replica-N.stderr`; print them when `shown`.
+
+    An exception raised inside a tool reaches the caller only as "Error executing tool refund";
+    the SDK logs it with its traceback at ERROR on the replica's stderr, which is kept here.
+    """
+    for n, replica in enumerate(replicas):
+        (tmp_path / f"replica-{n}.stderr").write_text(replica.stderr())
+    if shown:
+        print(_stderr_text(tmp_path))
+
+
+def _stderr_text(tmp_path: Path) -> str:
+    """The kept stderr of every replica, each under its file's name."""
+    return "\n".join(f"--- {path}\n{path.read_text()}" for path in sorted(tmp_path.glob("replica-*.stderr")))
 
 
 def _seen(result: Any) -> Any:
