@@ -37,28 +37,22 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
     calls = [(i, f"key-{i % 50:02d}", i % 3) for i in range(500)]
     random.Random(6).shuffle(calls)
     results: dict[int, tuple[str, Any]] = {}
-    # Error answers that a retry with the same key then got past. Seen in about one full-suite run
-    # in three since 2026-12-01 ("Error executing tool refund": an exception inside the tool, cause
-    # not yet known); kept visible here while the exactly-once assertions below stay as they were.
-    first_errors: list[Any] = []
+
+    def error_answers() -> list[Any]:
+        return [_seen(result) for _, result in results.values() if result.is_error]
 
     async with AsyncExitStack() as stack:
         replicas = [await stack.enter_async_context(serve_http(TARGET, journal=journal, env=env)) for _ in range(3)]
         # Runs before the replicas stop (and their stderr files go): keeps what they logged.
-        stack.push(lambda *exc: _keep_stderr(replicas, tmp_path, shown=exc[1] is not None or bool(first_errors)))
+        stack.push(lambda *exc: _keep_stderr(replicas, tmp_path, shown=exc[1] is not None or bool(error_answers())))
         # Two clients per replica, shared by the calls; 50 calls in flight at most (2 cores).
         clients = [[await stack.enter_async_context(Client(r.url)) for _ in range(2)] for r in replicas]
         limit = anyio.Semaphore(50)
 
         async def call(i: int, key: str, replica: int) -> None:
             async with limit:
-                client = clients[replica][i % 2]
-                for _ in range(3):  # as a client does: an error answer is retried with the same key
-                    result = await client.call_tool("refund", {"order_id": f"O-{key}", "amount_cents": 500},
-                                                    meta={KEY_META: key})
-                    if not result.is_error:
-                        break
-                    first_errors.append(_seen(result))
+                result = await clients[replica][i % 2].call_tool(
+                    "refund", {"order_id": f"O-{key}", "amount_cents": 500}, meta={KEY_META: key})
             results[i] = (key, result)
 
         with anyio.fail_after(120):
@@ -67,9 +61,11 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
                     tg.start_soon(call, i, key, replica)
 
     assert len(results) == 500
-    errors = [_seen(r) for _, r in results.values() if r.is_error]
-    assert errors == [], f"errors even after retries; first errors: {first_errors}\n{_stderr_text(tmp_path)}"
-    print(f"error answers a retry got past: {first_errors}")
+    # No call is retried: an exception inside the tool under this concurrency is a fault (in the
+    # stand-in or the engine) that only this test can show, and the design's release of its claim
+    # (a retry runs again) is tested on its own in tests/server/test_calls_errors.py. Its cause is
+    # in the replicas' stderr, printed here.
+    assert error_answers() == [], _stderr_text(tmp_path)
     by_key: dict[str, set[str]] = defaultdict(set)
     for key, result in results.values():
         by_key[key].add(result.structured_content["id"])
