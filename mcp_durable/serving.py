@@ -74,11 +74,19 @@ def announce(*lines: str) -> None:
     print("\n".join(lines), file=sys.stderr, flush=True)
 
 
+#: How long the HTTP server keeps an idle connection open. Clients reuse a pooled connection idle
+#: for up to a few seconds (the MCP SDK's httpx client: 5 s, as long as uvicorn's default), and a
+#: request sent while the server closes that connection is lost to a reset (`ReadError`). The
+#: server must outwait every client, and the load balancers' 60 s idle timeout in front of it.
+KEEP_ALIVE_SECONDS = 75
+
+
 def run_uvicorn(app: Any, args: argparse.Namespace) -> int:
     import anyio
     import uvicorn
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on")
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
+                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
     anyio.run(uvicorn.Server(config).serve)
     return 0
 
