@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .engine import Encoder, Engine
 from .errors import DurableError
-from .journal.base import CallCursor
+from .journal.base import CallCursor, CallQuery
 from .journal.model import CallState
 from .policy import ToolPolicy
 from .schedule import run_every
@@ -52,7 +52,7 @@ async def reconcile_in_doubt(
     report = ReconcilePass(at=engine.clock())
     await engine.sweep()
     cursor: CallCursor | None = None
-    while page := await engine.journal.list_calls(state=CallState.IN_DOUBT, limit=200, cursor=cursor):
+    while page := await engine.journal.list_calls(CallQuery(state=CallState.IN_DOUBT, limit=200, cursor=cursor)):
         cursor = CallCursor.after(page[-1])
         for record in page:
             policy = policies.get(record.identity.tool)

@@ -16,7 +16,7 @@ import anyio.to_thread
 import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
-from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, sort_key
+from ..base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport, sort_key
 from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from . import snapshot as snapshots
@@ -394,25 +394,19 @@ class FileJournal:
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         await self._signals.wait(identity, timeout)
 
-    async def list_calls(
-        self,
-        *,
-        principal: str | None = None,
-        tool: str | None = None,
-        state: CallState | None = None,
-        limit: int = 100,
-        cursor: CallCursor | None = None,
-        tasks_only: bool = False,
-    ) -> list[CallRecord]:
+    async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
         if self._commit is None:
             raise JournalError(f"journal {self.url} is not open")
         await self._commit.wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
+        # The index narrows by state, tool, principal, task and time without reading a frame;
+        # `query.matches` decides on the records read (the cursor's tie-break by identity).
         idx = self._calls
-        tool_id = idx.tools.ids.get(tool, -1) if tool is not None else None
-        principal_id = idx.principals.ids.get(principal, -1) if principal is not None else None
-        code = STATE_CODES[state] if state is not None else None
-        top = cursor.created_at if cursor is not None else float("inf")
-        task_slots = {s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None} if tasks_only else None
+        tool_id = idx.tools.ids.get(query.tool, -1) if query.tool is not None else None
+        principal_id = idx.principals.ids.get(query.principal, -1) if query.principal is not None else None
+        code = STATE_CODES[query.state] if query.state is not None else None
+        top = query.cursor.created_at if query.cursor is not None else float("inf")
+        task_slots = ({s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None}
+                      if query.tasks_only else None)
         candidates = [
             (idx.created[s], s) for s in range(len(idx.state))
             if idx.state[s] != DEAD and (code is None or idx.state[s] == code)
@@ -423,18 +417,14 @@ class FileJournal:
         candidates.sort(reverse=True)
         out: list[CallRecord] = []
         i = 0
-        while i < len(candidates) and len(out) < limit:
+        while i < len(candidates) and len(out) < query.limit:
             j = i
             while j < len(candidates) and candidates[j][0] == candidates[i][0]:
                 j += 1
             group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for _, s in candidates[i:j]]
-            if cursor is not None:
-                group = [r for r in group if sort_key(r) < (cursor.created_at, cursor.identity)]
-            if tasks_only:
-                group = [r for r in group if r.task_id is not None]
-            out.extend(sorted(group, key=sort_key, reverse=True))
+            out.extend(sorted(filter(query.matches, group), key=sort_key, reverse=True))
             i = j
-        return out[: max(0, limit)]
+        return out[: max(0, query.limit)]
 
     async def purge_expired(self, now: float) -> int:
         self._writable()
