@@ -77,23 +77,17 @@ async def reconcile_in_doubt(
     return report
 
 
+@dataclass(eq=False)
 class BackgroundRecovery:
     """Runs `reconcile_in_doubt` at start and every `interval` seconds until cancelled."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        policies: Mapping[str, ToolPolicy],
-        encoder: Callable[[str], Encoder | None],
-        interval: float,
-        after_pass: Callable[[ReconcilePass], Awaitable[None]] | None = None,
-    ) -> None:
-        self.engine = engine
-        self.policies = policies
-        self.encoder = encoder
-        self.interval = interval
-        self.after_pass = after_pass
-        self.last: ReconcilePass | None = None
+    engine: Engine
+    policies: Mapping[str, ToolPolicy]
+    encoder: Callable[[str], Encoder | None]
+    interval: float
+    after_pass: Callable[[ReconcilePass], Awaitable[None]] | None = None
+    #: The latest pass, None until one ran.
+    last: ReconcilePass | None = field(default=None, init=False)
 
     def wanted(self) -> bool:
         """Whether any tool could be reconciled unattended (else the pass is skipped)."""
