@@ -24,6 +24,7 @@ import os
 import signal
 import time
 from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +35,7 @@ import anyio.to_thread
 from ... import config
 from .commit import GroupCommit
 from .index import DEAD, CallIndex, EntryIndex, pack, unpack
-from .segments import FILE_MODE, ManifestKeeper, fsync_dir, segment_name
+from .segments import ManifestKeeper, fsync_dir, segment_name, write_synced
 
 
 class CompactionTarget(Protocol):
@@ -87,10 +88,10 @@ def crash_point(name: str) -> None:
 def _copy(directory: Path, items: list[tuple[int, int, int]], target: int) -> list[int]:
     """Copy frames `(position, size, _)` (in log order) into segment `target`; new offsets."""
     offsets: list[int] = []
-    out = 0
-    fd = os.open(directory / segment_name(target), os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    try:
-        current, data = -1, b""
+
+    def pieces() -> Iterator[bytes]:
+        # Frames go out 4096 at a time: one write per piece, without the whole segment in memory.
+        out, current, data = 0, -1, b""
         chunk: list[bytes] = []
         for position, size, _ in items:
             segment, offset = unpack(position)
@@ -100,13 +101,11 @@ def _copy(directory: Path, items: list[tuple[int, int, int]], target: int) -> li
             offsets.append(out)
             out += size
             if len(chunk) >= 4096:
-                os.write(fd, b"".join(chunk))
+                yield b"".join(chunk)
                 chunk = []
-        if chunk:
-            os.write(fd, b"".join(chunk))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        yield b"".join(chunk)
+
+    write_synced(directory / segment_name(target), pieces(), create_new=True)
     fsync_dir(directory)
     return offsets
 

@@ -197,7 +197,7 @@ def _repair(
 
 
 def _keep_aside(path: Path, data: bytes) -> None:
-    write_synced(path, data)
+    write_synced(path, [data])
     fsync_dir(path.parent)
 
 
