@@ -21,7 +21,6 @@ blocks on disk.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import time
@@ -32,7 +31,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from ..errors import ConfigError, JournalError, JournalLockedError
+from ..errors import ConfigError, JournalError
 from .base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
 from .fsync import make_dirs
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
@@ -43,6 +42,7 @@ from .sql_rows import call_row as _row
 from .sql_rows import listing_clause
 from .sql_rows import process_entry as _entry
 from .sqlite_writer import SQLiteWriter
+from .writer_lock import WriterLock
 
 T = TypeVar("T")
 
@@ -80,7 +80,7 @@ class SQLiteJournal:
                  busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:
         self.path = Path(path)
         self.single_writer = single_writer
-        self._lock_fd: int | None = None
+        self._lock: WriterLock | None = None
         self.url = url or f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
@@ -168,8 +168,12 @@ class SQLiteJournal:
         if self._writer is not None:
             return
         started = time.perf_counter()
-        if self.single_writer and self._lock_fd is None:
-            self._lock_fd = self._take_writer_lock()
+        if self.single_writer and self._lock is None:
+            lock_path = Path(f"{self.path}.lock")
+            lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock = WriterLock(lock_path, str(self.path))
+            lock.acquire()
+            self._lock = lock
         writer = SQLiteWriter(self._connect, str(self.path))
         try:
             await writer.start()
@@ -182,24 +186,10 @@ class SQLiteJournal:
         writer, self._writer = self._writer, None
         if writer is not None:
             await writer.stop()  # what is queued is committed (or failed) first
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
         self._signals.notify_all()
-
-    def _take_writer_lock(self) -> int:
-        lock_path = Path(f"{self.path}.lock")
-        lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise JournalLockedError(str(self.path), holder) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
-        return fd
 
     # -- call records -----------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from ...errors import ConfigError, JournalCorruptError, JournalError
 from ..base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport, sort_key
 from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from ..writer_lock import WriterLock
 from . import snapshot as snapshots
 from .codec import (
     call_payload,
@@ -32,9 +33,8 @@ from .codec import (
 from .commit import Batch, GroupCommit
 from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
 from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
-from .lock import WriterLock
 from .recovery import recover
-from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
+from .segments import DIR_MODE, FILE_MODE, LOCK, Manifest, ManifestKeeper, segment_name
 from .writer import SegmentWriter
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class FileJournal:
             return self._load(Manifest.read(self.directory))
         make_dirs(self.directory, DIR_MODE)  # its entry durable before anything durable is put in it
         os.chmod(self.directory, DIR_MODE)
-        self._lock = WriterLock(self.directory)
+        self._lock = WriterLock(self.directory / LOCK, str(self.directory))
         self._lock.acquire()
         manifest = Manifest.read(self.directory)
         if manifest is None:
