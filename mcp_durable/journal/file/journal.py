@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -104,12 +105,11 @@ class FileJournal:
             return
         started = time.perf_counter()
         try:
-            await anyio.to_thread.run_sync(self._open_sync)
-        except BaseException as exc:
+            with self._storage_faults(f"cannot open {self.directory}"):
+                await anyio.to_thread.run_sync(self._open_sync)
+        except BaseException:
             self._close_files()
             self._reset()
-            if isinstance(exc, OSError):  # a full disk, a read-only directory: the journal is unavailable
-                raise JournalError(f"cannot open journal {self.directory}: {exc}") from exc
             raise
         assert self.recovery is not None
         self.recovery = dataclasses.replace(self.recovery, duration_s=time.perf_counter() - started)
@@ -191,14 +191,30 @@ class FileJournal:
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _writable(self) -> GroupCommit:
+    @contextlib.contextmanager
+    def _storage_faults(self, doing: str) -> Iterator[None]:
+        """The file journal's one mapping of storage faults: an OS error inside (a full disk, a
+        read-only directory, a lost or unreadable file) raises `JournalError`, naming the journal
+        and what it was `doing`, with the `OSError` as its cause."""
+        try:
+            yield
+        except OSError as exc:
+            raise JournalError(f"journal {self.url}: {doing}: {exc}") from exc
+
+    def _opened(self) -> GroupCommit:
+        """The group commit of an open journal (reads wait on it); `JournalError` when not open."""
         if self._commit is None:
             raise JournalError(f"journal {self.url} is not open")
+        return self._commit
+
+    def _writable(self) -> GroupCommit:
+        self._opened()
         if self.read_only:
             raise JournalError(f"journal {self.url} is open read-only")
         self._heal()
-        self._commit.check()
-        return self._commit
+        commit = self._opened()
+        commit.check()
+        return commit
 
     def _heal(self) -> None:
         """After a failed flush (a full disk, an I/O error), reload the journal from disk in place.
@@ -284,13 +300,11 @@ class FileJournal:
         path = self.directory / segment_name(segment)
         # The one place records are read from disk: a segment that is gone or unreadable is the
         # journal unavailable (JournalError), never an OSError escaping to the caller.
-        try:
+        with self._storage_faults(f"cannot read {path.name}"):
             fd = self._readers.get(segment)
             if fd is None:
                 fd = self._readers[segment] = os.open(path, os.O_RDONLY)
             buf = os.pread(fd, size, offset)
-        except OSError as exc:
-            raise JournalError(f"journal {self.url}: cannot read {path.name}: {exc}") from exc
         frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame) and self._commit is not None:
             # Queued but not written yet (a reader that did not wait for this frame): its bytes are
@@ -395,9 +409,7 @@ class FileJournal:
         await self._signals.wait(identity, timeout)
 
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
-        await self._commit.wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
+        await self._opened().wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
         # The index narrows by state, tool, principal, task and time without reading a frame;
         # `query.matches` decides on the records read (the cursor's tie-break by identity).
         idx = self._calls
@@ -445,12 +457,11 @@ class FileJournal:
         by_tool = Counter(idx.tools.names[idx.tool[s]] for s in live)
         size = 0
         for p in self.directory.glob("seg-*.log"):
-            try:
-                size += p.stat().st_size
-            except FileNotFoundError:  # removed by a compaction since the listing
-                continue
-            except OSError as exc:
-                raise JournalError(f"journal {self.url}: cannot read {p.name}: {exc}") from exc
+            with self._storage_faults(f"cannot read {p.name}"):
+                try:
+                    size += p.stat().st_size
+                except FileNotFoundError:  # removed by a compaction since the listing
+                    continue
         oldest = min((idx.created[s] for s in live), default=None)
         return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size,
                             oldest)
@@ -466,8 +477,6 @@ class FileJournal:
         return total, live
 
     async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
         self._writable()
         e = self._entries
         dropped = 0
@@ -492,9 +501,7 @@ class FileJournal:
     async def entries(
         self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
     ) -> list[JournalEntry]:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
-        await self._commit.wait_seq(self._next_seq - 1)
+        await self._opened().wait_seq(self._next_seq - 1)
         e = self._entries
         if process_id is None:
             stop = len(e) if limit is None or self._dropped else min(len(e), e.first_after(after) + max(0, limit))
@@ -514,9 +521,7 @@ class FileJournal:
         return out
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
-        await self._commit.wait_seq(self._next_seq - 1)
+        await self._opened().wait_seq(self._next_seq - 1)
         e, phash = self._entries, self._process_hash(process_id)
         i = e.checkpoint.get(phash)
         if i is not None and i not in self._dropped \
@@ -538,17 +543,19 @@ class FileJournal:
         if commit is None or self._keeper is None:
             return None
         async with self._maintenance:
-            seq = self._next_seq - 1
-            segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
-            data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
-            self._since_snapshot = 0
-            tmp = await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
-            await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
-            path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
-            return path.name
+            with self._storage_faults("cannot write a snapshot"):
+                seq = self._next_seq - 1
+                segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
+                data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
+                self._since_snapshot = 0
+                tmp = await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
+                await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
+                path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
+                return path.name
 
     async def compact(self, now: float) -> CompactionReport:
         """Drop expired records and superseded versions by rewriting the sealed segments."""
         from .compaction import compact
 
-        return await compact(self, now)
+        with self._storage_faults("compaction"):
+            return await compact(self, now)
