@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import os
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from .segments import DIR_MODE, FILE_MODE, LOCK, Manifest, ManifestKeeper, segme
 from .writer import SegmentWriter
 
 if TYPE_CHECKING:
-    from .compaction import CompactionReport
+    from .compaction import CompactionReport, PhaseHook
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 #: A snapshot is written once this many frames were appended since the last one (and at close),
@@ -553,9 +554,73 @@ class FileJournal:
                 path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
                 return path.name
 
-    async def compact(self, now: float) -> CompactionReport:
-        """Drop expired records and superseded versions by rewriting the sealed segments."""
+    async def compact(self, now: float, *, at_phase: PhaseHook | None = None) -> CompactionReport:
+        """Drop expired records and superseded versions by rewriting the sealed segments.
+        `at_phase(name)` is called after each durable step (crash tests kill the process there)."""
         from .compaction import compact
 
         with self._storage_faults("compaction"):
-            return await compact(self, now)
+            return await compact(self, now, at_phase=at_phase)
+
+    # -- what compaction needs (`compaction.CompactionTarget`) --------------------------------------
+
+    @property
+    def maintenance(self) -> anyio.Lock:
+        """Held by one snapshot or compaction at a time."""
+        return self._maintenance
+
+    async def seal(self) -> tuple[tuple[int, ...], int]:
+        """Start a new active segment and wait until every frame before it is on disk; the
+        sealed segments (never written again) and a fresh segment number to compact them into."""
+        commit = self._writable()
+        assert self._keeper is not None
+        self._rotate()
+        await commit.wait_seq(self._next_seq - 1)
+        return tuple(s for s in self._keeper.current.segments if s != self._active), self._keeper.allocate()
+
+    def live_frames(self, segments: tuple[int, ...]) -> tuple[list[tuple[int, int, int]], set[int]]:
+        """The frames of `segments` still in use, in log order, as `(position, size, ref)` (`ref`:
+        a call's slot, or `~i` for entry `i`), and the entries dropped so far (left out)."""
+        order = {segment: i for i, segment in enumerate(segments)}
+        calls, entries = self._calls, self._entries
+        items: list[tuple[int, int, int]] = []
+        for slot in range(len(calls.state)):
+            if calls.state[slot] != DEAD and unpack(calls.pos[slot])[0] in order:
+                items.append((calls.pos[slot], calls.size[slot], slot))
+        dropped = set(self._dropped)
+        for i in range(len(entries)):
+            if i not in dropped and unpack(entries.pos[i])[0] in order:
+                items.append((entries.pos[i], entries.size[i], ~i))
+        items.sort(key=lambda item: (order[unpack(item[0])[0]], unpack(item[0])[1]))
+        return items, dropped
+
+    async def switch(self, sealed: tuple[int, ...], target: int) -> int:
+        """Replace `sealed` with `target` in the manifest (one atomic rename); segments after it."""
+        assert self._keeper is not None
+        await anyio.to_thread.run_sync(self._keeper.replace_segments, sealed, target, self._next_seq)
+        return len(self._keeper.current.segments)
+
+    def relocate(self, items: list[tuple[int, int, int]], offsets: list[int], target: int,
+                 dropped: set[int]) -> tuple[int, int]:
+        """Point the index at the copies of `items` (at `offsets` of `target`), leave out the
+        entries `dropped` before the copy, and close readers of the segments gone; the records and
+        entries kept. Runs without an await: what writers did meanwhile is kept, in order."""
+        calls, entries = self._calls, self._entries
+        kept_records = kept_entries = 0
+        for (position, _, ref), offset in zip(items, offsets, strict=True):
+            if ref >= 0:
+                if calls.pos[ref] == position:  # unchanged during the copy
+                    calls.pos[ref] = pack(target, offset)
+                kept_records += 1
+            else:
+                entries.pos[~ref] = pack(target, offset)
+                kept_entries += 1
+        if dropped:
+            late = self._dropped - dropped  # dropped during the copy: renumbered like the index
+            self._entries = entries.without(dropped)
+            order_dropped = sorted(dropped)
+            self._dropped = {i - bisect_left(order_dropped, i) for i in late}
+        live = set(self._keeper.current.segments) if self._keeper is not None else set()
+        for segment in [s for s in self._readers if s not in live]:
+            os.close(self._readers.pop(segment))
+        return kept_records, kept_entries
