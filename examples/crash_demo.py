@@ -222,11 +222,12 @@ async def _run_server(kind: str, plan_of: list[tuple[int, str]], workdir: Path, 
 async def _explain_durable(tally: Tally, url: str, ledger: PaymentProvider, replayed: int) -> None:
     """Read the journal: calls that needed more than one attempt were found in doubt and retried."""
     from mcp_durable import create_journal
+    from mcp_durable.journal import CallQuery
 
     journal = create_journal(url)
     await journal.open()
     try:
-        doubted = [r for r in await journal.list_calls(tool="refund", limit=100_000) if r.attempts > 1]
+        doubted = [r for r in await journal.list_calls(CallQuery(tool="refund", limit=100_000)) if r.attempts > 1]
     finally:
         await journal.aclose()
     outcomes = Counter((r["idempotency_key"], r["outcome"]) for r in ledger.requests())

@@ -63,7 +63,7 @@ from .errors import (
     OutcomeUnknownError,
     TaskCancelledError,
 )
-from .journal.base import CallCursor, Journal
+from .journal.base import CallCursor, CallQuery, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .journal.replay import ProcessJournal, ReplayEngine
 from .keys import LOCAL_PRINCIPAL as LOCAL_PRINCIPAL  # where it has always been imported from
@@ -264,7 +264,7 @@ class Engine(TaskRuns):
         found = 0
         cursor: CallCursor | None = None
         while True:
-            page = await self.journal.list_calls(state=CallState.PENDING, limit=500, cursor=cursor)
+            page = await self.journal.list_calls(CallQuery(state=CallState.PENDING, limit=500, cursor=cursor))
             if not page:
                 return found
             cursor = CallCursor.after(page[-1])

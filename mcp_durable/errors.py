@@ -36,17 +36,24 @@ from __future__ import annotations
 
 
 class DurableError(Exception):
-    """Base of every error mcp-durable raises."""
+    """Base of every error mcp-durable raises.
+
+    A subclass passes its machine-readable fields to `__init__` by name: each becomes an
+    attribute of the error (declared on the class, for typing) and an entry of `details()`, so
+    a field is named once. Fields that are not for the wire are set as plain attributes."""
 
     code: str = "internal"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
         self.message = message
+        self._details = details
+        for name, value in details.items():
+            setattr(self, name, value)
 
     def details(self) -> dict[str, object]:
         """Machine-readable fields sent beside the code (never secrets)."""
-        return {}
+        return dict(self._details)
 
 
 class ConfigError(DurableError):
@@ -55,36 +62,39 @@ class ConfigError(DurableError):
     code = "config_error"
 
 
-class MissingKeyError(DurableError):
+class _OfTool(DurableError):
+    """An error about a call of one tool (`.tool`)."""
+
+    tool: str
+
+
+class _OfCall(_OfTool):
+    """An error about one call (`.tool`, `.key`)."""
+
+    key: str
+
+
+class MissingKeyError(_OfTool):
     """The tool requires a caller key (`key="required"`) and the call had none (HTTP 400 analogue)."""
 
     code = "missing_key"
 
     def __init__(self, tool: str) -> None:
-        super().__init__(
-            f"tool {tool!r} requires an idempotency key: send it in _meta['mcp-durable/idempotency-key']"
-        )
-        self.tool = tool
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool}
+        message = f"tool {tool!r} requires an idempotency key: send it in _meta['mcp-durable/idempotency-key']"
+        super().__init__(message, tool=tool)
 
 
-class InvalidKeyError(DurableError):
+class InvalidKeyError(_OfTool):
     """The key is not 1–255 printable ASCII characters (or not a string at all)."""
 
     code = "invalid_key"
+    reason: str
 
     def __init__(self, tool: str, reason: str) -> None:
-        super().__init__(f"invalid idempotency key for tool {tool!r}: {reason}")
-        self.tool = tool
-        self.reason = reason
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "reason": self.reason}
+        super().__init__(f"invalid idempotency key for tool {tool!r}: {reason}", tool=tool, reason=reason)
 
 
-class KeyReuseError(DurableError):
+class KeyReuseError(_OfCall):
     """The key was used before with other arguments (HTTP 422 analogue); the tool did not run."""
 
     code = "key_reuse"
@@ -92,131 +102,97 @@ class KeyReuseError(DurableError):
     def __init__(self, tool: str, key: str) -> None:
         super().__init__(
             f"idempotency key {key!r} of tool {tool!r} was already used with different arguments; "
-            "use a new key for a new operation"
+            "use a new key for a new operation",
+            tool=tool, key=key,
         )
-        self.tool = tool
-        self.key = key
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "key": self.key}
 
 
-class InProgressError(DurableError):
+class InProgressError(_OfCall):
     """A call with this key is still running and did not finish within the wait (HTTP 409 analogue)."""
 
     code = "in_progress"
+    retry_after: float
 
     def __init__(self, tool: str, key: str, retry_after: float) -> None:
-        super().__init__(
-            f"a call of tool {tool!r} with key {key!r} is still in progress; retry after {retry_after:.1f}s"
-        )
-        self.tool = tool
-        self.key = key
-        self.retry_after = retry_after
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "key": self.key, "retry_after": self.retry_after}
+        message = f"a call of tool {tool!r} with key {key!r} is still in progress; retry after {retry_after:.1f}s"
+        super().__init__(message, tool=tool, key=key, retry_after=retry_after)
 
 
-class InDoubtError(DurableError):
+class InDoubtError(_OfCall):
     """The previous attempt died inside the danger window and policy forbids running it again."""
 
     code = "in_doubt"
+    attempts: int
 
     def __init__(self, tool: str, key: str, attempts: int, reason: str = "") -> None:
         why = f" ({reason})" if reason else ""
         super().__init__(
             f"call of tool {tool!r} with key {key!r} is in doubt after {attempts} attempt(s){why}: "
             "its side effect may or may not have happened; an operator must resolve it "
-            "(mcp-durable journal resolve)"
+            "(mcp-durable journal resolve)",
+            tool=tool, key=key, attempts=attempts,
         )
-        self.tool = tool
-        self.key = key
-        self.attempts = attempts
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "key": self.key, "attempts": self.attempts}
 
 
-class NonFiniteArgumentError(DurableError):
+class NonFiniteArgumentError(_OfTool):
     """A durable call's argument is NaN, Infinity or -Infinity (or a number beyond a 64-bit float,
     like `1e400`, read as infinite). Refused before any claim: JSON has no such numbers, so the
     journal would record `null` and the fingerprint would equal a call that sent `null`."""
 
     code = "non_finite_argument"
+    argument: str
 
     def __init__(self, tool: str, argument: str) -> None:
-        super().__init__(
-            f"argument {argument} of tool {tool!r} is not a finite number (NaN, Infinity, or too large "
-            "for a 64-bit float): it cannot be fingerprinted or journaled; send a finite number"
-        )
-        self.tool = tool
-        self.argument = argument
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "argument": self.argument}
+        why = "it cannot be fingerprinted or journaled; send a finite number"
+        message = (f"argument {argument} of tool {tool!r} is not a finite number (NaN, Infinity, or too large "
+                   f"for a 64-bit float): {why}")
+        super().__init__(message, tool=tool, argument=argument)
 
 
-class ArgumentsTooDeepError(DurableError):
+class ArgumentsTooDeepError(_OfTool):
     """A durable call's arguments nest objects and arrays deeper than the server's limit
     (`max_argument_depth`). Refused before any claim."""
 
     code = "arguments_too_deep"
+    limit: int
 
     def __init__(self, tool: str, limit: int) -> None:
         super().__init__(
             f"the arguments of tool {tool!r} nest objects and arrays more than {limit} levels deep "
-            f"(the arguments object is level 1); the limit is {limit} (max_argument_depth)"
+            f"(the arguments object is level 1); the limit is {limit} (max_argument_depth)",
+            tool=tool, limit=limit,
         )
-        self.tool = tool
-        self.limit = limit
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "limit": self.limit}
 
 
 class DeterminismError(DurableError):
     """A durable step's name differs from the journal's step at the same position."""
-
-    code = "determinism_error"
 
     def __init__(self, step_index: int, expected: str, got: str) -> None:
         super().__init__(
             f"durable step {step_index} is {got!r} but the journal recorded {expected!r}: "
             "a tool's steps must run in the same order on every attempt"
         )
-        self.step_index = step_index
-        self.expected = expected
-        self.got = got
+        self.step_index, self.expected, self.got = step_index, expected, got
 
 
-class TaskCancelledError(DurableError):
+class TaskCancelledError(_OfCall):
     """The call is an MCP task that its requestor cancelled (`tasks/cancel`) while its tool ran."""
 
     code = "cancelled"
 
     def __init__(self, tool: str, key: str) -> None:
-        super().__init__(f"task call of tool {tool!r} with key {key!r} was cancelled")
-        self.tool = tool
-        self.key = key
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "key": self.key}
+        super().__init__(f"task call of tool {tool!r} with key {key!r} was cancelled", tool=tool, key=key)
 
 
-class CallCancelledError(DurableError):
+class CallCancelledError(_OfCall):
     """An operator cancelled the call (`journal cancel`, `journal_cancel`): its tool was stopped, or
     will not run; a repeat of its key is refused until the record expires or is forgotten."""
 
     code = "cancelled"
 
     def __init__(self, tool: str, key: str) -> None:
-        super().__init__(f"call of tool {tool!r} with key {key!r} was cancelled by an operator")
-        self.tool = tool
-        self.key = key
-
-    def details(self) -> dict[str, object]:
-        return {"tool": self.tool, "key": self.key}
+        message = f"call of tool {tool!r} with key {key!r} was cancelled by an operator"
+        super().__init__(message, tool=tool, key=key)
 
 
 class OperatorError(DurableError):
@@ -230,12 +206,11 @@ class UpstreamUnavailableError(DurableError):
 
     code = "upstream_unavailable"
 
-    def __init__(self, upstream: str, reason: str) -> None:
-        super().__init__(f"upstream {upstream} cannot be reached: {reason}; nothing was journaled, retry later")
-        self.upstream = upstream
+    upstream: str
 
-    def details(self) -> dict[str, object]:
-        return {"upstream": self.upstream}
+    def __init__(self, upstream: str, reason: str) -> None:
+        message = f"upstream {upstream} cannot be reached: {reason}; nothing was journaled, retry later"
+        super().__init__(message, upstream=upstream)
 
 
 class OutcomeUnknownError(DurableError):
@@ -282,12 +257,10 @@ class ForbiddenError(DurableError):
 
     code = "forbidden"
 
-    def __init__(self, principal: str) -> None:
-        super().__init__(f"principal {principal!r} is not a journal admin")
-        self.principal = principal
+    principal: str
 
-    def details(self) -> dict[str, object]:
-        return {"principal": self.principal}
+    def __init__(self, principal: str) -> None:
+        super().__init__(f"principal {principal!r} is not a journal admin", principal=principal)
 
 
 class LimitExceededError(DurableError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .engine import Encoder, Engine
 from .errors import DurableError
-from .journal.base import CallCursor
+from .journal.base import CallCursor, CallQuery
 from .journal.model import CallState
 from .policy import ToolPolicy
 from .schedule import run_every
@@ -52,7 +52,7 @@ async def reconcile_in_doubt(
     report = ReconcilePass(at=engine.clock())
     await engine.sweep()
     cursor: CallCursor | None = None
-    while page := await engine.journal.list_calls(state=CallState.IN_DOUBT, limit=200, cursor=cursor):
+    while page := await engine.journal.list_calls(CallQuery(state=CallState.IN_DOUBT, limit=200, cursor=cursor)):
         cursor = CallCursor.after(page[-1])
         for record in page:
             policy = policies.get(record.identity.tool)
@@ -77,23 +77,17 @@ async def reconcile_in_doubt(
     return report
 
 
+@dataclass(eq=False)
 class BackgroundRecovery:
     """Runs `reconcile_in_doubt` at start and every `interval` seconds until cancelled."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        policies: Mapping[str, ToolPolicy],
-        encoder: Callable[[str], Encoder | None],
-        interval: float,
-        after_pass: Callable[[ReconcilePass], Awaitable[None]] | None = None,
-    ) -> None:
-        self.engine = engine
-        self.policies = policies
-        self.encoder = encoder
-        self.interval = interval
-        self.after_pass = after_pass
-        self.last: ReconcilePass | None = None
+    engine: Engine
+    policies: Mapping[str, ToolPolicy]
+    encoder: Callable[[str], Encoder | None]
+    interval: float
+    after_pass: Callable[[ReconcilePass], Awaitable[None]] | None = None
+    #: The latest pass, None until one ran.
+    last: ReconcilePass | None = field(default=None, init=False)
 
     def wanted(self) -> bool:
         """Whether any tool could be reconciled unattended (else the pass is skipped)."""

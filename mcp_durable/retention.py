@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .engine import Engine
-from .journal.base import CallCursor
+from .journal.base import CallCursor, CallQuery
 from .steps import steps_process_id
 
 #: Processes whose state a checkpoint holds whole: entries before their last checkpoint are dropped.
@@ -97,7 +97,7 @@ async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> Retenti
     now = engine.clock()
     runs: list[str] = []
     cursor: CallCursor | None = None
-    while page := await journal.list_calls(limit=1000, cursor=cursor):
+    while page := await journal.list_calls(CallQuery(limit=1000, cursor=cursor)):
         cursor = CallCursor.after(page[-1])
         runs.extend(r.run_id for r in page if r.is_expired(now))
     steps = 0

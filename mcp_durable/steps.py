@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio.from_thread
@@ -52,27 +53,22 @@ def current_key() -> str | None:
     return None if call is None else call.key
 
 
+@dataclass(eq=False)
 class DurableCall:
-    """A running durable call: identity, key, attempt, and `step()` for durable steps."""
+    """A running durable call: identity, key, attempt, and `step()` for durable steps.
 
-    def __init__(
-        self,
-        identity: CallIdentity,
-        run_id: str,
-        attempt: int,
-        journal: Journal,
-        clock: Callable[[], float],
-        done_steps: list[JournalEntry],
-    ) -> None:
-        self.identity = identity
-        self.run_id = run_id
-        self.attempt = attempt
-        self._journal = journal
-        self._clock = clock
-        self._done = done_steps
-        self._next = 0
-        self.steps_replayed = 0
-        self.steps_run = 0
+    `_done` holds the steps the journal has for this run, replayed in order before any
+    step runs again; `steps_replayed` and `steps_run` count what `step()` did."""
+
+    identity: CallIdentity
+    run_id: str
+    attempt: int
+    _journal: Journal = field(repr=False)
+    _clock: Callable[[], float] = field(repr=False)
+    _done: list[JournalEntry] = field(repr=False)
+    _next: int = field(default=0, init=False, repr=False)
+    steps_replayed: int = field(default=0, init=False)
+    steps_run: int = field(default=0, init=False)
 
     @property
     def key(self) -> str:

@@ -24,7 +24,7 @@ import anyio
 
 from . import keys
 from .errors import DurableError, KeyReuseError
-from .journal.base import CallCursor, Journal
+from .journal.base import CallCursor, CallQuery, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .keys import LOCAL_PRINCIPAL
 from .policy import ToolPolicy
@@ -101,7 +101,8 @@ class TaskRuns:
         count = 0
         cursor: CallCursor | None = None
         while True:
-            page = await self.journal.list_calls(state=CallState.IN_DOUBT, tasks_only=True, limit=500, cursor=cursor)
+            query = CallQuery(state=CallState.IN_DOUBT, tasks_only=True, limit=500, cursor=cursor)
+            page = await self.journal.list_calls(query)
             if not page:
                 return count
             cursor = CallCursor.after(page[-1])
@@ -116,7 +117,7 @@ class TaskRuns:
             await anyio.sleep(self.task_watch_interval)
             try:
                 for state in (CallState.PENDING, CallState.IN_DOUBT):
-                    for record in await self.journal.list_calls(state=state, tasks_only=True, limit=500):
+                    for record in await self.journal.list_calls(CallQuery(state=state, tasks_only=True, limit=500)):
                         self.nudge_task(record, self.task_policy(record.identity.tool))
             except DurableError as exc:  # the journal is down: look again next time
                 logger.debug("task watch: %s", exc)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import observe
 from .errors import ConfigError, DurableError, InDoubtError
-from .journal.base import CallCursor, Journal
+from .journal.base import CallCursor, CallQuery, Journal
 from .journal.model import CallIdentity, CallRecord, CallState
 from .version import __version__
 
@@ -99,7 +99,7 @@ class Telemetry:
         """Re-read the calls in doubt from the journal (other replicas' changes included)."""
         found: set[CallIdentity] = set()
         cursor: CallCursor | None = None
-        while page := await journal.list_calls(state=CallState.IN_DOUBT, limit=500, cursor=cursor):
+        while page := await journal.list_calls(CallQuery(state=CallState.IN_DOUBT, limit=500, cursor=cursor)):
             found.update(r.identity for r in page)
             cursor = CallCursor.after(page[-1])
         self.in_doubt = found

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..journal.base import CallCursor, Journal
+from ..journal.base import CallCursor, CallQuery, Journal
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..operators import audit_entries
 from ..server.redact import iso, record_view, steps_view
@@ -50,7 +50,7 @@ async def overview(journal: Journal, principal: str | None, now: float) -> dict[
     cursor: CallCursor | None = None
     read = 0
     while read < MAX_CHART:
-        batch = await journal.list_calls(principal=principal, limit=_BATCH, cursor=cursor)
+        batch = await journal.list_calls(CallQuery(principal=principal, limit=_BATCH, cursor=cursor))
         for record in batch:
             if record.created_at < start:
                 batch = []
@@ -105,8 +105,8 @@ async def call_page(
     found: list[CallRecord] = []
     read = 0
     while True:
-        batch = await journal.list_calls(principal=principal, tool=wanted.tool, state=wanted.state,
-                                         limit=_BATCH, cursor=cursor)
+        batch = await journal.list_calls(CallQuery(principal=principal, tool=wanted.tool, state=wanted.state,
+                                                   limit=_BATCH, cursor=cursor))
         for record in batch:
             read += 1
             if wanted.since is not None and record.created_at < wanted.since:

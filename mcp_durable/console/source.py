@@ -25,7 +25,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken, TokenVerifier
 
 from ..engine import Engine
-from ..journal import Journal, create_journal, display_url
+from ..journal import CallQuery, Journal, create_journal, display_url
 from ..journal.model import CallRecord
 from ..policy import DEFAULT_RETENTION
 from ..server.redact import SensitiveNames
@@ -239,7 +239,7 @@ async def _signature(journal: Journal, principal: str | None) -> Any:
     """Something that differs when what `principal` sees changed: the counts, and the versions
     of the newest records (a state change of an old record moves the counts by state)."""
     counts = await stats_body(journal, principal)
-    newest: list[CallRecord] = await journal.list_calls(principal=principal, limit=50)
+    newest: list[CallRecord] = await journal.list_calls(CallQuery(principal=principal, limit=50))
     return (counts["calls_by_state"], [(r.identity, r.version) for r in newest])
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .store import connect, read
+from .store import connect, read, rows_as_dicts
 
 ENV_OUTBOX = "MAILER_OUTBOX"
 DEFAULT_OUTBOX = ".mcp-durable/outbox.db"
@@ -86,11 +86,5 @@ class Outbox:
 
     def mails(self, key: str | None = None) -> list[dict[str, Any]]:
         """Every mail delivered (optionally under one key), oldest first."""
-        sql = "SELECT id, key, recipient, subject, body FROM mails"
-        args: tuple[Any, ...] = ()
-        if key is not None:
-            sql += " WHERE key=?"
-            args = (key,)
-        rows = read(self.path, _SCHEMA, sql + " ORDER BY seq", args)
-        names = ("id", "key", "to", "subject", "body")
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        columns = {"id": "id", "key": "key", "recipient": "to", "subject": "subject", "body": "body"}
+        return rows_as_dicts(self.path, _SCHEMA, "mails", columns, None if key is None else ("key", key))

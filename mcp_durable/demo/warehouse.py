@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
-from .store import connect, read
+from .store import connect, rows_as_dicts
 
 ENV_WAREHOUSE = "WAREHOUSE_DB"
 DEFAULT_WAREHOUSE = ".mcp-durable/warehouse.db"
@@ -102,10 +102,6 @@ class Warehouse:
 
     def operations(self, order_id: str | None = None) -> list[dict[str, Any]]:
         """Every request received (optionally for one order), oldest first."""
-        sql = "SELECT op, order_id, key, outcome FROM operations"
-        args: tuple[Any, ...] = ()
-        if order_id is not None:
-            sql += " WHERE order_id=?"
-            args = (order_id,)
-        rows = read(self.path, _SCHEMA, sql + " ORDER BY seq", args)
-        return [dict(zip(("op", "order_id", "key", "outcome"), row, strict=True)) for row in rows]
+        columns = {"op": "op", "order_id": "order_id", "key": "key", "outcome": "outcome"}
+        where = None if order_id is None else ("order_id", order_id)
+        return rows_as_dicts(self.path, _SCHEMA, "operations", columns, where)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import config
 from ..errors import ConfigError
-from .base import CallCursor, Journal
+from .base import CallCursor, CallQuery, Journal
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
 
@@ -54,6 +54,7 @@ def create_journal(url: str | None = None) -> Journal:
 
 __all__ = [
     "CallCursor",
+    "CallQuery",
     "CallIdentity",
     "CallRecord",
     "CallState",

@@ -7,7 +7,7 @@ record means. A backend is done when it passes `tests/contract/`, unchanged.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
@@ -32,6 +32,45 @@ class CallCursor:
 def sort_key(record: CallRecord) -> tuple[float, CallIdentity]:
     """Listing order (applied reversed: newest first, ties by identity descending)."""
     return (record.created_at, record.identity)
+
+
+@dataclass(frozen=True, slots=True)
+class CallQuery:
+    """Which calls `Journal.list_calls` returns: at most `limit` records matching every filter
+    given (`principal`, `tool`, `state`; `tasks_only` keeps the records that are tasks, with
+    `task_id` set), newest first by `(created_at, identity)`, strictly after `cursor`.
+
+    `matches` and `page` are the reference semantics; SQL backends translate the same filters
+    (`sql_rows.listing_clause`), the file journal prefilters on its index first.
+    """
+
+    principal: str | None = None
+    tool: str | None = None
+    state: CallState | None = None
+    limit: int = 100
+    cursor: CallCursor | None = None
+    tasks_only: bool = False
+
+    def matches(self, record: CallRecord) -> bool:
+        """Whether `record` passes every filter and lies strictly after the cursor."""
+        cursor = self.cursor
+        return (
+            (self.principal is None or record.identity.principal == self.principal)
+            and (self.tool is None or record.identity.tool == self.tool)
+            and (self.state is None or record.state == self.state)
+            and (not self.tasks_only or record.task_id is not None)
+            and (cursor is None or sort_key(record) < (cursor.created_at, cursor.identity))
+        )
+
+    def page(self, records: Iterable[CallRecord]) -> list[CallRecord]:
+        """The listing of `records` this query selects: the reference for in-memory indexes."""
+        selected = [r for r in records if self.matches(r)]
+        selected.sort(key=sort_key, reverse=True)
+        return selected[: max(0, self.limit)]
+
+
+#: `list_calls()` without a query: the newest 100 calls.
+RECENT_CALLS = CallQuery()
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,19 +205,10 @@ class Journal(Protocol):
         Spurious wake-ups are allowed: callers re-read."""
         ...
 
-    async def list_calls(
-        self,
-        *,
-        principal: str | None = None,
-        tool: str | None = None,
-        state: CallState | None = None,
-        limit: int = 100,
-        cursor: CallCursor | None = None,
-        tasks_only: bool = False,
-    ) -> list[CallRecord]:
-        """At most `limit` records matching every filter given, newest first by
-        `(created_at, identity)`, strictly after `cursor`; `tasks_only` keeps the records that
-        are tasks (`task_id` set). `page` is the reference implementation."""
+    async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
+        """The records `query` selects: at most `query.limit`, matching every filter it gives,
+        newest first by `(created_at, identity)`, strictly after its cursor. `CallQuery.page` is
+        the reference implementation."""
         ...
 
     async def purge_expired(self, now: float) -> int:
@@ -267,60 +297,3 @@ class ChangeSignals:
             event = self._events[identity] = anyio.Event()
         with anyio.move_on_after(timeout):
             await event.wait()
-
-
-#: The ORDER BY of a newest-first listing in SQL backends (matches `sort_key`, reversed).
-SQL_LISTING_ORDER = "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC"
-
-
-def sql_listing_filter(
-    *,
-    principal: str | None,
-    tool: str | None,
-    state: CallState | None,
-    cursor: CallCursor | None,
-    placeholder: str,
-    tasks_only: bool = False,
-) -> tuple[str, list[Any]]:
-    """The WHERE clause (or "") and its arguments of a listing, for SQL backends.
-
-    `placeholder` is the driver's parameter marker (`?` for sqlite3, `%s` for psycopg).
-    """
-    clauses: list[str] = []
-    args: list[Any] = []
-    for column, value in (("principal", principal), ("tool", tool), ("state", state.value if state else None)):
-        if value is not None:
-            clauses.append(f"{column} = {placeholder}")
-            args.append(value)
-    if tasks_only:
-        clauses.append("task_id IS NOT NULL")
-    if cursor is not None:
-        c = cursor.identity
-        marks = ", ".join([placeholder] * 4)
-        clauses.append(f"(created_at, principal, tool, key) < ({marks})")
-        args.extend((cursor.created_at, c.principal, c.tool, c.key))
-    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), args
-
-
-def page(
-    records: Sequence[CallRecord],
-    *,
-    principal: str | None,
-    tool: str | None,
-    state: CallState | None,
-    limit: int,
-    cursor: CallCursor | None,
-    tasks_only: bool = False,
-) -> list[CallRecord]:
-    """Filter and page records newest first: the reference listing for in-memory indexes."""
-    selected = [
-        r
-        for r in records
-        if (principal is None or r.identity.principal == principal)
-        and (tool is None or r.identity.tool == tool)
-        and (state is None or r.state == state)
-        and (not tasks_only or r.task_id is not None)
-        and (cursor is None or sort_key(r) < (cursor.created_at, cursor.identity))
-    ]
-    selected.sort(key=sort_key, reverse=True)
-    return selected[: max(0, limit)]

@@ -38,6 +38,12 @@ def sync_data(fd: int) -> None:
     os.fdatasync(fd)
 
 
+def truncate_synced(fd: int, size: int) -> None:
+    """Cut the file open at `fd` to `size` bytes, durably: its new size survives a power loss."""
+    os.ftruncate(fd, size)
+    os.fsync(fd)
+
+
 def make_dirs(path: Path, mode: int) -> None:
     """`mkdir -p path` whose result survives a power loss.
 

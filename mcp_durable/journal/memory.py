@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
-from .base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, page
+from .base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 
 
@@ -73,20 +73,8 @@ class MemoryJournal:
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         await self._signals.wait(identity, timeout)
 
-    async def list_calls(
-        self,
-        *,
-        principal: str | None = None,
-        tool: str | None = None,
-        state: CallState | None = None,
-        limit: int = 100,
-        cursor: CallCursor | None = None,
-        tasks_only: bool = False,
-    ) -> list[CallRecord]:
-        return page(
-            list(self._calls.values()), principal=principal, tool=tool, state=state, limit=limit, cursor=cursor,
-            tasks_only=tasks_only,
-        )
+    async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
+        return query.page(self._calls.values())
 
     async def purge_expired(self, now: float) -> int:
         expired = [identity for identity, record in self._calls.items() if record.is_expired(now)]

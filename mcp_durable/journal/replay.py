@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigError, JournalError
@@ -48,14 +48,7 @@ class RecoveredProcess:
     last_seq: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "process_id": self.process_id,
-            "context_state": self.context_state,
-            "lifecycle_state": self.lifecycle_state,
-            "entries_replayed": self.entries_replayed,
-            "checkpoint_seq": self.checkpoint_seq,
-            "last_seq": self.last_seq,
-        }
+        return asdict(self)
 
 
 def seed_envelope(entry: JournalEntry) -> dict[str, Any] | None:

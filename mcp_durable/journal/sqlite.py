@@ -21,7 +21,6 @@ blocks on disk.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sqlite3
 import time
@@ -32,20 +31,18 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from ..errors import ConfigError, JournalError, JournalLockedError
-from .base import (
-    CHECKPOINT,
-    SQL_LISTING_ORDER,
-    CallCursor,
-    ChangeSignals,
-    RecoveryReport,
-    sql_listing_filter,
-    stored_decoder,
-)
+from ..errors import ConfigError, JournalError
+from .base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
 from .fsync import make_dirs
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from .secrets import display_url
+from .sql_rows import CALL_COLUMNS as _COLUMNS
+from .sql_rows import call_record as _record
+from .sql_rows import call_row as _row
+from .sql_rows import listing_clause
+from .sql_rows import process_entry as _entry
 from .sqlite_writer import SQLiteWriter
+from .writer_lock import WriterLock
 
 T = TypeVar("T")
 
@@ -69,49 +66,9 @@ CREATE TABLE IF NOT EXISTS entries (
 );
 CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq);
 """
-_COLUMNS = (
-    "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
-    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id"
-)
 _PLACEHOLDERS = ", ".join("?" * 18)
 #: Tasks (schema 2) on a database created before them: the column, then its index.
 _TASKS_INDEX = "CREATE INDEX IF NOT EXISTS calls_by_task ON calls (principal, task_id) WHERE task_id IS NOT NULL"
-
-
-def _row(record: CallRecord) -> tuple[Any, ...]:
-    i = record.identity
-    return (
-        i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
-        record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
-        record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
-    )
-
-
-@stored_decoder("call record")
-def _record(row: tuple[Any, ...]) -> CallRecord:
-    return CallRecord(
-        identity=CallIdentity(row[0], row[1], row[2]),
-        fingerprint=row[3],
-        state=CallState(row[4]),
-        version=row[5],
-        run_id=row[6],
-        attempts=row[7],
-        created_at=row[8],
-        updated_at=row[9],
-        owner=row[10],
-        lease_until=row[11],
-        completed_at=row[12],
-        expires_at=row[13],
-        result=None if row[14] is None else bytes(row[14]),
-        error=row[15],
-        arguments=None if row[16] is None else bytes(row[16]),
-        task_id=row[17],
-    )
-
-
-@stored_decoder("process entry")
-def _entry(row: tuple[Any, ...]) -> JournalEntry:
-    return JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])
 
 
 class SQLiteJournal:
@@ -123,7 +80,7 @@ class SQLiteJournal:
                  busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:
         self.path = Path(path)
         self.single_writer = single_writer
-        self._lock_fd: int | None = None
+        self._lock: WriterLock | None = None
         self.url = url or f"sqlite:///{self.path}"
         if synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, not {synchronous!r}")
@@ -211,8 +168,12 @@ class SQLiteJournal:
         if self._writer is not None:
             return
         started = time.perf_counter()
-        if self.single_writer and self._lock_fd is None:
-            self._lock_fd = self._take_writer_lock()
+        if self.single_writer and self._lock is None:
+            lock_path = Path(f"{self.path}.lock")
+            lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            lock = WriterLock(lock_path, str(self.path))
+            lock.acquire()
+            self._lock = lock
         writer = SQLiteWriter(self._connect, str(self.path))
         try:
             await writer.start()
@@ -225,24 +186,10 @@ class SQLiteJournal:
         writer, self._writer = self._writer, None
         if writer is not None:
             await writer.stop()  # what is queued is committed (or failed) first
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
         self._signals.notify_all()
-
-    def _take_writer_lock(self) -> int:
-        lock_path = Path(f"{self.path}.lock")
-        lock_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 200).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise JournalLockedError(str(self.path), holder) from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}".encode())
-        return fd
 
     # -- call records -----------------------------------------------------------------------------
 
@@ -321,20 +268,10 @@ class SQLiteJournal:
         # Another process's change is seen by the caller's re-read after at most one poll interval.
         await self._signals.wait(identity, min(timeout, self._poll_interval))
 
-    async def list_calls(
-        self,
-        *,
-        principal: str | None = None,
-        tool: str | None = None,
-        state: CallState | None = None,
-        limit: int = 100,
-        cursor: CallCursor | None = None,
-        tasks_only: bool = False,
-    ) -> list[CallRecord]:
-        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor, placeholder="?",
-                                         tasks_only=tasks_only)
-        sql = f"SELECT {_COLUMNS} FROM calls {where} {SQL_LISTING_ORDER} LIMIT ?"
-        rows = await self._run(lambda conn: conn.execute(sql, (*args, max(0, limit))).fetchall())
+    async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
+        tail, args = listing_clause(query, "?")
+        sql = f"SELECT {_COLUMNS} FROM calls {tail}"
+        rows = await self._run(lambda conn: conn.execute(sql, args).fetchall())
         return [_record(row) for row in rows]
 
     async def purge_expired(self, now: float) -> int:

@@ -32,7 +32,7 @@ import orjson
 
 from ..errors import JournalError
 from ..keys import canonical_json
-from .base import CallCursor, Journal
+from .base import CallCursor, CallQuery, Journal
 from .model import CallIdentity, CallRecord, JournalEntry
 from .record_json import record_from_json, record_to_json
 
@@ -62,7 +62,7 @@ async def iter_calls(journal: Journal, **filters: Any) -> AsyncIterator[CallReco
     """Every call record (newest first), page by page."""
     cursor: CallCursor | None = None
     while True:
-        page = await journal.list_calls(limit=_PAGE, cursor=cursor, **filters)
+        page = await journal.list_calls(CallQuery(limit=_PAGE, cursor=cursor, **filters))
         for record in page:
             yield record
         if len(page) < _PAGE:

@@ -40,7 +40,7 @@ from mcp.shared.uri_template import UriTemplate
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ReadResourceRequestParams
 
 from ..errors import DurableError
-from ..journal.base import CallCursor, Journal, RecoveryReport
+from ..journal.base import CallCursor, CallQuery, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
 from ..journal.transfer import iter_calls
@@ -308,9 +308,9 @@ class JournalResources:
         after = decode_cursor(cursor) if cursor else None
         scope = None if self.is_admin(principal) else principal
         # One more than asked: whether a next page exists, without ever serving an empty one.
-        records = await self.server.journal.list_calls(
+        records = await self.server.journal.list_calls(CallQuery(
             principal=scope, tool=tool or None, state=_state_param(state), limit=size + 1, cursor=after
-        )
+        ))
         page, more = records[:size], len(records) > size
         return _dumps(
             {

@@ -49,7 +49,7 @@ from pydantic import ValidationError
 
 from ..engine import CallOutcome
 from ..errors import DurableError, JournalError
-from ..journal import CallRecord
+from ..journal import CallQuery, CallRecord
 from ..policy import ToolPolicy
 from ..tasks import task_view
 from . import task_wire as wire
@@ -255,8 +255,8 @@ class TaskProtocol:
         """2025-11-25 `tasks/list`: the caller's own tasks, newest first, paginated."""
         principal = self._principal(ctx)
         cursor = wire.decode_cursor(principal, params.cursor) if params.cursor else None
-        page = await self.server.journal.list_calls(principal=principal, tasks_only=True, limit=LIST_PAGE + 1,
-                                                    cursor=cursor)
+        page = await self.server.journal.list_calls(CallQuery(principal=principal, tasks_only=True,
+                                                              limit=LIST_PAGE + 1, cursor=cursor))
         now = self.server.engine.clock()
         tasks = [self.legacy_task(r) for r in page[:LIST_PAGE] if not r.is_expired(now)]
         out: dict[str, Any] = {"tasks": tasks}

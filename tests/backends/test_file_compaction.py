@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SEGMENT = 2_000  # small segments, so the journal spans several
 
 COMPACT_CHILD = """
-import sys, anyio
+import os, signal, sys, anyio
 from mcp_durable.journal.file import FileJournal
+def kill_at(wanted):
+    def at_phase(name):
+        if name == wanted:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return at_phase
 async def main():
     journal = FileJournal(sys.argv[1], segment_bytes=int(sys.argv[2]))
     await journal.open()
-    await journal.compact(float(sys.argv[3]))
+    await journal.compact(float(sys.argv[3]), at_phase=kill_at(sys.argv[4]))
     await journal.aclose()
 anyio.run(main)
 """
@@ -123,8 +127,8 @@ async def test_a_crash_at_any_phase_of_compaction_leaves_every_live_record(tmp_p
     live = await build(path)
     segments_before = sorted(p.name for p in path.glob("seg-*.log"))
     child = subprocess.run(
-        [sys.executable, "-c", COMPACT_CHILD, str(path), str(SEGMENT), str(T0 + 50)],
-        cwd=ROOT, env={**os.environ, "MCP_DURABLE_CRASH_AT": phase}, capture_output=True, timeout=120,
+        [sys.executable, "-c", COMPACT_CHILD, str(path), str(SEGMENT), str(T0 + 50), phase],
+        cwd=ROOT, capture_output=True, timeout=120,
     )
     assert child.returncode == -9, child.stderr.decode()
     on_disk = sorted(p.name for p in path.glob("seg-*.log"))

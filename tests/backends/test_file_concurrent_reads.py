@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from mcp_durable.journal import CallQuery
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.model import CallIdentity, CallRecord, CallState
 
@@ -44,7 +45,7 @@ async def test_listings_and_entries_read_while_writers_append_never_meet_a_frame
                 await anyio.sleep(0.02)
                 if compact:
                     await journal.compact(time.time())
-                records = await journal.list_calls(limit=100_000)
+                records = await journal.list_calls(CallQuery(limit=100_000))
                 assert all(r.identity.tool == "t" for r in records)
                 await journal.entries(after=0)
             stop.set()

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from mcp_durable.errors import ConfigError, JournalError
-from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
+from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, create_journal
 from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
 from mcp_durable.journal.postgres.schema import LATEST, MIGRATIONS
 from tests.backends.pg_cluster import scratch_schema
@@ -295,6 +295,6 @@ async def test_many_records_list_in_pages(schema_url: str) -> None:  # pragma: n
     try:
         for i in range(5000):
             await journal.claim(pending(f"k{i:05d}"), T0)
-        assert len(await journal.list_calls(limit=10_000)) == 5000
+        assert len(await journal.list_calls(CallQuery(limit=10_000))) == 5000
     finally:
         await journal.aclose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mcp_durable.journal import CallCursor, CallIdentity, CallRecord, CallState, Journal
+from mcp_durable.journal import CallCursor, CallIdentity, CallQuery, CallRecord, CallState, Journal
 from tests.conftest import JournalFactory
 
 T0 = 1_700_000_000.0
@@ -103,7 +103,7 @@ async def test_listing_is_newest_first_and_pages_without_gaps_or_repeats(journal
     seen: list[str] = []
     cursor: CallCursor | None = None
     while True:
-        batch = await journal.list_calls(limit=7, cursor=cursor)
+        batch = await journal.list_calls(CallQuery(limit=7, cursor=cursor))
         if not batch:
             break
         seen.extend(r.identity.key for r in batch)
@@ -116,9 +116,9 @@ async def test_listing_filters_by_principal_tool_and_state(journal: Journal) -> 
     await journal.claim(pending("b", principal="bob", created=T0 + 1), T0 + 1)
     _, c = await journal.claim(pending("c", principal="alice", tool="charge", created=T0 + 2), T0 + 2)
     await journal.swap(1, c.evolve(state=CallState.IN_DOUBT))
-    assert [r.identity.key for r in await journal.list_calls(principal="alice")] == ["c", "a"]
-    assert [r.identity.key for r in await journal.list_calls(tool="refund")] == ["b", "a"]
-    assert [r.identity.key for r in await journal.list_calls(state=CallState.IN_DOUBT)] == ["c"]
+    assert [r.identity.key for r in await journal.list_calls(CallQuery(principal="alice"))] == ["c", "a"]
+    assert [r.identity.key for r in await journal.list_calls(CallQuery(tool="refund"))] == ["b", "a"]
+    assert [r.identity.key for r in await journal.list_calls(CallQuery(state=CallState.IN_DOUBT))] == ["c"]
 
 
 async def test_purge_drops_only_expired_records(journal: Journal) -> None:

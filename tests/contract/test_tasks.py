@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mcp_durable.journal import CallState, Journal
+from mcp_durable.journal import CallQuery, CallState, Journal
 from tests.conftest import JournalFactory
 from tests.contract.test_calls import T0, pending
 
@@ -37,12 +37,12 @@ async def test_listing_tasks_only_shows_records_that_are_tasks(journal: Journal)
     await journal.claim(pending("b", principal="alice"), T0 + 1)
     await journal.claim(pending("c", principal="alice").evolve(task_id="tc"), T0 + 2)
     await journal.claim(pending("d", principal="bob").evolve(task_id="td"), T0 + 3)
-    listed = await journal.list_calls(principal="alice", tasks_only=True)
+    listed = await journal.list_calls(CallQuery(principal="alice", tasks_only=True))
     assert [r.task_id for r in listed] == ["tc", "ta"]
-    first = await journal.list_calls(principal="alice", tasks_only=True, limit=1)
+    first = await journal.list_calls(CallQuery(principal="alice", tasks_only=True, limit=1))
     from mcp_durable.journal import CallCursor
 
-    rest = await journal.list_calls(principal="alice", tasks_only=True, cursor=CallCursor.after(first[0]))
+    rest = await journal.list_calls(CallQuery(principal="alice", tasks_only=True, cursor=CallCursor.after(first[0])))
     assert [r.task_id for r in first + rest] == ["tc", "ta"]
 
 
@@ -51,7 +51,7 @@ async def test_an_expired_task_is_gone_after_a_purge(journal: Journal) -> None:
     await journal.swap(record.version, record.evolve(state=CallState.COMPLETED, expires_at=T0 + 10, owner=None))
     assert await journal.purge_expired(T0 + 20) == 1
     assert await journal.get_task("local", "t-old") is None
-    assert await journal.list_calls(tasks_only=True) == []
+    assert await journal.list_calls(CallQuery(tasks_only=True)) == []
 
 
 async def test_tasks_survive_close_and_reopen(journal_factory: JournalFactory) -> None:

@@ -23,7 +23,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from mcp_durable.journal import CallState, create_journal
+from mcp_durable.journal import CallQuery, CallState, create_journal
 from tests.crash.kill import kill_when_ready
 from tests.crash.sqlite_caller import claim_of, done_of, identity, renewed_lease
 
@@ -68,7 +68,7 @@ async def test_a_batch_killed_mid_commit_loses_no_acknowledged_call_and_half_wri
         journal = create_journal(url)
         await journal.open()
         try:
-            stored = {r.identity.key: r for r in await journal.list_calls(limit=10_000_000)}
+            stored = {r.identity.key: r for r in await journal.list_calls(CallQuery(limit=10_000_000))}
             for n in acked["claimed"] | acked["renewed"] | acked["done"]:
                 assert f"k{n}" in stored, f"trial {trial}: acknowledged call {n} is missing"
             for key, record in stored.items():

@@ -16,7 +16,7 @@ from collections import Counter
 import anyio
 
 from mcp_durable import Engine, ToolOutcome, ToolPolicy
-from mcp_durable.journal import CallState, Journal
+from mcp_durable.journal import CallQuery, CallState, Journal
 
 KEY_META = "mcp-durable/idempotency-key"
 
@@ -53,7 +53,7 @@ async def test_duplicates_arriving_at_every_moment_of_a_call_never_run_it_twice(
 
     assert errors == []
     assert runs == Counter({key: 1 for key in keys})
-    records = await journal.list_calls(limit=1000)
+    records = await journal.list_calls(CallQuery(limit=1000))
     assert sorted((r.identity.key, r.state, r.attempts) for r in records) == [
         (key, CallState.COMPLETED, 1) for key in keys
     ]

@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_durable import ToolPolicy
-from mcp_durable.journal import Journal
+from mcp_durable.journal import CallQuery, Journal
 from mcp_durable.journal.model import CallRecord, JournalEntry
 from mcp_durable.server import DurableServer
 from tests.conftest import _backend_available, make_journal_factory
@@ -31,7 +31,7 @@ async def snapshot(journal: Journal) -> tuple[list[CallRecord], list[JournalEntr
     records: list[CallRecord] = []
     cursor = None
     while True:
-        page = await journal.list_calls(limit=500, cursor=cursor)
+        page = await journal.list_calls(CallQuery(limit=500, cursor=cursor))
         records.extend(page)
         if len(page) < 500:
             break

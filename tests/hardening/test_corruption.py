@@ -23,7 +23,7 @@ import orjson
 import pytest
 from mcp import Client
 
-from mcp_durable.journal import CallIdentity, CallRecord, CallState, JournalEntry
+from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, JournalEntry
 
 file_journal = pytest.importorskip("mcp_durable.journal.file", reason="the file journal is not built yet")
 FileJournal = file_journal.FileJournal
@@ -84,7 +84,7 @@ async def build(directory: Path, calls: int = 24) -> tuple[dict[CallIdentity, Ca
             assert await journal.swap(1, end)
             if i % 3 == 0:
                 await journal.append("worker", "context_update", {"done": i}, now)
-        records = {r.identity: r for r in await journal.list_calls(limit=1000)}
+        records = {r.identity: r for r in await journal.list_calls(CallQuery(limit=1000))}
         entries = await journal.entries()
     finally:
         await journal.aclose()

@@ -37,7 +37,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from mcp_durable import ToolPolicy
 from mcp_durable.engine import Engine, ToolOutcome
 from mcp_durable.errors import DurableError, InDoubtError, InProgressError, KeyReuseError
-from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
+from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, Journal, create_journal
 from mcp_durable.keys import KEY_META, fingerprint
 from tests.conftest import make_journal_factory
 from tests.hardening.conftest import EMBEDDED
@@ -353,7 +353,7 @@ class EngineModel(RuleBasedStateMachine):
         persisted), and every live record has the model's state, attempts, arguments and bytes."""
 
         async def read_all() -> dict[tuple[str, str], CallRecord]:
-            records = await self.journal.list_calls(tool=TOOL, limit=100)
+            records = await self.journal.list_calls(CallQuery(tool=TOOL, limit=100))
             return {(r.identity.principal, r.identity.key): r for r in records}
 
         journal = self.portal.call(read_all)

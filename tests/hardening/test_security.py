@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_durable import DurableServer, ToolPolicy
-from mcp_durable.journal import CallIdentity, create_journal
+from mcp_durable.journal import CallIdentity, CallQuery, create_journal
 from tests.hardening.conftest import KEY_META, MODES, Runs, text_of
 from tests.helpers import body_bytes, serve_app, serve_http
 
@@ -105,7 +105,7 @@ async def test_on_http_only_a_valid_token_gets_in_and_principals_never_replay_ea
     reader = create_journal(journal)
     await reader.open()
     try:
-        records = await reader.list_calls(tool="whoami")
+        records = await reader.list_calls(CallQuery(tool="whoami"))
     finally:
         await reader.aclose()
     assert sorted(r.identity.principal for r in records) == ["alice", "bob"]

@@ -19,7 +19,7 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_durable.journal import CallState, create_journal
+from mcp_durable.journal import CallQuery, CallState, create_journal
 from mcp_durable.policy_file import parse_policies
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
 from mcp_durable.proxy.upstream import QUIET_BEFORE_PING
@@ -58,7 +58,7 @@ async def _records(url: str) -> list[Any]:
     journal = create_journal(url)
     await journal.open()
     try:
-        return await journal.list_calls(limit=100)
+        return await journal.list_calls(CallQuery(limit=100))
     finally:
         await journal.aclose()
 

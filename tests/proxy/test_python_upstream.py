@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.errors import ConfigError
-from mcp_durable.journal import create_journal
+from mcp_durable.journal import CallQuery, create_journal
 from tests.helpers import serve_cli_http, wire
 from tests.proxy.upstreams import PLAIN_UPSTREAM, key_meta, plain_http_upstream, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
@@ -91,7 +91,7 @@ async def test_serve_policies_makes_the_plain_server_durable_in_process(tmp_path
     journal = create_journal(f"sqlite:///{tmp_path}/j.db")
     try:
         await journal.open()
-        records = await journal.list_calls(limit=100)
+        records = await journal.list_calls(CallQuery(limit=100))
     finally:
         await journal.aclose()
     assert sorted(r.identity.tool for r in records) == ["record", "record"]

@@ -22,6 +22,7 @@ from mcp_durable import KEY_META, CallIdentity, CallRecord, CallState, Journal, 
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.demo.outbox import Outbox
 from mcp_durable.errors import OperatorError
+from mcp_durable.journal import CallQuery
 from mcp_durable.server import DurableServer
 from tests.crash.crash_servers.danger import make_server
 from tests.crash.crash_servers.hooks import Counter
@@ -156,11 +157,11 @@ async def test_refuse_answers_in_doubt_until_an_operator_resolves_the_call(
         for _ in range(2):
             refused = await client.call_tool("send_email", MAIL, meta={KEY_META: "m4"})
             assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
-        listed = await server.journal.list_calls(state=CallState.IN_DOUBT)
+        listed = await server.journal.list_calls(CallQuery(state=CallState.IN_DOUBT))
         assert [r.identity for r in listed] == [identity]
         payload = None if resolution == "not_applied" else orjson.dumps(stored)
         await server.engine.resolve(identity, resolution, payload=payload, note="checked the outbox")
-        assert await server.journal.list_calls(state=CallState.IN_DOUBT) == []
+        assert await server.journal.list_calls(CallQuery(state=CallState.IN_DOUBT)) == []
         result = await client.call_tool("send_email", MAIL, meta={KEY_META: "m4"})
     if resolution == "not_applied":
         assert not result.is_error and counter.count("invoke send_email m4") == 1
@@ -214,7 +215,7 @@ async def test_a_single_writer_journal_marks_a_previous_boots_pending_calls_in_d
     await previous.aclose()
     server, counter = _setup(tmp_path, url=url)
     async with Client(server) as client:
-        listed = await server.journal.list_calls(state=CallState.IN_DOUBT)
+        listed = await server.journal.list_calls(CallQuery(state=CallState.IN_DOUBT))
         assert [r.identity.key for r in listed] == ["k7"] and server.engine.orphans_found == 1
         result = await client.call_tool("pay", PAY, meta={KEY_META: "k7"})
     assert not result.is_error and counter.count("invoke pay k7") == 1

@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from mcp_durable import KEY_META, DurableServer, ToolPolicy, current_call
+from mcp_durable.journal import CallQuery
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.model import CallIdentity, CallRecord, CallState
 from mcp_durable.keys import canonical_json, fingerprint
@@ -182,7 +183,7 @@ async def test_a_duplicate_that_latched_on_to_a_running_call_is_marked_waited(
 
         group.start_soon(call)
         with anyio.fail_after(10):
-            while not (await journal.list_calls(tool="slow")):
+            while not (await journal.list_calls(CallQuery(tool="slow"))):
                 await anyio.sleep(0.01)
         group.start_soon(call)
         with anyio.fail_after(10):

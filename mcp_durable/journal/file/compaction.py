@@ -13,17 +13,16 @@ Steps, and what a crash after each leaves (every state opens with every live rec
 Writers keep appending to the active segment throughout; a record changed during the copy has
 its latest frame there, so the remap (which only moves positions that did not change) skips it.
 
-The environment variable `MCP_DURABLE_CRASH_AT` (`compaction:copied`, `compaction:switched`,
-`compaction:deleted`) makes the process SIGKILL itself at that point: the crash tests use it.
+After steps 2, 3 and 4 compaction calls the hook `at_phase` it was given with
+`compaction:copied`, `compaction:switched`, `compaction:deleted`: the crash tests pass one that
+SIGKILLs the process there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import time
-from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,32 +30,34 @@ from typing import Any, Protocol
 import anyio
 import anyio.to_thread
 
-from ... import config
-from .commit import GroupCommit
-from .index import DEAD, CallIndex, EntryIndex, pack, unpack
-from .segments import FILE_MODE, ManifestKeeper, fsync_dir, segment_name
+from .index import unpack
+from .segments import fsync_dir, segment_name, write_synced
+
+#: Called with each phase's name once it is durable (`compaction:copied`, …).
+PhaseHook = Callable[[str], None]
 
 
 class CompactionTarget(Protocol):
-    """The parts of a `FileJournal` a compaction reads and changes, named here so this module
-    does not import the journal that calls it (`FileJournal.compact`). They are its private
-    state: compaction is part of the file journal, in its own module for size."""
+    """What compaction needs of a `FileJournal`, named here so this module does not import the
+    journal that calls it (`FileJournal.compact`): its directory, its maintenance lock, and
+    the steps that read or change its index (sealing, the frames to copy, the switch of the
+    manifest, the index pointed at the copies)."""
 
     directory: Path
-    _keeper: ManifestKeeper | None
-    _maintenance: anyio.Lock
-    _calls: CallIndex
-    _entries: EntryIndex
-    _dropped: set[int]
-    _readers: dict[int, int]
-    _next_seq: int
-    _active: int
 
-    def _writable(self) -> GroupCommit: ...
-
-    def _rotate(self) -> None: ...
+    @property
+    def maintenance(self) -> anyio.Lock: ...
 
     async def purge_expired(self, now: float) -> int: ...
+
+    async def seal(self) -> tuple[tuple[int, ...], int]: ...
+
+    def live_frames(self, segments: tuple[int, ...]) -> tuple[list[tuple[int, int, int]], set[int]]: ...
+
+    async def switch(self, sealed: tuple[int, ...], target: int) -> int: ...
+
+    def relocate(self, items: list[tuple[int, int, int]], offsets: list[int], target: int,
+                 dropped: set[int]) -> tuple[int, int]: ...
 
     async def snapshot(self) -> str | None: ...
 
@@ -78,19 +79,13 @@ class CompactionReport:
         return dataclasses.asdict(self)
 
 
-def crash_point(name: str) -> None:
-    """SIGKILL this process here if `MCP_DURABLE_CRASH_AT` names this point (crash tests)."""
-    if config.crash_at() == name:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _copy(directory: Path, items: list[tuple[int, int, int]], target: int) -> list[int]:
     """Copy frames `(position, size, _)` (in log order) into segment `target`; new offsets."""
     offsets: list[int] = []
-    out = 0
-    fd = os.open(directory / segment_name(target), os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-    try:
-        current, data = -1, b""
+
+    def pieces() -> Iterator[bytes]:
+        # Frames go out 4096 at a time: one write per piece, without the whole segment in memory.
+        out, current, data = 0, -1, b""
         chunk: list[bytes] = []
         for position, size, _ in items:
             segment, offset = unpack(position)
@@ -100,13 +95,11 @@ def _copy(directory: Path, items: list[tuple[int, int, int]], target: int) -> li
             offsets.append(out)
             out += size
             if len(chunk) >= 4096:
-                os.write(fd, b"".join(chunk))
+                yield b"".join(chunk)
                 chunk = []
-        if chunk:
-            os.write(fd, b"".join(chunk))
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        yield b"".join(chunk)
+
+    write_synced(directory / segment_name(target), pieces(), create_new=True)
     fsync_dir(directory)
     return offsets
 
@@ -115,57 +108,23 @@ def _segment_bytes(directory: Path, segments: tuple[int, ...]) -> int:
     return sum((directory / segment_name(s)).stat().st_size for s in segments)
 
 
-async def compact(journal: CompactionTarget, now: float) -> CompactionReport:
+async def compact(journal: CompactionTarget, now: float, *, at_phase: PhaseHook | None = None) -> CompactionReport:
     started = time.perf_counter()
-    commit = journal._writable()
-    keeper = journal._keeper
-    assert keeper is not None
+    phase = at_phase or (lambda name: None)
     directory = journal.directory
-    async with journal._maintenance:
+    async with journal.maintenance:
         purged = await journal.purge_expired(now)
-        journal._rotate()
-        await commit.wait_seq(journal._next_seq - 1)
-        sealed = tuple(s for s in keeper.current.segments if s != journal._active)
-        order = {segment: i for i, segment in enumerate(sealed)}
-        calls, entries = journal._calls, journal._entries
-        items: list[tuple[int, int, int]] = []  # (position, size, slot or ~entry index)
-        for slot in range(len(calls.state)):
-            if calls.state[slot] != DEAD and unpack(calls.pos[slot])[0] in order:
-                items.append((calls.pos[slot], calls.size[slot], slot))
-        dropped = set(journal._dropped)  # entries purged: left out of the new segment and index
-        for i in range(len(entries)):
-            if i not in dropped and unpack(entries.pos[i])[0] in order:
-                items.append((entries.pos[i], entries.size[i], ~i))
-        items.sort(key=lambda item: (order[unpack(item[0])[0]], unpack(item[0])[1]))
+        sealed, target = await journal.seal()
+        items, dropped = journal.live_frames(sealed)
         bytes_before = await anyio.to_thread.run_sync(_segment_bytes, directory, sealed)
-        target = keeper.allocate()
         offsets = await anyio.to_thread.run_sync(_copy, directory, items, target)
-        crash_point("compaction:copied")
-        await anyio.to_thread.run_sync(keeper.replace_segments, sealed, target, journal._next_seq)
-        crash_point("compaction:switched")
-        kept_records = kept_entries = 0
-        for (position, _, ref), offset in zip(items, offsets, strict=True):
-            if ref >= 0:
-                if calls.pos[ref] == position:  # unchanged during the copy
-                    calls.pos[ref] = pack(target, offset)
-                kept_records += 1
-            else:
-                entries.pos[~ref] = pack(target, offset)
-                kept_entries += 1
-        if dropped:
-            # Rebuilt in one go (no await): entries appended meanwhile are kept, in order.
-            late = journal._dropped - dropped  # dropped during the copy: renumbered like the index
-            journal._entries = entries.without(dropped)
-            order_dropped = sorted(dropped)
-            journal._dropped = {i - bisect_left(order_dropped, i) for i in late}
-        for segment in sealed:
-            fd = journal._readers.pop(segment, None)
-            if fd is not None:
-                os.close(fd)
+        phase("compaction:copied")
+        segments_after = await journal.switch(sealed, target)
+        phase("compaction:switched")
+        kept_records, kept_entries = journal.relocate(items, offsets, target, dropped)
         await anyio.to_thread.run_sync(_delete, directory, sealed)
-        crash_point("compaction:deleted")
+        phase("compaction:deleted")
         bytes_after = await anyio.to_thread.run_sync(_segment_bytes, directory, (target,))
-        segments_after = len(keeper.current.segments)
     await journal.snapshot()
     return CompactionReport(purged, kept_records, kept_entries, len(sealed), segments_after, bytes_before,
                             bytes_after, time.perf_counter() - started)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from typing import Any
+from typing import Any, ClassVar
 
 from ..model import CallRecord, CallState
 
@@ -55,7 +55,19 @@ class Interned:
         return found
 
 
-class CallIndex:
+class Columns:
+    """A struct of arrays: one `array` attribute per `(name, typecode)` of `ARRAYS`, created
+    empty. `ARRAYS` is also what the snapshot saves and loads, so a column's typecode is
+    stated once."""
+
+    ARRAYS: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    def __init__(self) -> None:
+        for name, code in self.ARRAYS:
+            setattr(self, name, array(code))
+
+
+class CallIndex(Columns):
     """Call records by identity hash: slot arrays plus an open-addressing table of slots.
 
     `table` (an `array("i")`, a power of two long, at most 70 % used) maps a hash to its slot by
@@ -67,17 +79,20 @@ class CallIndex:
     ARRAYS = (("lo", "Q"), ("hi", "Q"), ("pos", "Q"), ("size", "I"), ("seq", "Q"), ("version", "Q"),
               ("created", "d"), ("expires", "d"), ("tool", "I"), ("principal", "I"), ("table", "i"))
 
+    lo: array[int]
+    hi: array[int]
+    pos: array[int]
+    size: array[int]
+    seq: array[int]
+    version: array[int]
+    created: array[float]
+    expires: array[float]
+    tool: array[int]
+    principal: array[int]
+    table: array[int]
+
     def __init__(self) -> None:
-        self.lo = array("Q")
-        self.hi = array("Q")
-        self.pos = array("Q")
-        self.size = array("I")
-        self.seq = array("Q")
-        self.version = array("Q")
-        self.created = array("d")
-        self.expires = array("d")
-        self.tool = array("I")
-        self.principal = array("I")
+        super().__init__()
         self.table = array("i", [EMPTY]) * MIN_TABLE
         self.state = bytearray()
         self.tools = Interned()
@@ -215,17 +230,18 @@ class CallIndex:
         self.free = free
 
 
-class EntryIndex:
+class EntryIndex(Columns):
     """Process entries in sequence order, chained per process (by a 64-bit process hash)."""
 
     ARRAYS = (("seq", "Q"), ("pos", "Q"), ("size", "I"), ("prev", "q"), ("phash", "Q"))
+    seq: array[int]
+    pos: array[int]
+    size: array[int]
+    prev: array[int]
+    phash: array[int]
 
     def __init__(self) -> None:
-        self.seq = array("Q")
-        self.pos = array("Q")
-        self.size = array("I")
-        self.prev = array("q")
-        self.phash = array("Q")
+        super().__init__()
         #: process hash → index of its last entry / of its last checkpoint
         self.last: dict[int, int] = {}
         self.checkpoint: dict[int, int] = {}

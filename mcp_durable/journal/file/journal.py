@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
+from bisect import bisect_left
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -16,9 +18,10 @@ import anyio.to_thread
 import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
-from ..base import CHECKPOINT, CallCursor, ChangeSignals, RecoveryReport, sort_key
+from ..base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport, sort_key
 from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from ..writer_lock import WriterLock
 from . import snapshot as snapshots
 from .codec import (
     call_payload,
@@ -32,13 +35,12 @@ from .codec import (
 from .commit import Batch, GroupCommit
 from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
 from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
-from .lock import WriterLock
 from .recovery import recover
-from .segments import DIR_MODE, FILE_MODE, Manifest, ManifestKeeper, segment_name
+from .segments import DIR_MODE, FILE_MODE, LOCK, Manifest, ManifestKeeper, segment_name
 from .writer import SegmentWriter
 
 if TYPE_CHECKING:
-    from .compaction import CompactionReport
+    from .compaction import CompactionReport, PhaseHook
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 #: A snapshot is written once this many frames were appended since the last one (and at close),
@@ -104,12 +106,11 @@ class FileJournal:
             return
         started = time.perf_counter()
         try:
-            await anyio.to_thread.run_sync(self._open_sync)
-        except BaseException as exc:
+            with self._storage_faults(f"cannot open {self.directory}"):
+                await anyio.to_thread.run_sync(self._open_sync)
+        except BaseException:
             self._close_files()
             self._reset()
-            if isinstance(exc, OSError):  # a full disk, a read-only directory: the journal is unavailable
-                raise JournalError(f"cannot open journal {self.directory}: {exc}") from exc
             raise
         assert self.recovery is not None
         self.recovery = dataclasses.replace(self.recovery, duration_s=time.perf_counter() - started)
@@ -128,7 +129,7 @@ class FileJournal:
             return self._load(Manifest.read(self.directory))
         make_dirs(self.directory, DIR_MODE)  # its entry durable before anything durable is put in it
         os.chmod(self.directory, DIR_MODE)
-        self._lock = WriterLock(self.directory)
+        self._lock = WriterLock(self.directory / LOCK, str(self.directory))
         self._lock.acquire()
         manifest = Manifest.read(self.directory)
         if manifest is None:
@@ -191,14 +192,30 @@ class FileJournal:
 
     # -- plumbing ---------------------------------------------------------------------------------
 
-    def _writable(self) -> GroupCommit:
+    @contextlib.contextmanager
+    def _storage_faults(self, doing: str) -> Iterator[None]:
+        """The file journal's one mapping of storage faults: an OS error inside (a full disk, a
+        read-only directory, a lost or unreadable file) raises `JournalError`, naming the journal
+        and what it was `doing`, with the `OSError` as its cause."""
+        try:
+            yield
+        except OSError as exc:
+            raise JournalError(f"journal {self.url}: {doing}: {exc}") from exc
+
+    def _opened(self) -> GroupCommit:
+        """The group commit of an open journal (reads wait on it); `JournalError` when not open."""
         if self._commit is None:
             raise JournalError(f"journal {self.url} is not open")
+        return self._commit
+
+    def _writable(self) -> GroupCommit:
+        self._opened()
         if self.read_only:
             raise JournalError(f"journal {self.url} is open read-only")
         self._heal()
-        self._commit.check()
-        return self._commit
+        commit = self._opened()
+        commit.check()
+        return commit
 
     def _heal(self) -> None:
         """After a failed flush (a full disk, an I/O error), reload the journal from disk in place.
@@ -284,13 +301,11 @@ class FileJournal:
         path = self.directory / segment_name(segment)
         # The one place records are read from disk: a segment that is gone or unreadable is the
         # journal unavailable (JournalError), never an OSError escaping to the caller.
-        try:
+        with self._storage_faults(f"cannot read {path.name}"):
             fd = self._readers.get(segment)
             if fd is None:
                 fd = self._readers[segment] = os.open(path, os.O_RDONLY)
             buf = os.pread(fd, size, offset)
-        except OSError as exc:
-            raise JournalError(f"journal {self.url}: cannot read {path.name}: {exc}") from exc
         frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame) and self._commit is not None:
             # Queued but not written yet (a reader that did not wait for this frame): its bytes are
@@ -394,25 +409,17 @@ class FileJournal:
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         await self._signals.wait(identity, timeout)
 
-    async def list_calls(
-        self,
-        *,
-        principal: str | None = None,
-        tool: str | None = None,
-        state: CallState | None = None,
-        limit: int = 100,
-        cursor: CallCursor | None = None,
-        tasks_only: bool = False,
-    ) -> list[CallRecord]:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
-        await self._commit.wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
+    async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
+        await self._opened().wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
+        # The index narrows by state, tool, principal, task and time without reading a frame;
+        # `query.matches` decides on the records read (the cursor's tie-break by identity).
         idx = self._calls
-        tool_id = idx.tools.ids.get(tool, -1) if tool is not None else None
-        principal_id = idx.principals.ids.get(principal, -1) if principal is not None else None
-        code = STATE_CODES[state] if state is not None else None
-        top = cursor.created_at if cursor is not None else float("inf")
-        task_slots = {s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None} if tasks_only else None
+        tool_id = idx.tools.ids.get(query.tool, -1) if query.tool is not None else None
+        principal_id = idx.principals.ids.get(query.principal, -1) if query.principal is not None else None
+        code = STATE_CODES[query.state] if query.state is not None else None
+        top = query.cursor.created_at if query.cursor is not None else float("inf")
+        task_slots = ({s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None}
+                      if query.tasks_only else None)
         candidates = [
             (idx.created[s], s) for s in range(len(idx.state))
             if idx.state[s] != DEAD and (code is None or idx.state[s] == code)
@@ -423,18 +430,14 @@ class FileJournal:
         candidates.sort(reverse=True)
         out: list[CallRecord] = []
         i = 0
-        while i < len(candidates) and len(out) < limit:
+        while i < len(candidates) and len(out) < query.limit:
             j = i
             while j < len(candidates) and candidates[j][0] == candidates[i][0]:
                 j += 1
             group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for _, s in candidates[i:j]]
-            if cursor is not None:
-                group = [r for r in group if sort_key(r) < (cursor.created_at, cursor.identity)]
-            if tasks_only:
-                group = [r for r in group if r.task_id is not None]
-            out.extend(sorted(group, key=sort_key, reverse=True))
+            out.extend(sorted(filter(query.matches, group), key=sort_key, reverse=True))
             i = j
-        return out[: max(0, limit)]
+        return out[: max(0, query.limit)]
 
     async def purge_expired(self, now: float) -> int:
         self._writable()
@@ -455,12 +458,11 @@ class FileJournal:
         by_tool = Counter(idx.tools.names[idx.tool[s]] for s in live)
         size = 0
         for p in self.directory.glob("seg-*.log"):
-            try:
-                size += p.stat().st_size
-            except FileNotFoundError:  # removed by a compaction since the listing
-                continue
-            except OSError as exc:
-                raise JournalError(f"journal {self.url}: cannot read {p.name}: {exc}") from exc
+            with self._storage_faults(f"cannot read {p.name}"):
+                try:
+                    size += p.stat().st_size
+                except FileNotFoundError:  # removed by a compaction since the listing
+                    continue
         oldest = min((idx.created[s] for s in live), default=None)
         return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size,
                             oldest)
@@ -476,8 +478,6 @@ class FileJournal:
         return total, live
 
     async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
         self._writable()
         e = self._entries
         dropped = 0
@@ -502,9 +502,7 @@ class FileJournal:
     async def entries(
         self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
     ) -> list[JournalEntry]:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
-        await self._commit.wait_seq(self._next_seq - 1)
+        await self._opened().wait_seq(self._next_seq - 1)
         e = self._entries
         if process_id is None:
             stop = len(e) if limit is None or self._dropped else min(len(e), e.first_after(after) + max(0, limit))
@@ -524,9 +522,7 @@ class FileJournal:
         return out
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
-        if self._commit is None:
-            raise JournalError(f"journal {self.url} is not open")
-        await self._commit.wait_seq(self._next_seq - 1)
+        await self._opened().wait_seq(self._next_seq - 1)
         e, phash = self._entries, self._process_hash(process_id)
         i = e.checkpoint.get(phash)
         if i is not None and i not in self._dropped \
@@ -548,17 +544,83 @@ class FileJournal:
         if commit is None or self._keeper is None:
             return None
         async with self._maintenance:
-            seq = self._next_seq - 1
-            segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
-            data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
-            self._since_snapshot = 0
-            tmp = await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
-            await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
-            path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
-            return path.name
+            with self._storage_faults("cannot write a snapshot"):
+                seq = self._next_seq - 1
+                segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
+                data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
+                self._since_snapshot = 0
+                tmp = await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
+                await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
+                path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
+                return path.name
 
-    async def compact(self, now: float) -> CompactionReport:
-        """Drop expired records and superseded versions by rewriting the sealed segments."""
+    async def compact(self, now: float, *, at_phase: PhaseHook | None = None) -> CompactionReport:
+        """Drop expired records and superseded versions by rewriting the sealed segments.
+        `at_phase(name)` is called after each durable step (crash tests kill the process there)."""
         from .compaction import compact
 
-        return await compact(self, now)
+        with self._storage_faults("compaction"):
+            return await compact(self, now, at_phase=at_phase)
+
+    # -- what compaction needs (`compaction.CompactionTarget`) --------------------------------------
+
+    @property
+    def maintenance(self) -> anyio.Lock:
+        """Held by one snapshot or compaction at a time."""
+        return self._maintenance
+
+    async def seal(self) -> tuple[tuple[int, ...], int]:
+        """Start a new active segment and wait until every frame before it is on disk; the
+        sealed segments (never written again) and a fresh segment number to compact them into."""
+        commit = self._writable()
+        assert self._keeper is not None
+        self._rotate()
+        await commit.wait_seq(self._next_seq - 1)
+        return tuple(s for s in self._keeper.current.segments if s != self._active), self._keeper.allocate()
+
+    def live_frames(self, segments: tuple[int, ...]) -> tuple[list[tuple[int, int, int]], set[int]]:
+        """The frames of `segments` still in use, in log order, as `(position, size, ref)` (`ref`:
+        a call's slot, or `~i` for entry `i`), and the entries dropped so far (left out)."""
+        order = {segment: i for i, segment in enumerate(segments)}
+        calls, entries = self._calls, self._entries
+        items: list[tuple[int, int, int]] = []
+        for slot in range(len(calls.state)):
+            if calls.state[slot] != DEAD and unpack(calls.pos[slot])[0] in order:
+                items.append((calls.pos[slot], calls.size[slot], slot))
+        dropped = set(self._dropped)
+        for i in range(len(entries)):
+            if i not in dropped and unpack(entries.pos[i])[0] in order:
+                items.append((entries.pos[i], entries.size[i], ~i))
+        items.sort(key=lambda item: (order[unpack(item[0])[0]], unpack(item[0])[1]))
+        return items, dropped
+
+    async def switch(self, sealed: tuple[int, ...], target: int) -> int:
+        """Replace `sealed` with `target` in the manifest (one atomic rename); segments after it."""
+        assert self._keeper is not None
+        await anyio.to_thread.run_sync(self._keeper.replace_segments, sealed, target, self._next_seq)
+        return len(self._keeper.current.segments)
+
+    def relocate(self, items: list[tuple[int, int, int]], offsets: list[int], target: int,
+                 dropped: set[int]) -> tuple[int, int]:
+        """Point the index at the copies of `items` (at `offsets` of `target`), leave out the
+        entries `dropped` before the copy, and close readers of the segments gone; the records and
+        entries kept. Runs without an await: what writers did meanwhile is kept, in order."""
+        calls, entries = self._calls, self._entries
+        kept_records = kept_entries = 0
+        for (position, _, ref), offset in zip(items, offsets, strict=True):
+            if ref >= 0:
+                if calls.pos[ref] == position:  # unchanged during the copy
+                    calls.pos[ref] = pack(target, offset)
+                kept_records += 1
+            else:
+                entries.pos[~ref] = pack(target, offset)
+                kept_entries += 1
+        if dropped:
+            late = self._dropped - dropped  # dropped during the copy: renumbered like the index
+            self._entries = entries.without(dropped)
+            order_dropped = sorted(dropped)
+            self._dropped = {i - bisect_left(order_dropped, i) for i in late}
+        live = set(self._keeper.current.segments) if self._keeper is not None else set()
+        for segment in [s for s in self._readers if s not in live]:
+            os.close(self._readers.pop(segment))
+        return kept_records, kept_entries

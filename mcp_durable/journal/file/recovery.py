@@ -24,6 +24,7 @@ import orjson
 
 from ...errors import JournalCorruptError
 from ..base import CHECKPOINT
+from ..fsync import truncate_synced
 from .codec import process_hash
 from .framing import Damage, scan
 from .index import STATE_CODES, CallIndex, EntryIndex, pack
@@ -190,14 +191,13 @@ def _repair(
         _keep_aside(aside, cut)
         fd = os.open(path, os.O_WRONLY)
         try:
-            os.ftruncate(fd, start)
-            os.fsync(fd)
+            truncate_synced(fd, start)
         finally:
             os.close(fd)
 
 
 def _keep_aside(path: Path, data: bytes) -> None:
-    write_synced(path, data)
+    write_synced(path, [data])
     fsync_dir(path.parent)
 
 

@@ -13,6 +13,7 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,13 +39,16 @@ def segment_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def write_synced(path: Path, *chunks: bytes) -> None:
-    """Create (or truncate) `path` holding `chunks` in order, and fsync it before returning.
+def write_synced(path: Path, chunks: Iterable[bytes], *, create_new: bool = False) -> None:
+    """Create (or truncate) `path` holding `chunks` in order, and fsync it before returning;
+    with `create_new`, a `path` that exists is an error (`FileExistsError`), not truncated.
 
-    The one write-and-fsync loop of the file journal's side files (manifest, snapshots, bytes
-    kept aside); the directory entry is the caller's to fsync (`fsync_dir`), after a rename if
-    there is one."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
+    The one write-and-fsync loop of the file journal's whole files (manifest, snapshots,
+    compacted segments, bytes kept aside): `chunks` may be a generator, so a large file is
+    written piece by piece. The directory entry is the caller's to fsync (`fsync_dir`), after
+    a rename if there is one."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if create_new else os.O_TRUNC)
+    fd = os.open(path, flags, FILE_MODE)
     try:
         for chunk in chunks:
             view = memoryview(chunk)
@@ -58,7 +62,7 @@ def write_synced(path: Path, *chunks: bytes) -> None:
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file, whole."""
     tmp = path.with_name(path.name + ".tmp")
-    write_synced(tmp, data)
+    write_synced(tmp, [data])
     os.replace(tmp, path)
     fsync_dir(path.parent)
 

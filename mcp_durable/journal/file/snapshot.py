@@ -84,7 +84,7 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
-    write_synced(tmp, orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections))
+    write_synced(tmp, [orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)])
     return tmp
 
 

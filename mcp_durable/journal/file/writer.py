@@ -23,6 +23,8 @@ import errno
 import os
 from collections.abc import Callable
 
+from ..fsync import truncate_synced
+
 #: Bytes allocated ahead of the active segment's data at a time. Small enough that a full disk
 #: is still found at once by a large record (no record over this size fits in the reserve).
 PREALLOCATE = 64 * 1024
@@ -77,8 +79,7 @@ class SegmentWriter:
     def trim(self) -> None:
         """Give back the space allocated ahead of the current segment's data (sealing, closing)."""
         if self.fd is not None and self._allocated > self._end:
-            os.ftruncate(self.fd, self._end)
-            os.fsync(self.fd)
+            truncate_synced(self.fd, self._end)
             self._allocated = self._end
 
     def close(self, *, trim: bool) -> None:

@@ -48,17 +48,14 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
-from ..base import (
-    CHECKPOINT,
-    SQL_LISTING_ORDER,
-    CallCursor,
-    ChangeSignals,
-    RecoveryReport,
-    sql_listing_filter,
-    stored_decoder,
-)
+from ..base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
 from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
 from ..secrets import display_url
+from ..sql_rows import CALL_COLUMNS as _COLUMNS
+from ..sql_rows import call_record as _record
+from ..sql_rows import call_row as _params
+from ..sql_rows import listing_clause
+from ..sql_rows import process_entry as _entry
 from .batch import Batcher
 from .listener import Listener
 from .schema import migrate, quote_ident
@@ -66,10 +63,6 @@ from .settings import PostgresSettings
 
 Row = tuple[Any, ...]
 
-_COLUMNS = (
-    "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
-    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id"
-)
 _MUTABLE = [c.strip() for c in _COLUMNS.split(",")][3:]
 _IDENTITY = "principal = %s AND tool = %s AND key = %s"
 #: The Postgres type of each column (in `_COLUMNS` order), for the JSON rows of a batch.
@@ -85,15 +78,6 @@ _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.
 #: callers against 1, 2, 4 and 8 (see docs/performance.md); the rest of the pool serves renewals,
 #: listings and entries.
 BATCH_SLOTS = 2
-
-
-def _params(record: CallRecord) -> tuple[Any, ...]:
-    i = record.identity
-    return (
-        i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
-        record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
-        record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
-    )
 
 
 class _Alone:
@@ -128,22 +112,6 @@ def _rows_json(records: list[CallRecord], expected: list[int] | None = None) -> 
             row["expected"] = expected[index]
         rows.append(row)
     return orjson.dumps(rows).decode()
-
-
-@stored_decoder("call record")
-def _record(row: Row) -> CallRecord:
-    return CallRecord(
-        identity=CallIdentity(row[0], row[1], row[2]), fingerprint=row[3], state=CallState(row[4]),
-        version=row[5], run_id=row[6], attempts=row[7], created_at=row[8], updated_at=row[9],
-        owner=row[10], lease_until=row[11], completed_at=row[12], expires_at=row[13],
-        result=None if row[14] is None else bytes(row[14]), error=row[15],
-        arguments=None if row[16] is None else bytes(row[16]), task_id=row[17],
-    )
-
-
-@stored_decoder("process entry")
-def _entry(row: Row) -> JournalEntry:
-    return JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])
 
 
 class PostgresJournal:
@@ -513,22 +481,9 @@ class PostgresJournal:
         )
         return count == 1
 
-    async def list_calls(
-        self,
-        *,
-        principal: str | None = None,
-        tool: str | None = None,
-        state: CallState | None = None,
-        limit: int = 100,
-        cursor: CallCursor | None = None,
-        tasks_only: bool = False,
-    ) -> list[CallRecord]:
-        where, args = sql_listing_filter(principal=principal, tool=tool, state=state, cursor=cursor,
-                                         placeholder="%s", tasks_only=tasks_only)
-        rows = await self._fetchall(
-            f"SELECT {_COLUMNS} FROM {self._calls} {where} {SQL_LISTING_ORDER} LIMIT %s", (*args, max(0, limit))
-        )
-        return [_record(row) for row in rows]
+    async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
+        tail, args = listing_clause(query, "%s")
+        return [_record(row) for row in await self._fetchall(f"SELECT {_COLUMNS} FROM {self._calls} {tail}", args)]
 
     async def purge_expired(self, now: float) -> int:
         return await self._rowcount(

@@ -13,7 +13,7 @@ settings come from the environment (the stdio client passes them):
   retry, not the background, meets each in-doubt call).
 
 `in_doubt_calls` and `resolve_call` are test-only operator tools over `Engine.resolve` and
-`journal.list_calls(state=IN_DOUBT)`, so a test can act as the operator while the server (which
+`journal.list_calls(CallQuery(state=IN_DOUBT))`, so a test can act as the operator while the server (which
 may hold a single-writer journal's lock) runs.
 """
 
@@ -31,6 +31,7 @@ import tools.mailer as mailer  # noqa: E402
 from mcp_durable import CallIdentity, CallState, DurableServer, ToolPolicy, current_call  # noqa: E402
 from mcp_durable.demo.ledger import PaymentProvider  # noqa: E402
 from mcp_durable.demo.outbox import Mail, Outbox  # noqa: E402
+from mcp_durable.journal import CallQuery  # noqa: E402
 from mcp_durable.journal.model import CallRecord  # noqa: E402
 from mcp_durable.server.results import dump_result  # noqa: E402
 from tests.crash.crash_servers.hooks import ENV_COUNTER, ENV_PLAN, Counter, CrashPlan  # noqa: E402
@@ -107,7 +108,7 @@ def make_server(
     @server.tool()
     async def in_doubt_calls(tool: str) -> dict[str, Any]:
         """Test operator: the keys of `tool`'s in-doubt calls, from the journal."""
-        records = await server.journal.list_calls(tool=tool, state=CallState.IN_DOUBT, limit=1000)
+        records = await server.journal.list_calls(CallQuery(tool=tool, state=CallState.IN_DOUBT, limit=1000))
         return {"keys": sorted(r.identity.key for r in records)}
 
     @server.tool()

@@ -1,0 +1,78 @@
+"""The SQL backends' shared row codec: a call record as a row of `calls` and back, a row of
+`entries` as a process entry, and a `CallQuery` as SQL.
+
+SQLite and Postgres store the same columns in the same order (only the types' names differ:
+`BLOB`/`bytea`, `REAL`/`float8`), so one codec serves both; what differs per dialect is the
+parameter marker, passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .base import CallQuery, stored_decoder
+from .model import CallIdentity, CallRecord, CallState, JournalEntry
+
+#: The columns of `calls`, in the order `call_row` gives and `call_record` reads them; the first
+#: three are the identity (the primary key), the rest change with the record.
+CALL_COLUMNS = (
+    "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
+    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id"
+)
+#: The ORDER BY of a newest-first listing (matches `base.sort_key`, reversed).
+LISTING_ORDER = "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC"
+
+
+def call_row(record: CallRecord) -> tuple[Any, ...]:
+    """The values of `record` in `CALL_COLUMNS` order (the state as its text, bytes as bytes)."""
+    i = record.identity
+    return (
+        i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
+        record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
+        record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
+    )
+
+
+@stored_decoder("call record")
+def call_record(row: tuple[Any, ...]) -> CallRecord:
+    """The record a row in `CALL_COLUMNS` order holds (further values after them are ignored);
+    `JournalError` when it does not decode."""
+    return CallRecord(
+        identity=CallIdentity(row[0], row[1], row[2]), fingerprint=row[3], state=CallState(row[4]),
+        version=row[5], run_id=row[6], attempts=row[7], created_at=row[8], updated_at=row[9],
+        owner=row[10], lease_until=row[11], completed_at=row[12], expires_at=row[13],
+        # Drivers return a buffer type (memoryview, sqlite3's bytes-like): records hold bytes.
+        result=None if row[14] is None else bytes(row[14]), error=row[15],
+        arguments=None if row[16] is None else bytes(row[16]), task_id=row[17],
+    )
+
+
+@stored_decoder("process entry")
+def process_entry(row: tuple[Any, ...]) -> JournalEntry:
+    """The entry a row `(process_id, entry_type, data, ts, seq)` holds (`data` as JSON text or bytes)."""
+    return JournalEntry(row[0], row[1], orjson.loads(row[2]), row[3], row[4])
+
+
+def listing_clause(query: CallQuery, placeholder: str) -> tuple[str, list[Any]]:
+    """The `WHERE … ORDER BY … LIMIT` tail of a `SELECT … FROM calls` that lists `query`, and
+    its arguments. `placeholder` is the driver's parameter marker (`?` for sqlite3, `%s` for
+    psycopg)."""
+    clauses: list[str] = []
+    args: list[Any] = []
+    state = query.state.value if query.state is not None else None
+    for column, value in (("principal", query.principal), ("tool", query.tool), ("state", state)):
+        if value is not None:
+            clauses.append(f"{column} = {placeholder}")
+            args.append(value)
+    if query.tasks_only:
+        clauses.append("task_id IS NOT NULL")
+    if query.cursor is not None:
+        c = query.cursor.identity
+        marks = ", ".join([placeholder] * 4)
+        clauses.append(f"(created_at, principal, tool, key) < ({marks})")
+        args.extend((query.cursor.created_at, c.principal, c.tool, c.key))
+    where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+    args.append(max(0, query.limit))
+    return f"{where}{LISTING_ORDER} LIMIT {placeholder}", args
