@@ -235,7 +235,9 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
     ) -> CallOutcome:
         """Run one call of `tool` under `policy`, at most once per key.
 
-        `canonical` is `keys.canonical_json(arguments)` when the caller has it already.
+        The keywords are `outcomes.CallArguments` (what `submit` takes as `**call`), spelled out
+        here because this is every call's path: no dict is built to pass them. `canonical` is
+        `keys.canonical_json(arguments)` when the caller has it already.
 
         Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `InProgressError`,
         `InDoubtError` (the tool did not run) and `JournalError` (nothing was acknowledged).
