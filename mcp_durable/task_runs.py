@@ -17,63 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import Any, Unpack
 
 import anyio
 
 from . import keys
+from .engine_state import EngineState
 from .errors import DurableError, KeyReuseError
-from .journal.base import CallCursor, CallQuery, Journal
+from .journal.base import CallCursor, CallQuery
 from .journal.model import CallIdentity, CallRecord, CallState
 from .keys import LOCAL_PRINCIPAL
+from .outcomes import CallArguments, CallOutcome, Encoder, Runner, ToolOutcome
 from .policy import ToolPolicy
 from .steps import DurableCall
 from .tasks import CANCELLED_REASON, in_doubt_refused, is_cancelled, new_task_id
 
-if TYPE_CHECKING:
-    from .engine import CallOutcome, Encoder, Runner, TaskResumer, ToolOutcome
-
 logger = logging.getLogger("mcp_durable.engine")
 
 
-class TaskRuns:
+class TaskRuns(EngineState):
     """The task half of `Engine` (see the module docstring). Not used on its own."""
-
-    journal: Journal
-    clock: Callable[[], float]
-    instance_id: str
-    task_resumer: TaskResumer | None
-    task_policy: Callable[[str], ToolPolicy | None]
-    task_watch_interval: float
-    _background: set[asyncio.Task[None]]
-    _task_scopes: dict[CallIdentity, anyio.CancelScope]
-    _opened: bool
-
-    if TYPE_CHECKING:  # the engine's, used here
-
-        async def start(self) -> None: ...
-
-        def owner_alive(self, record: CallRecord, now: float) -> bool: ...
-
-        def _hold(self, identity: CallIdentity) -> None: ...
-
-        def _unhold(self, identity: CallIdentity) -> None: ...
-
-        async def _swap(self, record: CallRecord, new: CallRecord) -> bool: ...
-
-        async def notify_changed(self, record: CallRecord) -> None: ...
-
-        def _fresh(
-            self, identity: CallIdentity, fingerprint: str, args_json: bytes, policy: ToolPolicy, now: float,
-            task_id: str | None = None,
-        ) -> CallRecord: ...
-
-        async def _run(self, record: CallRecord, policy: ToolPolicy, run: Runner) -> CallOutcome: ...
-
-        async def _decide(
-            self, record: CallRecord, policy: ToolPolicy, run: Runner, encode: Encoder | None, deadline: float
-        ) -> CallOutcome | None: ...
 
     def spawn(self, work: Awaitable[Any]) -> None:
         """Run `work` in the background until it ends or the engine closes; failures are logged."""
@@ -132,20 +96,9 @@ class TaskRuns:
             return
         self.spawn(self.task_resumer(record))
 
-    async def submit(
-        self,
-        *,
-        tool: str,
-        policy: ToolPolicy,
-        arguments: Mapping[str, Any],
-        meta: Mapping[str, Any] | None,
-        run: Runner,
-        encode: Encoder | None = None,
-        principal: str = LOCAL_PRINCIPAL,
-        canonical: bytes | None = None,
-    ) -> CallRecord:
-        """Create (or find) the task for one call and return its record at once; the tool runs in
-        the background, once per key.
+    async def submit(self, **call: Unpack[CallArguments]) -> CallRecord:
+        """Create (or find) the task for one call (the keywords of `Engine.execute`) and return its
+        record at once; the tool runs in the background, once per key.
 
         A call whose key has a record already answers with that record's task: the same task id
         for a repeat of a task-creating call, a new id attached to a call first made without a
@@ -157,12 +110,14 @@ class TaskRuns:
         """
         if not self._opened:
             await self.start()
+        tool, policy, arguments, meta, run = call["tool"], call["policy"], call["arguments"], call["meta"], call["run"]
+        canonical = call.get("canonical")
         args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
         fingerprint = keys.fingerprint(arguments, canonical=args_json)
         key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
         if key is None:
             key = f"task:{new_task_id()}"
-        identity = CallIdentity(principal, tool, key)
+        identity = CallIdentity(call.get("principal", LOCAL_PRINCIPAL), tool, key)
         record: CallRecord | None = await self.journal.get(identity)
         while True:
             now = self.clock()
@@ -202,7 +157,7 @@ class TaskRuns:
         """Claim (`current` None or expired) or take over `current` as `claimed`, and start its run
         in the background. None if another process got there first (re-read and decide again)."""
         identity = claimed.identity
-        self._hold(identity)  # before the write is sent: see `_running`; the run lets go
+        self.owners.hold(identity)  # before the write is sent (live_owners.py); the run lets go
         try:
             with anyio.CancelScope(shield=True):
                 if current is None or current.is_expired(claimed.created_at):
@@ -210,10 +165,10 @@ class TaskRuns:
                 else:
                     won = await self.journal.swap(current.version, claimed)
         except BaseException:
-            self._unhold(identity)
+            self.owners.unhold(identity)
             raise
         if not won:
-            self._unhold(identity)
+            self.owners.unhold(identity)
             return None
         await self.notify_changed(claimed)
 
@@ -221,7 +176,7 @@ class TaskRuns:
             try:
                 await self._run(claimed, policy, run)
             finally:
-                self._unhold(identity)
+                self.owners.unhold(identity)
 
         self.spawn(run_then_let_go())
         return claimed

@@ -43,7 +43,7 @@ def new_task_id() -> str:
     return secrets.token_urlsafe(24)
 
 
-#: How the `error` of a record an operator cancelled begins (`operators.cancel`).
+#: How the `error` of a record an operator cancelled begins (`Engine.cancel`, `operators.Cancel`).
 OPERATOR_CANCELLED = "cancelled by an operator"
 
 

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import DurableError, OperatorError
 from ..journal.model import CallIdentity, CallState
-from ..operators import RESOLUTIONS, forget, resolve
+from ..operators import RESOLUTIONS
 from ..server.redact import iso, record_summary
 from ..server.resources import decode_cursor, encode_cursor
 from .auth import COOKIE, SESSION_SECONDS, Sessions, Viewer, csrf_ok, same_origin
@@ -283,11 +283,11 @@ class Console:
         by = f"console:{viewer.principal}"
         try:
             if action == "forget":
-                await forget(engine, identity, by=by, note=note)
+                await engine.forget(identity, by=by, note=note)
             elif action in RESOLUTIONS:
                 payload = _payload(action, result_text, note)
-                await resolve(engine, identity, action, payload=payload, note=note or by,
-                              retention=self.source.retention(identity.tool), by=by)
+                await engine.resolve(identity, action, payload=payload, note=note or by,
+                                     retention=self.source.retention(identity.tool), by=by)
             elif action == "cancel":  # through the engine: a run in this process stops at once
                 await engine.cancel(identity, by=by, note=note, retention=self.source.retention(identity.tool))
             elif action == "rerun":

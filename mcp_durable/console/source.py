@@ -179,8 +179,9 @@ class JournalSource:
                 await journal.open()
                 self._journal = journal
                 if not journal.single_writer:
-                    # Not started: a console journals no lifecycle and sweeps nothing; operator
-                    # actions go through `operators` with this engine, as `Engine.resolve` does.
+                    # No process id: a console journals no lifecycle. Operator actions go through
+                    # this engine (`Engine.resolve` …), which starts it on the first one: its
+                    # sweep marks only records whose lease ran out, as any replica's start does.
                     self._engine = Engine(journal, clock=self._clock)
             return self._journal
 

@@ -52,7 +52,10 @@ def load_result(payload: bytes) -> CallToolResult:
 # A repeat of a key is answered with the same bytes and the same `_meta` every time: build that
 # answer once per record and hand the same object out again. Safe because nothing mutates a
 # result once returned (the SDK dumps it into fresh dicts, and stamps its own `_meta` on the
-# copy). Bounded: _REPLAYS answers of stored results of at most _REPLAY_MAX_BYTES each.
+# copy). Bounded: _REPLAYS answers of stored results of at most _REPLAY_MAX_BYTES each, oldest
+# out first; never stale, since a different result is a different cache key. Not the engine's
+# replay cache (`CallDecisions._remember`), which saves the journal read of a repeat and holds
+# records, not built results: docs/architecture.md, "Two replay caches, one per layer".
 _REPLAYS = 1024
 _REPLAY_MAX_BYTES = 16 * 1024
 _replays: dict[tuple[str | None, bytes, float | None, bool], CallToolResult] = {}
