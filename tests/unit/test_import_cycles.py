@@ -6,7 +6,7 @@ against the importing module. Which imports count, decided here:
 - every import statement that runs: at module level *and* inside functions. A lazy import in a
   function is how a circle is usually hidden, not removed: the two modules still need each other.
 - imports under `if TYPE_CHECKING:` never run, but a circle through them is still two modules
-  that need each other's definitions; `test_no_type_only_circle` counts them too, with the two
+  that need each other's definitions; `test_no_type_only_circle` counts them too, with the
   circles it still finds marked `xfail(strict=True)` (see `KNOWN_TYPE_CIRCLES`).
 - not the implicit import of a parent package (`import a.b.c` also runs `a/b/__init__.py`): a
   package's `__init__` re-exporting its submodules is the usual layout, not a circle.
@@ -154,23 +154,12 @@ def test_no_import_circle() -> None:
     assert found == [], "import circles among the package's modules:\n" + _shown(found)
 
 
-#: Circles that exist only through `if TYPE_CHECKING:` imports, left for the engine and server
-#: splits of issue 17 (each breaks only by moving code in modules other branches are changing).
+#: Circles that exist only through `if TYPE_CHECKING:` imports, left for the engine
+#: split of issue 17 (it breaks only by moving code in modules other branches are changing).
 KNOWN_TYPE_CIRCLES = {
     ("mcp_durable.engine", "mcp_durable.task_runs"): (
         "TaskRuns (a base of Engine) names CallOutcome, Encoder, Runner, TaskResumer, ToolOutcome, "
         "defined in engine.py; moving them out of engine.py is the engine split"
-    ),
-    (
-        "mcp_durable.server.admin",
-        "mcp_durable.server.app",
-        "mcp_durable.server.lookup",
-        "mcp_durable.server.notifications",
-        "mcp_durable.server.resources",
-        "mcp_durable.server.tasks",
-    ): (
-        "the server helpers are typed with DurableServer itself (they register on it as an MCPServer: "
-        "resource, add_tool, Context(mcp_server=…)); a narrower face is the 'server wired in one place' step"
     ),
 }
 
