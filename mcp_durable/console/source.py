@@ -30,6 +30,7 @@ from ..journal.model import CallRecord
 from ..policy import DEFAULT_RETENTION
 from ..server.redact import SensitiveNames
 from ..server.resources import recovery_body, stats_body
+from ..uris import STATS_URI
 
 if TYPE_CHECKING:
     from ..server.app import DurableServer
@@ -113,8 +114,7 @@ class ServerSource:
         return principal_with_token(self.server.principal_of, token)
 
     async def sensitive(self, journal: Journal, tool: str) -> tuple[str, ...]:
-        views = self.server.journal_views
-        return await views.sensitive(tool)
+        return await self.server.journal_views.sensitive(tool)
 
     def retention(self, tool: str) -> float | None:
         policy = self.server.policies.get(tool)
@@ -124,14 +124,12 @@ class ServerSource:
         return recovery_body(journal.recovery, self.server.engine, scope)
 
     async def changes(self, principal: str) -> AsyncIterator[str]:
-        notifier = self.server.journal_views.notifier
-        if notifier is None:  # pragma: no cover - always installed by register_journal_resources
-            return
+        notifier = self.server.journal_notifier
         send, receive = anyio.create_memory_object_stream[str](64)
 
         def listener(event: Any) -> None:
             try:
-                send.send_nowait(str(getattr(event, "uri", "journal://stats")))
+                send.send_nowait(str(getattr(event, "uri", STATS_URI)))
             except anyio.WouldBlock:  # a burst: the page reloads once for all of it anyway
                 pass
 
@@ -226,7 +224,7 @@ class JournalSource:
             async with self.reading() as journal:
                 seen = await _signature(journal, scope)
             if last is not None and seen != last:
-                yield "journal://stats"
+                yield STATS_URI
             last = seen
             await anyio.sleep(POLL_INTERVAL)
 

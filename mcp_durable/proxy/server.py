@@ -52,13 +52,14 @@ from ..policy import ToolPolicy
 from ..policy_file import Policies
 from ..server.app import DurableServer
 from ..steps import DurableCall
+from ..uris import SCHEME
 from .router import Router
 from .upstream import Upstream, UpstreamLost, UpstreamSpec
 
 logger = logging.getLogger(__name__)
 
 #: The proxy's own resources; every other URI is the upstream's.
-LOCAL_SCHEME = "journal://"
+LOCAL_SCHEME = SCHEME
 _RESERVED_META = "io.modelcontextprotocol/"
 
 

@@ -1,6 +1,6 @@
 """Operator tools over MCP: resolve an in-doubt call, purge expired records. Admins only.
 
-Registered only when the server has admin principals (`DurableServer(admin_principals=…)`, or
+Registered by `DurableServer` only when it has admin principals (`DurableServer(admin_principals=…)`, or
 `$MCP_DURABLE_ADMINS`, a comma-separated list); a call from any other principal is refused
 before anything is read. Over HTTP the principal is the bearer token's identity; on stdio and
 in memory it is `local`, which may be configured as an admin.
@@ -28,7 +28,7 @@ the code in `_meta["mcp-durable/error"]` (`results.refusal`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
@@ -38,11 +38,9 @@ from .. import config
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
 from ..operators import Resolution
+from .ports import DurableHost, ToolSpec
 from .redact import record_view
 from .results import dump_result
-
-if TYPE_CHECKING:
-    from .app import DurableServer
 
 ENV_ADMINS = config.ADMINS
 
@@ -82,14 +80,13 @@ def operator_payload(value: Any, *, failed: bool, note: str = "") -> bytes:
     )
 
 
-def register_admin_tools(server: DurableServer) -> bool:
-    """Add the admin tools when the server has admin principals; returns whether it did."""
-    if not server.admin_principals:
-        return False
+def admin_tools(host: DurableHost) -> tuple[ToolSpec, ...]:
+    """The admin tools, for `DurableServer` to register when it has admin principals. Each
+    refuses (`ForbiddenError`) a caller `host.is_admin` does not accept before reading anything."""
 
     def require_admin(ctx: Context[Any, Any] | None) -> str:
-        principal = server.principal_of(ctx)
-        if principal not in server.admin_principals:
+        principal = host.principal_of(ctx)
+        if not host.is_admin(principal):
             raise ForbiddenError(principal)
         return principal
 
@@ -110,10 +107,10 @@ def register_admin_tools(server: DurableServer) -> bool:
         payload = None if resolution == "not_applied" else operator_payload(
             result, failed=resolution == "failed", note=note
         )
-        record = await server.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
-                                             note=note or f"by {caller}", retention=_retention(server, tool),
+        record = await host.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
+                                             note=note or f"by {caller}", retention=_retention(host, tool),
                                              by=caller)
-        policy = server.policies.get(tool)
+        policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_forget(
@@ -121,8 +118,8 @@ def register_admin_tools(server: DurableServer) -> bool:
     ) -> dict[str, Any]:
         """Forget a call in doubt: its record expires now, so the next call with the key runs anew."""
         caller = require_admin(ctx)
-        record = await server.engine.forget(CallIdentity(principal or caller, tool, key), by=caller, note=note)
-        policy = server.policies.get(tool)
+        record = await host.engine.forget(CallIdentity(principal or caller, tool, key), by=caller, note=note)
+        policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_cancel(
@@ -131,9 +128,9 @@ def register_admin_tools(server: DurableServer) -> bool:
         """Cancel a running (or in-doubt) call: its tool stops at its owner's next lease renewal or
         durable step, and the call is never resumed (repeats of its key are refused `cancelled`)."""
         caller = require_admin(ctx)
-        record = await server.engine.cancel(CallIdentity(principal or caller, tool, key), by=caller, note=note,
-                                            retention=_retention(server, tool))
-        policy = server.policies.get(tool)
+        record = await host.engine.cancel(CallIdentity(principal or caller, tool, key), by=caller, note=note,
+                                            retention=_retention(host, tool))
+        policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_rerun(
@@ -143,28 +140,28 @@ def register_admin_tools(server: DurableServer) -> bool:
         """Re-run a completed or failed call under a new attempt: the next call with its key runs the
         tool again, replaying durable steps before index `from_step` (None: every step runs again)."""
         caller = require_admin(ctx)
-        record = await server.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
-                                           by=caller, note=note, retention=_retention(server, tool))
-        policy = server.policies.get(tool)
+        record = await host.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
+                                           by=caller, note=note, retention=_retention(host, tool))
+        policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_purge_expired(ctx: Context[Any, Any]) -> dict[str, int]:
         """Drop call records whose retention has ended; returns how many were purged."""
         require_admin(ctx)
-        return {"purged": await server.engine.purge_expired()}
+        return {"purged": await host.engine.purge_expired()}
 
     operator = ToolAnnotations(destructive_hint=True, idempotent_hint=False, read_only_hint=False)
-    server.add_tool(journal_resolve, name="journal_resolve", annotations=operator)
-    server.add_tool(journal_forget, name="journal_forget", annotations=operator)
-    server.add_tool(journal_rerun, name="journal_rerun", annotations=operator)
-    server.add_tool(journal_cancel, name="journal_cancel", annotations=operator)
-    server.add_tool(journal_purge_expired, name="journal_purge_expired",
-                    annotations=operator.model_copy(update={"idempotent_hint": True}))
-    return True
+    return (
+        ToolSpec(journal_resolve, "journal_resolve", operator),
+        ToolSpec(journal_forget, "journal_forget", operator),
+        ToolSpec(journal_rerun, "journal_rerun", operator),
+        ToolSpec(journal_cancel, "journal_cancel", operator),
+        ToolSpec(journal_purge_expired, "journal_purge_expired", operator.model_copy(update={"idempotent_hint": True})),
+    )
 
 
-def _retention(server: DurableServer, tool: str) -> float | None:
+def _retention(host: DurableHost, tool: str) -> float | None:
     from ..policy import DEFAULT_RETENTION
 
-    policy = server.policies.get(tool)
+    policy = host.policies.get(tool)
     return policy.retention if policy is not None else DEFAULT_RETENTION

@@ -21,10 +21,19 @@ from typing import Any, TypeVar
 import anyio
 import orjson
 from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types import (
+    CallToolResult,
+    InputRequiredResult,
+    SubscribeRequestParams,
+    SubscriptionsListenRequestParams,
+    TextContent,
+    ToolAnnotations,
+    UnsubscribeRequestParams,
+)
 from pydantic import ValidationError
 
 from .. import config, limits
@@ -38,11 +47,19 @@ from ..schedule import check_interval
 from ..steps import DurableCall
 from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
-from .admin import admins_from_env, register_admin_tools
+from .admin import admin_tools, admins_from_env
 from .auth import token_auth_kwargs, tokens_from_env
-from .lookup import register_lookup_tool
+from .lookup import journal_lookup_tool
 from .notifications import JournalNotifier
-from .resources import register_journal_resources
+from .ports import ScopedSubscriptionBus, ToolSpec
+from .resources import (
+    JSON,
+    JournalResources,
+    answering_durable_errors,
+    install_read_context,
+    journal_resources,
+    maintenance_body,
+)
 from .results import OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
 
@@ -143,24 +160,27 @@ class DurableServer(MCPServer[Any]):
         self.policies: dict[str, ToolPolicy] = {}
         #: Compiled output schemas: a refusal is `structuredContent` only where it fits (results.py).
         self.output_schemas = OutputSchemas()
-        # Journal resources, change notifications and admin tools (server/resources.py);
         # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(admin_principals) or admins_from_env()
         self.telemetry: Telemetry | None = Telemetry() if telemetry is True else (telemetry or None)
         if self.telemetry is not None:
             self.telemetry.attach(self.engine)
-        self.journal_views = register_journal_resources(self)
-        self.journal_views.notifier = JournalNotifier(self)
-        self.journal_views.notifier.install()
-        register_admin_tools(self)
+        # Everything the helper modules define is registered here, in this order (the change
+        # notifier's engine listener runs before the tasks' one); each helper is given only the
+        # narrow face of this server it uses (server/ports.py), never the server itself.
+        self.journal_views = self._register_journal_resources()
+        self.journal_notifier = self._register_notifications()
+        if self.admin_principals:
+            self._register_tools(admin_tools(self))
         # Tasks: served in both generations; in-doubt tasks are resumed at start.
-        self.tasks = TaskProtocol(self)
+        self.tasks = TaskProtocol(self, self._submit_requested_task)
         tasks_extension.protocol = self.tasks
         self.middleware.append(self.tasks.middleware)
+        self.engine.listeners.append(self.tasks.on_change)
         self.engine.task_resumer = self._resume_task
         self.engine.task_policy = self.policies.get
         if lookup_tool:
-            register_lookup_tool(self)
+            self._register_tools([journal_lookup_tool(self)])
         # In-doubt calls of `reconcile` tools are reconciled at start and every interval (recovery.py).
         self.recovery: BackgroundRecovery | None = None
         if check_interval("reconcile_interval", reconcile_interval) is not None:
@@ -176,6 +196,44 @@ class DurableServer(MCPServer[Any]):
     @property
     def journal(self) -> Journal:
         return self.engine.journal
+
+    def request_principal(self, request: ServerRequestContext[Any, Any] | None) -> str:
+        """The principal of a low-level request (None: no request being served), by `principal_of`."""
+        return self.principal_of(None if request is None else Context(request_context=request, mcp_server=self))
+
+    def is_admin(self, principal: str) -> bool:
+        """Whether `principal` is one of the `admin_principals`: sees every record, may operate."""
+        return principal in self.admin_principals
+
+    # -- what the helper modules define, registered (server/ports.py is the face they see) ---------
+
+    def _register_journal_resources(self) -> JournalResources:
+        """The `journal://…` resources (server/resources.py), every read scoped by principal."""
+        views = JournalResources(self, lambda: maintenance_body(self.retention, self.recovery))
+        for resource in journal_resources(views):
+            register = self.resource(resource.uri, name=resource.name, mime_type=JSON,
+                                     description=resource.read.__doc__, security=resource.security)
+            register(answering_durable_errors(resource.read))
+        install_read_context(self._lowlevel_server)
+        return views
+
+    def _register_notifications(self) -> JournalNotifier:
+        """Record changes announced in both protocol eras, scoped by principal (server/notifications.py)."""
+        notifier = JournalNotifier(self, self._subscriptions)
+        self.engine.listeners.append(notifier.on_change)
+        lowlevel = self._lowlevel_server
+        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, notifier.subscribe)
+        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, notifier.unsubscribe)
+        if lowlevel.get_request_handler("subscriptions/listen") is not None:  # None: `subscriptions=False`
+            lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams,
+                                         notifier.listen_handler())
+        if isinstance(self._subscriptions, ScopedSubscriptionBus):  # e.g. PgSubscriptionBus: across replicas
+            notifier.forward_across(self._subscriptions)
+        return notifier
+
+    def _register_tools(self, tools: Sequence[ToolSpec]) -> None:
+        for tool in tools:
+            self.add_tool(tool.fn, name=tool.name, annotations=tool.annotations)
 
     def use_journal(self, journal: str | Journal) -> None:
         """Serve on `journal` (a URL or a `Journal`) instead of the one given at construction.
@@ -486,6 +544,12 @@ class DurableServer(MCPServer[Any]):
             run=self._runner(name, arguments, None, policy, model), encode=_encoder(tool),
             principal=self.principal_of(context), canonical=canonical,
         )
+
+    async def _submit_requested_task(
+        self, name: str, arguments: dict[str, Any], request: ServerRequestContext[Any, Any]
+    ) -> CallRecord:
+        """`submit_task` for the low-level request being served (the tasks' `TaskSubmitter`)."""
+        return await self.submit_task(name, arguments, Context(request_context=request, mcp_server=self))
 
     async def _resume_task(self, record: CallRecord) -> None:
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""

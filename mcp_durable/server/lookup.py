@@ -11,41 +11,39 @@ internals operators see (owner, lease, fingerprint, run id) are left out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.server.mcpserver import Context
 from mcp_types import ToolAnnotations
 
 from ..journal.model import CallIdentity
+from .ports import DurableHost, ToolSpec
 from .redact import record_view
-
-if TYPE_CHECKING:
-    from .app import DurableServer
 
 LOOKUP_TOOL = "journal_lookup"
 _SHOWN = ("tool", "key", "state", "attempts", "created_at", "completed_at", "result", "error")
 
 
-def register_lookup_tool(server: DurableServer) -> None:
-    """Add `journal_lookup` to `server`."""
+def journal_lookup_tool(host: DurableHost) -> ToolSpec:
+    """`journal_lookup`, for `DurableServer` to register (`lookup_tool=True`)."""
 
     async def journal_lookup(tool: str, key: str, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Look up your own earlier call of `tool` with idempotency `key` (the `_meta["mcp-durable/key"]`
         of its result): whether it ran (`state`: pending, completed, failed, in_doubt, released)
         and, when completed or failed, its result. `found` is false for a key you never used."""
-        identity = CallIdentity(server.principal_of(ctx), tool, key)
-        await server.engine.start()  # a JournalError is answered as journal_unavailable by the server
-        record = await server.journal.get(identity)
-        if record is None or record.is_expired(server.engine.clock()):
+        identity = CallIdentity(host.principal_of(ctx), tool, key)
+        await host.engine.start()  # a JournalError is answered as journal_unavailable by the server
+        record = await host.engine.journal.get(identity)
+        if record is None or record.is_expired(host.engine.clock()):
             return {"found": False, "tool": tool, "key": key}
-        policy = server.policies.get(tool)
+        policy = host.policies.get(tool)
         view = record_view(record, policy.sensitive if policy else ())
         shown = {name: view[name] for name in _SHOWN}
         if not record.state.is_final:
             shown["result"] = None
         return {"found": True, **shown}
 
-    server.add_tool(journal_lookup, name=LOOKUP_TOOL,
-                    annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False))
+    return ToolSpec(journal_lookup, LOOKUP_TOOL,
+                    ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False))
 
 

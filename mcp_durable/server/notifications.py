@@ -13,9 +13,9 @@ listeners; `JournalNotifier.on_change` then announces `journal://calls/{tool}/{k
   are registered on the low-level server; subscribed sessions get
   `notifications/resources/updated`, with the same principal rule.
 
-Across replicas: when the server's bus can forward scoped events to other processes (the
-`PgSubscriptionBus` of `server/pgbus.py`: `forward(event, principal=…)` and
-`subscribe_scoped(listener)`), each change is also forwarded with its principal, and events
+Across replicas: when the server's bus can forward scoped events to other processes (a
+`ScopedSubscriptionBus` of server/ports.py, such as the `PgSubscriptionBus` of server/pgbus.py),
+each change is also forwarded with its principal, and events
 arriving from other replicas are delivered here under the same principal rule. Delivery is best
 effort and bounded in time: a slow or vanished client never delays or fails the call that
 changed the record.
@@ -28,21 +28,18 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.lowlevel
 from mcp.server.context import ServerRequestContext
-from mcp.server.mcpserver import Context
 from mcp.server.subscriptions import ListenHandler, ResourceUpdated, ServerEvent, SubscriptionBus
 from mcp_types import EmptyResult, SubscribeRequestParams, SubscriptionsListenRequestParams, UnsubscribeRequestParams
 
 from ..journal.model import CallRecord
 from ..uris import STATS_URI, record_uri
+from .ports import DurableHost, ScopedSubscriptionBus
 from .redact import SensitiveNames
-
-if TYPE_CHECKING:
-    from .app import DurableServer
 
 logger = logging.getLogger(__name__)
 SEND_TIMEOUT = 2.0
@@ -104,10 +101,17 @@ def _connection_id(ctx: ServerRequestContext[Any, Any]) -> int:
 
 
 class JournalNotifier:
-    """Announces record changes to subscribers of both eras; journals the redaction config."""
+    """Announces record changes to subscribers of both eras; journals the redaction config.
 
-    def __init__(self, server: DurableServer) -> None:
-        self.server = server
+    `bus` is the server's own subscription bus (`MCPServer(subscriptions=…)`). `DurableServer`
+    wires the rest: `on_change` as an engine listener, `subscribe` / `unsubscribe` as the
+    2025-11-25 request handlers, `listen_handler()` for 2026-07-28 `subscriptions/listen`, and
+    `forward_across(bus)` when its bus is a `ScopedSubscriptionBus`.
+    """
+
+    def __init__(self, host: DurableHost, bus: SubscriptionBus) -> None:
+        self.host = host
+        self._inner = bus
         # uri -> {connection id: (session, principal)}: legacy subscriptions of live connections.
         self._legacy: dict[str, dict[int, tuple[Any, str]]] = {}
         self._bus: PrincipalBus | None = None
@@ -117,33 +121,35 @@ class JournalNotifier:
         self._names: dict[str, tuple[str, ...]] | None = None
         self._names_for = -1
         self._worker: asyncio.Task[None] | None = None
-        #: The bus's cross-replica `forward(event, principal=…)`, when it has one.
-        self._forward: Callable[..., None] | None = None
+        #: The bus that carries changes to and from other replicas (`forward_across`), if any.
+        self._replicas: ScopedSubscriptionBus | None = None
 
-    def install(self) -> None:
-        server = self.server
-        server.engine.listeners.append(self.on_change)
-        lowlevel = server._lowlevel_server
-        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, self._subscribe)
-        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, self._unsubscribe)
-        if lowlevel.get_request_handler("subscriptions/listen") is not None:
-            self._bus = PrincipalBus(server._subscriptions, self._is_admin)
-            handler = ListenHandler(self._bus)
+    def listen_handler(
+        self,
+    ) -> Callable[[ServerRequestContext[Any, Any], SubscriptionsListenRequestParams], Coroutine[Any, Any, Any]]:
+        """The `subscriptions/listen` handler: the SDK's own `ListenHandler` over a bus that
+        remembers each stream's principal, so record changes reach only whom they may."""
+        handler = ListenHandler(self._principal_bus())
 
-            async def listen(ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams) -> Any:
-                token = _LISTENER.set(self._principal(ctx))
-                try:
-                    return await handler(ctx, params)
-                finally:
-                    _LISTENER.reset(token)
+        async def listen(ctx: ServerRequestContext[Any, Any], params: SubscriptionsListenRequestParams) -> Any:
+            token = _LISTENER.set(self.host.request_principal(ctx))
+            try:
+                return await handler(ctx, params)
+            finally:
+                _LISTENER.reset(token)
 
-            lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams, listen)
-        # Duck-typed: only a cross-process bus (PgSubscriptionBus) has these two.
-        forward = getattr(server._subscriptions, "forward", None)
-        subscribe_scoped = getattr(server._subscriptions, "subscribe_scoped", None)
-        if callable(forward) and callable(subscribe_scoped):
-            self._forward = forward
-            subscribe_scoped(self._from_other_replica)
+        return listen
+
+    def forward_across(self, bus: ScopedSubscriptionBus) -> None:
+        """Forward every change to the other replicas on `bus`, scoped to its record's principal,
+        and announce theirs here under the same principal rule."""
+        self._replicas = bus
+        bus.subscribe_scoped(self._from_other_replica)
+
+    def _principal_bus(self) -> PrincipalBus:
+        if self._bus is None:
+            self._bus = PrincipalBus(self._inner, self._is_admin)
+        return self._bus
 
     def watch(self, principal: str, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
         """Deliver the change events `principal` may see to `listener` (its own records' changes;
@@ -154,11 +160,10 @@ class JournalNotifier:
         listener: it must not block or raise. While nobody watches or listens, a change costs
         nothing here (see `on_change`).
         """
-        if self._bus is None:
-            self._bus = PrincipalBus(self.server._subscriptions, self._is_admin)
+        bus = self._principal_bus()
         token = _LISTENER.set(principal)
         try:
-            return self._bus.subscribe(listener)
+            return bus.subscribe(listener)
         finally:
             _LISTENER.reset(token)
 
@@ -173,20 +178,20 @@ class JournalNotifier:
             self._defer(self._after_change(self._journaled or {}, [uri], principal))
 
     def _is_admin(self, principal: str) -> bool:
-        return principal in self.server.admin_principals
-
-    def _principal(self, ctx: ServerRequestContext[Any, Any]) -> str:
-        return self.server.principal_of(Context(request_context=ctx, mcp_server=self.server))
+        return self.host.is_admin(principal)
 
     # -- 2025-11-25 -------------------------------------------------------------------------------
 
-    async def _subscribe(self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
-        self._legacy.setdefault(str(params.uri), {})[_connection_id(ctx)] = (ctx.session, self._principal(ctx))
+    async def subscribe(self, ctx: ServerRequestContext[Any, Any], params: SubscribeRequestParams) -> EmptyResult:
+        """The `resources/subscribe` handler: the connection hears of `params.uri`'s changes."""
+        principal = self.host.request_principal(ctx)
+        self._legacy.setdefault(str(params.uri), {})[_connection_id(ctx)] = (ctx.session, principal)
         return EmptyResult()
 
-    async def _unsubscribe(
+    async def unsubscribe(
         self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
     ) -> EmptyResult:
+        """The `resources/unsubscribe` handler."""
         sessions = self._legacy.get(str(params.uri), {})
         sessions.pop(_connection_id(ctx), None)
         if not sessions:
@@ -225,14 +230,14 @@ class JournalNotifier:
         worker per event loop.
         """
         principal = record.identity.principal
-        if (self._bus is None or not self._bus._listeners) and not self._legacy and self._forward is None:
+        if (self._bus is None or not self._bus._listeners) and not self._legacy and self._replicas is None:
             uris: tuple[str, ...] = ()  # nobody listens: skip expanding the record's URI template
         else:
             uris = (record_uri(record.identity.tool, record.identity.key), STATS_URI)
-        if self._forward is not None:
+        if self._replicas is not None:
             for uri in uris:
                 try:
-                    self._forward(ResourceUpdated(uri=uri), principal=principal)
+                    self._replicas.forward(ResourceUpdated(uri=uri), principal=principal)
                 except Exception:  # noqa: BLE001 - notification is best effort
                     logger.exception("could not forward a change of %s to other replicas", uri)
         if self._bus is not None:
@@ -277,7 +282,7 @@ class JournalNotifier:
 
     def _sensitive_names(self) -> dict[str, tuple[str, ...]]:
         # Recomputed when a tool is registered or removed, not on every change of every call.
-        policies = self.server.policies
+        policies = self.host.policies
         if self._names_for != len(policies) or self._names is None:
             self._names = {tool: policy.sensitive for tool, policy in policies.items() if policy.sensitive}
             self._names_for = len(policies)
@@ -287,5 +292,5 @@ class JournalNotifier:
         # Journal the tools' sensitive names so the CLI masks what the resources mask; written
         # after the first change of a boot and again only when the policies change.
         if names:
-            await SensitiveNames.publish(self.server.journal, names, self.server.engine.clock())
+            await SensitiveNames.publish(self.host.engine.journal, names, self.host.engine.clock())
         self._journaled = names

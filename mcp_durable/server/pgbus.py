@@ -21,7 +21,8 @@ NOTIFY's 8000 bytes is delivered locally only. The channel is `mcpd_events.<sche
 63 bytes).
 
 Events scoped to a principal (a journal record's changes may only reach its principal and
-admins) must not reach every listener of another replica. For them:
+admins) must not reach every listener of another replica. For them (the `ScopedSubscriptionBus`
+protocol of server/ports.py, through which `DurableServer` forwards its record changes):
 
 - `forward(event, principal=p)` sends to the other replicas only (the caller delivers locally
   its own way). It is synchronous and never yields — it can run inside the engine's change

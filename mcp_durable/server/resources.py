@@ -28,15 +28,14 @@ import functools
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import orjson
 from mcp.server.context import ServerRequestContext
-from mcp.server.mcpserver import Context
+from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from mcp.shared.exceptions import MCPError
-from mcp.shared.uri_template import UriTemplate
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ReadResourceRequestParams
 
 from ..errors import DurableError
@@ -45,17 +44,29 @@ from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
 from ..journal.transfer import iter_calls
 from ..policy import DEFAULT_RETENTION
-from ..uris import IN_DOUBT_URI, RECOVERY_URI, STATS_URI, record_uri
+from ..uris import (
+    CALL_OF_PRINCIPAL_TEMPLATE,
+    CALL_TEMPLATE,
+    CALLS_TEMPLATE,
+    ENTRIES_TEMPLATE,
+    ENTRIES_URI,
+    IN_DOUBT_URI,
+    PROCESS_TEMPLATE,
+    RECOVERY_URI,
+    STATS_URI,
+    process_uri,
+    record_uri,
+)
+from .ports import DurableHost
 from .redact import SensitiveNames, iso, record_summary, record_view
 from .results import refusal_body
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from .app import DurableServer
-    from .notifications import JournalNotifier
+    from ..recovery import BackgroundRecovery
+    from ..retention import BackgroundRetention
 
 JSON = "application/json"
-PROCESS_TEMPLATE = UriTemplate.parse("journal://processes/{process_id}")
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
 MAX_IN_DOUBT = 1000
@@ -170,10 +181,9 @@ async def stats_body(journal: Journal, principal: str | None) -> dict[str, Any]:
     }
 
 
-def maintenance_body(server: DurableServer) -> dict[str, Any]:
-    """What the server's background work did: retention (what it reclaimed, when) and recovery."""
-    retention = server.retention
-    recovery = server.recovery
+def maintenance_body(retention: BackgroundRetention | None, recovery: BackgroundRecovery | None) -> dict[str, Any]:
+    """What the server's background work did: retention (what it reclaimed, when) and recovery
+    (None: that work is off)."""
     return {
         "retention": None if retention is None else {
             "interval_s": retention.schedule.interval,
@@ -238,23 +248,25 @@ def recovery_body(report: RecoveryReport | None, engine: Engine | None, scope: s
 
 
 class JournalResources:
-    """The resource functions, bound to one `DurableServer`; every read is scoped by principal."""
+    """The resource functions of one server (`host`); every read is scoped by principal.
 
-    def __init__(self, server: DurableServer) -> None:
-        self.server = server
+    `maintenance` gives what the server's background work did, shown to admins in
+    `journal://stats` (see `maintenance_body`).
+    """
+
+    def __init__(self, host: DurableHost, maintenance: Callable[[], dict[str, Any]]) -> None:
+        self.host = host
+        self._maintenance = maintenance
         self._journaled_sensitive: dict[str, tuple[str, ...]] | None = None
-        #: Announces record changes (set by `register_journal_resources`); the console watches it.
-        self.notifier: JournalNotifier | None = None
 
     # -- who is asking ------------------------------------------------------------------------------
 
     def principal(self) -> str:
         request, _ = _READING.get()
-        context = None if request is None else Context(request_context=request, mcp_server=self.server)
-        return self.server.principal_of(context)
+        return self.host.request_principal(request)
 
     def is_admin(self, principal: str) -> bool:
-        return principal in self.server.admin_principals
+        return self.host.is_admin(principal)
 
     def not_found(self, uri: str) -> ResourceNotFoundError:
         # Word for word what the SDK answers for a URI nothing serves: a refusal reveals nothing.
@@ -262,15 +274,15 @@ class JournalResources:
         return ResourceNotFoundError(f"Unknown resource: {_READING.get()[1] or uri}")
 
     async def sensitive(self, tool: str) -> tuple[str, ...]:
-        policy = self.server.policies.get(tool)
+        policy = self.host.policies.get(tool)
         if policy is not None:
             return policy.sensitive
         if self._journaled_sensitive is None:  # another server's tool sharing this journal
-            self._journaled_sensitive = await SensitiveNames.load(self.server.journal)
+            self._journaled_sensitive = await SensitiveNames.load(self.host.engine.journal)
         return self._journaled_sensitive.get(tool, ())
 
     async def _ready(self) -> None:
-        await self.server.engine.start()
+        await self.host.engine.start()
 
     # -- resources ----------------------------------------------------------------------------------
 
@@ -278,16 +290,16 @@ class JournalResources:
         """Counts of calls by state and by tool, the backend, its size, the oldest record, retention."""
         await self._ready()
         principal = self.principal()
-        journal = self.server.journal
+        journal = self.host.engine.journal
         retention = {
             "default_s": DEFAULT_RETENTION,
-            "by_tool": {tool: policy.retention for tool, policy in sorted(self.server.policies.items())},
+            "by_tool": {tool: policy.retention for tool, policy in sorted(self.host.policies.items())},
         }
         admin = self.is_admin(principal)
         body = await stats_body(journal, None if admin else principal)
         body["retention"] = retention
         if admin:  # journal-wide work: counts over every principal's records
-            body["maintenance"] = maintenance_body(self.server)
+            body["maintenance"] = self._maintenance()
         return _dumps(body)
 
     async def recovery(self) -> str:
@@ -296,7 +308,7 @@ class JournalResources:
         principal = self.principal()
         # The journal-wide in-doubt count would show other principals' activity: each sees its own.
         scope = None if self.is_admin(principal) else principal
-        return _dumps(recovery_body(self.server.journal.recovery, self.server.engine, scope))
+        return _dumps(recovery_body(self.host.engine.journal.recovery, self.host.engine, scope))
 
     async def calls(
         self, tool: str | None = None, state: str | None = None, limit: str | None = None, cursor: str | None = None
@@ -308,13 +320,13 @@ class JournalResources:
         after = decode_cursor(cursor) if cursor else None
         scope = None if self.is_admin(principal) else principal
         # One more than asked: whether a next page exists, without ever serving an empty one.
-        records = await self.server.journal.list_calls(CallQuery(
+        records = await self.host.engine.journal.list_calls(CallQuery(
             principal=scope, tool=tool or None, state=_state_param(state), limit=size + 1, cursor=after
         ))
         page, more = records[:size], len(records) > size
         return _dumps(
             {
-                "calls": [record_summary(r, self.server.policies) for r in page],
+                "calls": [record_summary(r, self.host.policies) for r in page],
                 "next_cursor": encode_cursor(CallCursor.after(page[-1])) if more else None,
             }
         )
@@ -328,10 +340,10 @@ class JournalResources:
             if not self.is_admin(caller):
                 raise self.not_found(record_uri(tool, key))
             owner = principal
-        record = await self.server.journal.get(CallIdentity(owner, tool, key))
+        record = await self.host.engine.journal.get(CallIdentity(owner, tool, key))
         if record is None:
             raise self.not_found(record_uri(tool, key))
-        return _dumps(record_view(record, await self.sensitive(tool), self.server.policies))
+        return _dumps(record_view(record, await self.sensitive(tool), self.host.policies))
 
     async def call_of_principal(self, tool: str, key: str, principal: str | None = None) -> str:
         """Another principal's record, for admins: `journal://calls/{tool}/{key}?principal=P`."""
@@ -342,11 +354,11 @@ class JournalResources:
         await self._ready()
         principal = self.principal()
         scope = None if self.is_admin(principal) else principal
-        found = await in_doubt_records(self.server.journal, scope, self.server.engine.clock())
+        found = await in_doubt_records(self.host.engine.journal, scope, self.host.engine.clock())
         shown = found[:MAX_IN_DOUBT]
         calls = []
         for record in shown:
-            view = record_summary(record, self.server.policies)
+            view = record_summary(record, self.host.policies)
             view.update({"error": record.error, "lease_expired": record.state == CallState.PENDING})
             calls.append(view)
         return _dumps({"count": len(shown), "truncated": len(found) > MAX_IN_DOUBT, "calls": calls})
@@ -355,10 +367,10 @@ class JournalResources:
         """The raw process-log tail after sequence number `after` (admins only)."""
         await self._ready()
         if not self.is_admin(self.principal()):
-            raise self.not_found("journal://entries")
+            raise self.not_found(ENTRIES_URI)
         start = _int_param("after", after, 0, 0, 2**63 - 1)
         size = _int_param("limit", limit, 100, 1, 1000)
-        rows = await self.server.journal.entries(after=start, limit=size)
+        rows = await self.host.engine.journal.entries(after=start, limit=size)
         return _dumps(
             {
                 "entries": [
@@ -374,16 +386,15 @@ class JournalResources:
         """A process's state rebuilt from its last checkpoint and the entries after it (admins only)."""
         await self._ready()
         if not self.is_admin(self.principal()):
-            raise self.not_found(PROCESS_TEMPLATE.expand({"process_id": process_id}))
-        recovered = await ReplayEngine(self.server.journal).recover(process_id)
+            raise self.not_found(process_uri(process_id))
+        recovered = await ReplayEngine(self.host.engine.journal).recover(process_id)
         if recovered.last_seq == 0:
-            raise self.not_found(PROCESS_TEMPLATE.expand({"process_id": process_id}))
+            raise self.not_found(process_uri(process_id))
         return _dumps(recovered.as_dict())
 
 
-def _install_read_context(server: DurableServer) -> None:
+def install_read_context(lowlevel: Server[Any]) -> None:
     """Wrap `resources/read` so resource functions know the request (and so the principal)."""
-    lowlevel = server._lowlevel_server
     entry = lowlevel.get_request_handler("resources/read")
     if entry is None:  # pragma: no cover - MCPServer always serves resources/read
         return
@@ -399,31 +410,28 @@ def _install_read_context(server: DurableServer) -> None:
     lowlevel.add_request_handler("resources/read", ReadResourceRequestParams, read)
 
 
-def register_journal_resources(server: DurableServer) -> JournalResources:
-    """Register the journal resources (`DurableServer.__init__` adds the change notifications
-    and the admin tools beside them)."""
-    views = JournalResources(server)
+class JournalResource(NamedTuple):
+    """One journal resource, for `DurableServer` to register: `server.resource(uri, name=…,
+    mime_type=JSON, description=read.__doc__, security=…)(answering_durable_errors(read))`."""
 
-    def add(uri: str, **options: Any) -> Callable[[Callable[..., Awaitable[str]]], Any]:
-        register = server.resource(uri, **options)
-        return lambda read: register(answering_durable_errors(read))
-    add(STATS_URI, name="journal-stats", mime_type=JSON, description=JournalResources.stats.__doc__)(views.stats)
-    add(RECOVERY_URI, name="journal-recovery", mime_type=JSON,
-        description=JournalResources.recovery.__doc__)(views.recovery)
-    add(IN_DOUBT_URI, name="journal-in-doubt", mime_type=JSON,
-        description=JournalResources.in_doubt.__doc__)(views.in_doubt)
-    add("journal://calls{?tool,state,limit,cursor}", name="journal-calls", mime_type=JSON,
-        description=JournalResources.calls.__doc__, security=_DATA_PARAMS)(views.calls)
-    add("journal://calls/{tool}/{key}", name="journal-call", mime_type=JSON,
-        description=JournalResources.call.__doc__, security=_DATA_PARAMS)(_two(views.call))
-    add("journal://calls/{tool}/{key}{?principal}", name="journal-call-of-principal", mime_type=JSON,
-        description=JournalResources.call_of_principal.__doc__, security=_DATA_PARAMS)(views.call_of_principal)
-    add("journal://entries{?after,limit}", name="journal-entries", mime_type=JSON,
-        description=JournalResources.entries.__doc__)(views.entries)
-    add("journal://processes/{process_id}", name="journal-process", mime_type=JSON,
-        description=JournalResources.process.__doc__, security=_DATA_PARAMS)(views.process)
-    _install_read_context(server)
-    return views
+    uri: str
+    name: str
+    read: Callable[..., Awaitable[str]]
+    security: ResourceSecurity | None = None
+
+
+def journal_resources(views: JournalResources) -> tuple[JournalResource, ...]:
+    """The journal resources served by `views`, each with its URI or URI template (uris.py)."""
+    return (
+        JournalResource(STATS_URI, "journal-stats", views.stats),
+        JournalResource(RECOVERY_URI, "journal-recovery", views.recovery),
+        JournalResource(IN_DOUBT_URI, "journal-in-doubt", views.in_doubt),
+        JournalResource(CALLS_TEMPLATE, "journal-calls", views.calls, _DATA_PARAMS),
+        JournalResource(CALL_TEMPLATE, "journal-call", _two(views.call), _DATA_PARAMS),
+        JournalResource(CALL_OF_PRINCIPAL_TEMPLATE, "journal-call-of-principal", views.call_of_principal, _DATA_PARAMS),
+        JournalResource(ENTRIES_TEMPLATE, "journal-entries", views.entries),
+        JournalResource(PROCESS_TEMPLATE, "journal-process", views.process, _DATA_PARAMS),
+    )
 
 
 def _two(call: Any) -> Any:

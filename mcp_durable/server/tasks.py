@@ -27,14 +27,14 @@ caller's own tasks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, cast
 
 import anyio
 from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver import Context, require_client_extension
+from mcp.server.mcpserver import require_client_extension
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
     CallToolRequestParams,
@@ -53,13 +53,11 @@ from ..journal import CallQuery, CallRecord
 from ..policy import ToolPolicy
 from ..tasks import task_view
 from . import task_wire as wire
+from .ports import DurableHost
 from .results import answer
 from .task_wire import LEGACY_CAPABILITY, RELATED_TASK, TASK_NOT_FOUND, TASKS_EXTENSION
 
 __all__ = ["RELATED_TASK", "TASK_NOT_FOUND", "TASKS_EXTENSION", "TaskProtocol", "TasksExtension"]
-
-if TYPE_CHECKING:
-    from .app import DurableServer
 
 logger = logging.getLogger(__name__)
 
@@ -98,33 +96,42 @@ def _journal_unavailable(exc: JournalError) -> MCPError:
                     data={"error": "journal_unavailable"})
 
 
-class TaskProtocol:
-    """Serves MCP tasks for one `DurableServer`, from its engine's journal."""
+#: Submits a task-creating call of a durable tool for the request being served: `submit(name,
+#: arguments, request)` is `DurableServer.submit_task` in that request's context.
+TaskSubmitter = Callable[[str, dict[str, Any], ServerRequestContext[Any, Any]], Awaitable[CallRecord]]
 
-    def __init__(self, server: DurableServer) -> None:
-        self.server = server
+
+class TaskProtocol:
+    """Serves MCP tasks for one server (`host`), from its engine's journal.
+
+    `DurableServer` wires it: `middleware` as a server middleware, `on_change` as an engine
+    listener, and itself as the `protocol` of its `TasksExtension`.
+    """
+
+    def __init__(self, host: DurableHost, submit: TaskSubmitter) -> None:
+        self.host = host
+        self._submit = submit
         #: Legacy sessions that created a task, for `notifications/tasks/status` (best effort).
         self._watchers: dict[tuple[str, str], Any] = {}
-        server.engine.listeners.append(self._on_change)
 
     # -- shared -----------------------------------------------------------------------------------
 
     def _policy(self, record: CallRecord) -> ToolPolicy | None:
-        return self.server.policies.get(record.identity.tool)
+        return self.host.policies.get(record.identity.tool)
 
     def _principal(self, ctx: ServerRequestContext[Any, Any]) -> str:
-        return self.server.principal_of(Context(request_context=ctx, mcp_server=self.server))
+        return self.host.request_principal(ctx)
 
     def task_support(self, name: object) -> str:
-        policy = self.server.policies.get(name) if isinstance(name, str) else None
+        policy = self.host.policies.get(name) if isinstance(name, str) else None
         return policy.task_support if policy is not None else "forbidden"
 
     def any_task_tools(self) -> bool:
-        return any(p.task_support != "forbidden" for p in self.server.policies.values())
+        return any(p.task_support != "forbidden" for p in self.host.policies.values())
 
     async def _find(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> CallRecord:
         try:
-            record = await self.server.engine.task(self._principal(ctx), task_id)
+            record = await self.host.engine.task(self._principal(ctx), task_id)
         except JournalError as exc:
             raise _journal_unavailable(exc) from exc
         if record is None:
@@ -133,9 +140,8 @@ class TaskProtocol:
 
     async def _create(self, ctx: ServerRequestContext[Any, Any], name: str, arguments: dict[str, Any]) -> CallRecord:
         """Submit a task-creating call; refusals become JSON-RPC errors (there is no task to show them)."""
-        context = Context(request_context=ctx, mcp_server=self.server)
         try:
-            return await self.server.submit_task(name, arguments, context)
+            return await self._submit(name, arguments, ctx)
         except ValidationError as exc:
             fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
             raise MCPError(code=INVALID_PARAMS, message=f"Invalid arguments for tool {name!r}: {fields}") from None
@@ -202,7 +208,7 @@ class TaskProtocol:
                 del self._watchers[next(iter(self._watchers))]
             self._watchers[(record.identity.principal, record.task_id)] = ctx.session
 
-    async def _on_change(self, record: CallRecord) -> None:
+    async def on_change(self, record: CallRecord) -> None:
         """Engine listener: `notifications/tasks/status` to the legacy session that created the task."""
         if record.task_id is None or not self._watchers:
             return
@@ -219,7 +225,7 @@ class TaskProtocol:
             with anyio.move_on_after(5):
                 await session.send_notification(cast(Any, notification))
 
-        self.server.engine.spawn(send())
+        self.host.engine.spawn(send())
 
     # -- tasks/* ----------------------------------------------------------------------------------
 
@@ -236,7 +242,7 @@ class TaskProtocol:
         if _modern(ctx):
             self._check_modern(ctx, params.task_id)
         record = await self._find(ctx, params.task_id)
-        self.server.engine.nudge_task(record, self._policy(record))
+        self.host.engine.nudge_task(record, self._policy(record))
         if _modern(ctx):
             return self.modern_task(record, detailed=True)
         return self.legacy_task(record)
@@ -248,16 +254,17 @@ class TaskProtocol:
             policy = self._policy(record)
             if task_view(record, policy).terminal:
                 return wire.legacy_payload(record, policy)
-            self.server.engine.nudge_task(record, policy)
-            await self.server.journal.wait_for_change(record.identity, 1.0)
+            self.host.engine.nudge_task(record, policy)
+            await self.host.engine.journal.wait_for_change(record.identity, 1.0)
 
     async def list(self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> dict[str, Any]:
         """2025-11-25 `tasks/list`: the caller's own tasks, newest first, paginated."""
         principal = self._principal(ctx)
         cursor = wire.decode_cursor(principal, params.cursor) if params.cursor else None
-        page = await self.server.journal.list_calls(CallQuery(principal=principal, tasks_only=True,
-                                                              limit=LIST_PAGE + 1, cursor=cursor))
-        now = self.server.engine.clock()
+        page = await self.host.engine.journal.list_calls(
+            CallQuery(principal=principal, tasks_only=True, limit=LIST_PAGE + 1, cursor=cursor)
+        )
+        now = self.host.engine.clock()
         tasks = [self.legacy_task(r) for r in page[:LIST_PAGE] if not r.is_expired(now)]
         out: dict[str, Any] = {"tasks": tasks}
         if len(page) > LIST_PAGE:
@@ -274,7 +281,7 @@ class TaskProtocol:
             status = self.legacy_task(found)["status"]
             raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
         retention = policy.retention if policy is not None else None
-        record, changed = await self.server.engine.cancel_task(self._principal(ctx), params.task_id, retention)
+        record, changed = await self.host.engine.cancel_task(self._principal(ctx), params.task_id, retention)
         if record is None:
             raise _not_found()
         if modern:
@@ -301,7 +308,7 @@ class TaskProtocol:
             raise MCPError(code=INVALID_PARAMS, message="notifications.taskIds must be a list of task ids")
         meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
         principal = self._principal(ctx)
-        records = {t: r for t in dict.fromkeys(wanted) if (r := await self.server.engine.task(principal, t))}
+        records = {t: r for t in dict.fromkeys(wanted) if (r := await self.host.engine.task(principal, t))}
         ack = wire.Notification(method="notifications/subscriptions/acknowledged",
                             params={"notifications": {"taskIds": list(records)}, "_meta": meta})
         await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
@@ -317,9 +324,9 @@ class TaskProtocol:
             if all(task_view(r, self._policy(r)).terminal for r in records.values()):
                 return {"resultType": "complete", "_meta": meta}  # the middleware owns the envelope
             running = next(r for r in records.values() if not task_view(r, self._policy(r)).terminal)
-            await self.server.journal.wait_for_change(running.identity, 0.5)
+            await self.host.engine.journal.wait_for_change(running.identity, 0.5)
             for task_id in list(records):
-                records[task_id] = await self.server.engine.task(principal, task_id) or records[task_id]
+                records[task_id] = await self.host.engine.task(principal, task_id) or records[task_id]
 
     # -- 2026-07-28: server-directed creation -----------------------------------------------------
 
@@ -328,7 +335,7 @@ class TaskProtocol:
     ) -> HandlerResult:
         if not _modern(ctx):
             return await call_next(ctx)
-        policy = self.server.policies.get(params.name)
+        policy = self.host.policies.get(params.name)
         if policy is None or policy.task_support == "forbidden":
             return await call_next(ctx)
         capabilities = ctx.session.client_capabilities
@@ -353,8 +360,8 @@ class TaskProtocol:
         principal, task_id = record.identity.principal, record.task_id
         with anyio.move_on_after(seconds):
             while not task_view(record, self._policy(record)).terminal:
-                await self.server.journal.wait_for_change(record.identity, 0.25)
-                record = await self.server.engine.task(principal, task_id) or record
+                await self.host.engine.journal.wait_for_change(record.identity, 0.25)
+                record = await self.host.engine.task(principal, task_id) or record
         return record
 
 
@@ -364,7 +371,7 @@ class TasksExtension(Extension):
     identifier = TASKS_EXTENSION
 
     def __init__(self) -> None:
-        self.protocol: TaskProtocol | None = None  # bound by DurableServer once it exists
+        self.protocol: TaskProtocol | None = None  # bound by DurableServer once its engine exists
 
     def _bound(self) -> TaskProtocol:
         if self.protocol is None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import anyio
 import pytest
 from mcp import Client
-from mcp.server.subscriptions import ResourceUpdated, ServerEvent, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, ServerEvent, ToolsListChanged
 
 from mcp_durable.server.pgbus import PgSubscriptionBus, decode_event, encode_event
+from mcp_durable.server.ports import ScopedSubscriptionBus
 from tests.conftest import scratch_postgres_url
 from tests.crash.test_replicas_concurrency import KEY_META
 from tests.helpers import serve_http
@@ -25,6 +26,12 @@ def test_events_survive_their_notify_payload() -> None:
         assert decode_event(encode_event("me", event)) == ("me", event, None)
         assert decode_event(encode_event("me", event, "alice")) == ("me", event, "alice")
     assert decode_event("not json") is None and decode_event('{"t": "unknown", "o": "x"}') is None
+
+
+def test_the_bus_is_a_scoped_bus_and_the_sdks_is_not(bus_url: str) -> None:
+    """What makes `DurableServer` forward record changes across replicas through it."""
+    assert isinstance(PgSubscriptionBus(bus_url), ScopedSubscriptionBus)
+    assert not isinstance(InMemorySubscriptionBus(), ScopedSubscriptionBus)
 
 
 async def test_scoped_events_reach_only_scoped_listeners_of_other_replicas(bus_url: str) -> None:

@@ -20,8 +20,7 @@ async def test_the_console_watches_changes_only_while_a_live_page_is_open(tmp_pa
     listeners = list(server.engine.listeners)
     app = server.streamable_http_app(host="127.0.0.1")
     mount_console(app, server)
-    notifier = server.journal_views.notifier
-    assert notifier is not None
+    notifier = server.journal_notifier
 
     def watchers() -> int:
         return 0 if notifier._bus is None else len(notifier._bus._listeners)

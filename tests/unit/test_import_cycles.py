@@ -6,8 +6,7 @@ against the importing module. Which imports count, decided here:
 - every import statement that runs: at module level *and* inside functions. A lazy import in a
   function is how a circle is usually hidden, not removed: the two modules still need each other.
 - imports under `if TYPE_CHECKING:` never run, but a circle through them is still two modules
-  that need each other's definitions; `test_no_type_only_circle` counts them too, with the
-  circles it still finds marked `xfail(strict=True)` (see `KNOWN_TYPE_CIRCLES`).
+  that need each other's definitions; `test_no_type_only_circle` counts them too.
 - not the implicit import of a parent package (`import a.b.c` also runs `a/b/__init__.py`): a
   package's `__init__` re-exporting its submodules is the usual layout, not a circle.
 
@@ -20,8 +19,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-
-import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "mcp_durable"
 PACKAGE = "mcp_durable"
@@ -154,33 +151,6 @@ def test_no_import_circle() -> None:
     assert found == [], "import circles among the package's modules:\n" + _shown(found)
 
 
-#: Circles that exist only through `if TYPE_CHECKING:` imports, left for the server split of
-#: issue 17 (it breaks only by moving code in modules other branches are changing).
-KNOWN_TYPE_CIRCLES = {
-    (
-        "mcp_durable.server.admin",
-        "mcp_durable.server.app",
-        "mcp_durable.server.lookup",
-        "mcp_durable.server.notifications",
-        "mcp_durable.server.resources",
-        "mcp_durable.server.tasks",
-    ): (
-        "the server helpers are typed with DurableServer itself (they register on it as an MCPServer: "
-        "resource, add_tool, Context(mcp_server=…)); a narrower face is the 'server wired in one place' step"
-    ),
-}
-
-
 def test_no_type_only_circle() -> None:
-    found = [c for c in cycles(import_graph(type_checking=True)) if tuple(c) not in KNOWN_TYPE_CIRCLES]
+    found = cycles(import_graph(type_checking=True))
     assert found == [], "import circles (counting TYPE_CHECKING imports):\n" + _shown(found)
-
-
-@pytest.mark.parametrize(
-    "circle",
-    [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=r), id=c[0]) for c, r in KNOWN_TYPE_CIRCLES.items()],
-)
-def test_known_type_only_circle_is_gone(circle: tuple[str, ...]) -> None:
-    """Fails (xfail) while the circle exists; passes, so strict xfail fails, once it is broken:
-    then remove it from KNOWN_TYPE_CIRCLES."""
-    assert list(circle) not in cycles(import_graph(type_checking=True))
