@@ -27,7 +27,8 @@
   statement is its own transaction, committed durably before it returns), `connect_timeout`,
   `pool_timeout` and `statement_timeout` of a few seconds: a database that is down or
   unreachable gives `JournalError` (`journal_unavailable`) in seconds, and the pool
-  reconnects by itself when it is back.
+  reconnects by itself when it is back. The sessions join only through keys (no hash or
+  merge joins, `_PLANNER`), so a batch never scans the table, however its plan was cached.
 - `single_writer = False`: a PENDING record of another replica is in doubt only once its
   lease has expired.
 """
@@ -85,6 +86,15 @@ _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.
 #: callers against 1, 2, 4 and 8 (see docs/performance.md); the rest of the pool serves renewals,
 #: listings and entries.
 BATCH_SLOTS = 2
+#: The journal's sessions join a batch to `calls` row by row through the primary key, never by
+#: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
+#: default) and, while the table is small, prefers a hash join over a sequential scan; psycopg
+#: prepares a statement after a few runs, and that generic plan then stays for the session (nothing
+#: re-plans it until an ANALYZE), so a journal that started empty kept scanning the whole table for
+#: every batch as it grew: Postgres CPU per call grew with the table (217-265 µs per miss at ~35,000
+#: records, docs/performance.md). No statement of the journal needs either join method: its joins
+#: are all batch-to-key lookups, and its other statements do not join.
+_PLANNER = "-c enable_hashjoin=off -c enable_mergejoin=off"
 
 
 def _params(record: CallRecord) -> tuple[Any, ...]:
@@ -280,9 +290,9 @@ class PostgresJournal:
             return
         started = time.perf_counter()
         s = self.settings
-        # Our statement_timeout joins any `options` the URL gives (kwargs would replace them).
+        # Our settings join any `options` the URL gives (kwargs would replace them).
         given = conninfo_to_dict(s.conninfo).get("options") or ""
-        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)}".strip()
+        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)} {_PLANNER}".strip()
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
             s.conninfo, min_size=s.pool_min, max_size=s.pool_max, timeout=s.pool_timeout, open=False,
             # Give up a failing reconnection after a second instead of backing off for minutes:
