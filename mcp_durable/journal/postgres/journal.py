@@ -39,7 +39,7 @@ import asyncio
 import binascii
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import anyio
@@ -277,6 +277,19 @@ class PostgresJournal:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
+    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> list[Row] | None:
+        """The rows a batch statement returns, or None when one of its items broke it (a text JSON
+        or the database cannot carry, e.g. a lone surrogate or a NUL): the caller then answers
+        ALONE for every item, each is decided by itself, and only the culprit fails."""
+        try:
+            return await self._fetchall(sql, params())
+        except orjson.JSONEncodeError:
+            return None
+        except JournalError as exc:
+            if _broken_by_an_item(exc):
+                return None
+            raise
+
     async def _rowcount(self, sql: str, params: tuple[Any, ...]) -> int:
         async with self._connection() as conn:
             cur = await conn.execute(sql, params)
@@ -431,14 +444,9 @@ class PostgresJournal:
         for index, record in enumerate(records):
             if first.setdefault(record.identity, index) == index:
                 sent.append(record)
-        try:
-            rows = await self._fetchall(self._claim_many_sql, (_rows_json(sent),))
-        except orjson.JSONEncodeError:  # a text JSON cannot carry (a lone surrogate): one by one
+        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),))
+        if rows is None:
             return [ALONE] * len(records)
-        except JournalError as exc:
-            if _broken_by_an_item(exc):
-                return [ALONE] * len(records)
-            raise
         found: dict[CallIdentity, tuple[bool, CallRecord | None, bool]] = {}
         for row in rows:
             identity = CallIdentity(row[1], row[2], row[3])
@@ -469,13 +477,10 @@ class PostgresJournal:
 
     async def _get_batch(self, identities: list[CallIdentity]) -> list[tuple[CallRecord, bool] | None | _Alone]:
         unique = list(dict.fromkeys(identities))
-        try:
-            rows = await self._fetchall(self._get_many_sql, ([i.principal for i in unique], [i.tool for i in unique],
-                                                             [i.key for i in unique]))
-        except JournalError as exc:
-            if _broken_by_an_item(exc):
-                return [ALONE] * len(identities)
-            raise
+        rows = await self._batch_rows(self._get_many_sql, lambda: ([i.principal for i in unique],
+                                                                   [i.tool for i in unique], [i.key for i in unique]))
+        if rows is None:
+            return [ALONE] * len(identities)
         found: dict[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = {}
         for row in rows:
             record = _record(row)
@@ -504,14 +509,10 @@ class PostgresJournal:
         for index, (version, record) in enumerate(items):
             if first.setdefault(record.identity, index) == index:
                 sent.append((version, record))
-        try:
-            rows = await self._fetchall(self._swap_many_sql, (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
-        except orjson.JSONEncodeError:  # a text JSON cannot carry (a lone surrogate): one by one
+        rows = await self._batch_rows(self._swap_many_sql,
+                                      lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
+        if rows is None:
             return [ALONE] * len(items)
-        except JournalError as exc:
-            if _broken_by_an_item(exc):
-                return [ALONE] * len(items)
-            raise
         swapped = {CallIdentity(*row) for row in rows}
         return [record.identity in swapped if first[record.identity] == index else ALONE
                 for index, (_, record) in enumerate(items)]
