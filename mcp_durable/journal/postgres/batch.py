@@ -10,6 +10,11 @@ each caller its own result (or exception). Items arriving meanwhile open the nex
     claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
     claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
 
+A lone item — none in flight, no batch gathering, as for calls made one at a time — skips the
+batching turn: with `run_one` given, it goes to the database at once through `run_one(item)`,
+a single-row statement (no JSON array to build and parse, no batch plan), and counts as in
+flight, so items arriving meanwhile gather into a batch behind it.
+
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
 fails every item of its batch with the same exception.
@@ -48,16 +53,21 @@ class Batcher(Generic[I, O]):
     """
 
     def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
-                 max_items: int = 256) -> None:
+                 max_items: int = 256, run_one: Callable[[I], Awaitable[O]] | None = None) -> None:
         self._run_batch = run_batch
+        self._run_one = run_one
         self._slots = anyio.Semaphore(slots)
         self._max_items = max_items
         self._open: _Batch[I, O] | None = None
+        #: Statements of this kind sent and not answered yet (batches and lone items).
+        self._in_flight = 0
         #: Batches run and items in them (for tests and measurements: items / batches = batch size).
         self.batches = 0
         self.items = 0
 
     async def submit(self, item: I) -> O:
+        if self._run_one is not None and self._open is None and self._in_flight == 0:
+            return await self._alone(self._run_one, item)
         batch = self._open
         if batch is None or batch.closed:
             batch = self._open = _Batch()
@@ -74,6 +84,21 @@ class Batcher(Generic[I, O]):
             result = await future
         return result
 
+    async def _alone(self, run_one: Callable[[I], Awaitable[O]], item: I) -> O:
+        # Shielded like a batch: a statement sent is not abandoned half-way.
+        with anyio.CancelScope(shield=True):
+            self._in_flight += 1
+            try:
+                async with self._slots:
+                    self.batches += 1
+                    self.items += 1
+                    began = time.perf_counter()
+                    outcome = await run_one(item)
+                    observe.journal_committed("postgres", time.perf_counter() - began, 1)
+            finally:
+                self._in_flight -= 1
+        return outcome
+
     def _close(self, batch: _Batch[I, O]) -> None:
         batch.closed = True
         if self._open is batch:
@@ -82,6 +107,13 @@ class Batcher(Generic[I, O]):
     async def _lead(self, batch: _Batch[I, O]) -> None:
         # Every task that is ready now runs once first: their items join this batch.
         await anyio.lowlevel.checkpoint()
+        self._in_flight += 1
+        try:
+            await self._run(batch)
+        finally:
+            self._in_flight -= 1
+
+    async def _run(self, batch: _Batch[I, O]) -> None:
         async with self._slots:
             self._close(batch)
             self.batches += 1

@@ -193,6 +193,14 @@ class PostgresJournal:
             f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
             "AND NOT EXISTS (SELECT 1 FROM claimed)"
         )
+        # A lone claim (see `Batcher`): the batch statement's shape for one row given as parameters.
+        self._claim_one_sql = (
+            f"WITH claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
+            f"ON CONFLICT (principal, tool, key) DO NOTHING RETURNING 1) "
+            f"SELECT true, {', '.join(['NULL'] * len(_NAMES))}, false FROM claimed UNION ALL "
+            f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
+            "AND NOT EXISTS (SELECT 1 FROM claimed)"
+        )
         self._watch_sql = f"UPDATE {self._calls} SET watched = true WHERE {_IDENTITY} AND version = %s"
         sets = ", ".join(f"{c} = %s" for c in _MUTABLE)
         self._swap_sql = f"UPDATE {self._calls} SET {sets} WHERE {_IDENTITY} AND version = %s"
@@ -222,10 +230,11 @@ class PostgresJournal:
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
-            self._claim_batch, slots=BATCH_SLOTS)
-        self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(self._swap_batch, slots=BATCH_SLOTS)
+            self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one)
+        self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
+            self._swap_batch, slots=BATCH_SLOTS, run_one=self._swap_one)
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
-            self._get_batch, slots=BATCH_SLOTS)
+            self._get_batch, slots=BATCH_SLOTS, run_one=self._get_one)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresJournal:
@@ -463,12 +472,21 @@ class PostgresJournal:
                 outcomes.append((False, hit[1], hit[2]))
         return outcomes
 
+    async def _claim_one(self, record: CallRecord) -> tuple[bool, CallRecord, bool] | _Alone:
+        """`_claim_batch` for a lone record, in a single-row statement."""
+        i = record.identity
+        rows = await self._fetchall(self._claim_one_sql, (*_params(record), i.principal, i.tool, i.key))
+        if not rows:
+            return ALONE  # lost to a claim committed after the statement's snapshot
+        if rows[0][0]:
+            return True, record, False
+        return False, _record(rows[0][1:-1]), bool(rows[0][-1])
+
     async def get(self, identity: CallIdentity) -> CallRecord | None:
         self._note_read_started(identity)
         outcome = await self._gets.submit(identity)
         if isinstance(outcome, _Alone):
-            row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key))
-            outcome = None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
+            outcome = await self._get_one(identity)
         if outcome is None:
             return None
         record, watched = outcome
@@ -487,6 +505,10 @@ class PostgresJournal:
             found[record.identity] = (record, bool(row[-1]))  # watched: after the columns
         return [found.get(identity) for identity in identities]
 
+    async def _get_one(self, identity: CallIdentity) -> tuple[CallRecord, bool] | None:
+        row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key))
+        return None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
+
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         row = await self._fetchone(
             f"SELECT {_COLUMNS} FROM {self._calls} WHERE principal = %s AND task_id = %s", (principal, task_id)
@@ -497,8 +519,7 @@ class PostgresJournal:
         i = record.identity
         swapped = await self._swaps.submit((expected_version, record))
         if isinstance(swapped, _Alone):  # a second swap of one identity in a batch: after the first, alone
-            swapped = await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
-                                                             expected_version)) == 1
+            swapped = await self._swap_one((expected_version, record))
         if swapped:
             self._signals.notify(i)
         return swapped
@@ -516,6 +537,12 @@ class PostgresJournal:
         swapped = {CallIdentity(*row) for row in rows}
         return [record.identity in swapped if first[record.identity] == index else ALONE
                 for index, (_, record) in enumerate(items)]
+
+    async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
+        expected_version, record = item
+        i = record.identity
+        return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
+                                                     expected_version)) == 1
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         count = await self._rowcount(
