@@ -154,3 +154,25 @@ async def test_batch_statements_find_rows_by_key_whatever_the_table_size(journal
             cursor = await conn.execute("EXPLAIN " + sql, params)
             plan = "\n".join(row[0] for row in await cursor.fetchall())
             assert "Seq Scan on calls" not in plan and "calls_pkey" in plan, (name, plan)
+
+
+async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(
+        journal: PostgresJournal) -> None:
+    # One caller: each claim is a statement of its own (the single-row one).
+    before = (journal._claims.batches, journal._claims.items)
+    for i in range(3):
+        won, record = await journal.claim(pending(f"solo{i}"), T0)
+        assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+    assert (journal._claims.batches - before[0], journal._claims.items - before[1]) == (3, 3)
+    # Sixteen callers in step stay in step: one claim statement and one swap statement per round.
+    before = (journal._claims.batches, journal._claims.items)
+
+    async def caller(n: int) -> None:
+        for i in range(10):
+            won, record = await journal.claim(pending(f"c{n}-{i}"), T0)
+            assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+
+    async with anyio.create_task_group() as group:
+        for n in range(16):
+            group.start_soon(caller, n)
+    assert (journal._claims.items - before[1], journal._claims.batches - before[0]) == (160, 10)

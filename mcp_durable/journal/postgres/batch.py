@@ -10,10 +10,10 @@ each caller its own result (or exception). Items arriving meanwhile open the nex
     claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
     claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
 
-A lone item — none in flight, no batch gathering, as for calls made one at a time — skips the
-batching turn: with `run_one` given, it goes to the database at once through `run_one(item)`,
-a single-row statement (no JSON array to build and parse, no batch plan), and counts as in
-flight, so items arriving meanwhile gather into a batch behind it.
+A batch that closes with a single item — calls made one at a time — is sent by `run_one(item)`
+when given: a single-row statement, with no JSON array to build and parse and no batch plan.
+Such an item still takes the batching turn (one pass of the event loop, so that calls made
+together keep sharing a statement); it just does not pay for a batch's shape.
 
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
@@ -59,15 +59,11 @@ class Batcher(Generic[I, O]):
         self._slots = anyio.Semaphore(slots)
         self._max_items = max_items
         self._open: _Batch[I, O] | None = None
-        #: Statements of this kind sent and not answered yet (batches and lone items).
-        self._in_flight = 0
         #: Batches run and items in them (for tests and measurements: items / batches = batch size).
         self.batches = 0
         self.items = 0
 
     async def submit(self, item: I) -> O:
-        if self._run_one is not None and self._open is None and self._in_flight == 0:
-            return await self._alone(self._run_one, item)
         batch = self._open
         if batch is None or batch.closed:
             batch = self._open = _Batch()
@@ -84,21 +80,6 @@ class Batcher(Generic[I, O]):
             result = await future
         return result
 
-    async def _alone(self, run_one: Callable[[I], Awaitable[O]], item: I) -> O:
-        # Shielded like a batch: a statement sent is not abandoned half-way.
-        with anyio.CancelScope(shield=True):
-            self._in_flight += 1
-            try:
-                async with self._slots:
-                    self.batches += 1
-                    self.items += 1
-                    began = time.perf_counter()
-                    outcome = await run_one(item)
-                    observe.journal_committed("postgres", time.perf_counter() - began, 1)
-            finally:
-                self._in_flight -= 1
-        return outcome
-
     def _close(self, batch: _Batch[I, O]) -> None:
         batch.closed = True
         if self._open is batch:
@@ -107,20 +88,17 @@ class Batcher(Generic[I, O]):
     async def _lead(self, batch: _Batch[I, O]) -> None:
         # Every task that is ready now runs once first: their items join this batch.
         await anyio.lowlevel.checkpoint()
-        self._in_flight += 1
-        try:
-            await self._run(batch)
-        finally:
-            self._in_flight -= 1
-
-    async def _run(self, batch: _Batch[I, O]) -> None:
         async with self._slots:
             self._close(batch)
             self.batches += 1
             self.items += len(batch.items)
             began = time.perf_counter()
             try:
-                outcomes: Sequence[O | BaseException] = await self._run_batch(batch.items)
+                outcomes: Sequence[O | BaseException]
+                if len(batch.items) == 1 and self._run_one is not None:
+                    outcomes = [await self._run_one(batch.items[0])]
+                else:
+                    outcomes = await self._run_batch(batch.items)
                 observe.journal_committed("postgres", time.perf_counter() - began, len(batch.items))
                 if len(outcomes) != len(batch.items):
                     raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")
