@@ -13,6 +13,7 @@ from mcp_durable.engine import Engine, ToolOutcome
 from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
 from mcp_durable.journal.postgres import PostgresJournal
+from mcp_durable.journal.postgres.journal import _rows_json as rows_json
 from tests.conftest import scratch_postgres_url
 
 pytestmark = pytest.mark.postgres
@@ -133,3 +134,45 @@ async def test_the_engine_sends_no_read_before_a_claim(journal: PostgresJournal)
     again = await engine.execute(tool="refund", policy=policy, arguments={"n": 1}, meta=None, run=run)
     assert runs == 1 and not first.replayed and again.replayed and again.payload == first.payload
     assert journal._gets.items == reads  # the miss and the repeat were each answered by the claim
+
+
+async def test_batch_statements_find_rows_by_key_whatever_the_table_size(journal: PostgresJournal) -> None:
+    # On a small table the planner, estimating a batch at 100 rows, would hash the whole table;
+    # a statement prepared then keeps that plan as the table grows. The journal's sessions never
+    # join by hashing or merging: each batch row is found through the primary key.
+    records = [(await journal.claim(pending(f"k{i}"), T0))[1] for i in range(20)]
+    done = [record.evolve(state=CallState.COMPLETED, result=b"{}") for record in records]
+    identities = [record.identity for record in records]
+    statements = {
+        "claim": (journal._claim_many_sql, (rows_json(records),)),
+        "swap": (journal._swap_many_sql, (rows_json(done, [1] * len(done)),)),
+        "get": (journal._get_many_sql, ([i.principal for i in identities], [i.tool for i in identities],
+                                        [i.key for i in identities])),
+    }
+    async with journal._connection() as conn:
+        for name, (sql, params) in statements.items():
+            cursor = await conn.execute("EXPLAIN " + sql, params)
+            plan = "\n".join(row[0] for row in await cursor.fetchall())
+            assert "Seq Scan on calls" not in plan and "calls_pkey" in plan, (name, plan)
+
+
+async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(
+        journal: PostgresJournal) -> None:
+    # One caller: each claim is a statement of its own (the single-row one).
+    before = (journal._claims.batches, journal._claims.items)
+    for i in range(3):
+        won, record = await journal.claim(pending(f"solo{i}"), T0)
+        assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+    assert (journal._claims.batches - before[0], journal._claims.items - before[1]) == (3, 3)
+    # Sixteen callers in step stay in step: one claim statement and one swap statement per round.
+    before = (journal._claims.batches, journal._claims.items)
+
+    async def caller(n: int) -> None:
+        for i in range(10):
+            won, record = await journal.claim(pending(f"c{n}-{i}"), T0)
+            assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+
+    async with anyio.create_task_group() as group:
+        for n in range(16):
+            group.start_soon(caller, n)
+    assert (journal._claims.items - before[1], journal._claims.batches - before[0]) == (160, 10)

@@ -10,6 +10,11 @@ each caller its own result (or exception). Items arriving meanwhile open the nex
     claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
     claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
 
+A batch that closes with a single item — calls made one at a time — is sent by `run_one(item)`
+when given: a single-row statement, with no JSON array to build and parse and no batch plan.
+Such an item still takes the batching turn (one pass of the event loop, so that calls made
+together keep sharing a statement); it just does not pay for a batch's shape.
+
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
 fails every item of its batch with the same exception.
@@ -48,8 +53,9 @@ class Batcher(Generic[I, O]):
     """
 
     def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
-                 max_items: int = 256) -> None:
+                 max_items: int = 256, run_one: Callable[[I], Awaitable[O]] | None = None) -> None:
         self._run_batch = run_batch
+        self._run_one = run_one
         self._slots = anyio.Semaphore(slots)
         self._max_items = max_items
         self._open: _Batch[I, O] | None = None
@@ -88,7 +94,11 @@ class Batcher(Generic[I, O]):
             self.items += len(batch.items)
             began = time.perf_counter()
             try:
-                outcomes: Sequence[O | BaseException] = await self._run_batch(batch.items)
+                outcomes: Sequence[O | BaseException]
+                if len(batch.items) == 1 and self._run_one is not None:
+                    outcomes = [await self._run_one(batch.items[0])]
+                else:
+                    outcomes = await self._run_batch(batch.items)
                 observe.journal_committed("postgres", time.perf_counter() - began, len(batch.items))
                 if len(outcomes) != len(batch.items):
                     raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")

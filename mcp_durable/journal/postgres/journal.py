@@ -27,7 +27,8 @@
   statement is its own transaction, committed durably before it returns), `connect_timeout`,
   `pool_timeout` and `statement_timeout` of a few seconds: a database that is down or
   unreachable gives `JournalError` (`journal_unavailable`) in seconds, and the pool
-  reconnects by itself when it is back.
+  reconnects by itself when it is back. The sessions join only through keys (no hash or
+  merge joins, `_PLANNER`), so a batch never scans the table, however its plan was cached.
 - `single_writer = False`: a PENDING record of another replica is in doubt only once its
   lease has expired.
 """
@@ -38,7 +39,7 @@ import asyncio
 import binascii
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Callable, Collection
 from typing import Any
 
 import anyio
@@ -78,6 +79,15 @@ _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.
 #: callers against 1, 2, 4 and 8 (see docs/performance.md); the rest of the pool serves renewals,
 #: listings and entries.
 BATCH_SLOTS = 2
+#: The journal's sessions join a batch to `calls` row by row through the primary key, never by
+#: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
+#: default) and, while the table is small, prefers a hash join over a sequential scan; psycopg
+#: prepares a statement after a few runs, and that generic plan then stays for the session (nothing
+#: re-plans it until an ANALYZE), so a journal that started empty kept scanning the whole table for
+#: every batch as it grew: Postgres CPU per call grew with the table (217-265 µs per miss at ~35,000
+#: records, docs/performance.md). No statement of the journal needs either join method: its joins
+#: are all batch-to-key lookups, and its other statements do not join.
+_PLANNER = "-c enable_hashjoin=off -c enable_mergejoin=off"
 
 
 class _Alone:
@@ -151,6 +161,14 @@ class PostgresJournal:
             f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
             "AND NOT EXISTS (SELECT 1 FROM claimed)"
         )
+        # A lone claim (see `Batcher`): the batch statement's shape for one row given as parameters.
+        self._claim_one_sql = (
+            f"WITH claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
+            f"ON CONFLICT (principal, tool, key) DO NOTHING RETURNING 1) "
+            f"SELECT true, {', '.join(['NULL'] * len(_NAMES))}, false FROM claimed UNION ALL "
+            f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
+            "AND NOT EXISTS (SELECT 1 FROM claimed)"
+        )
         self._watch_sql = f"UPDATE {self._calls} SET watched = true WHERE {_IDENTITY} AND version = %s"
         sets = ", ".join(f"{c} = %s" for c in _MUTABLE)
         self._swap_sql = f"UPDATE {self._calls} SET {sets} WHERE {_IDENTITY} AND version = %s"
@@ -180,10 +198,11 @@ class PostgresJournal:
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
-            self._claim_batch, slots=BATCH_SLOTS)
-        self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(self._swap_batch, slots=BATCH_SLOTS)
+            self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one)
+        self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
+            self._swap_batch, slots=BATCH_SLOTS, run_one=self._swap_one)
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
-            self._get_batch, slots=BATCH_SLOTS)
+            self._get_batch, slots=BATCH_SLOTS, run_one=self._get_one)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresJournal:
@@ -235,6 +254,19 @@ class PostgresJournal:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
+    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> list[Row] | None:
+        """The rows a batch statement returns, or None when one of its items broke it (a text JSON
+        or the database cannot carry, e.g. a lone surrogate or a NUL): the caller then answers
+        ALONE for every item, each is decided by itself, and only the culprit fails."""
+        try:
+            return await self._fetchall(sql, params())
+        except orjson.JSONEncodeError:
+            return None
+        except JournalError as exc:
+            if _broken_by_an_item(exc):
+                return None
+            raise
+
     async def _rowcount(self, sql: str, params: tuple[Any, ...]) -> int:
         async with self._connection() as conn:
             cur = await conn.execute(sql, params)
@@ -248,9 +280,9 @@ class PostgresJournal:
             return
         started = time.perf_counter()
         s = self.settings
-        # Our statement_timeout joins any `options` the URL gives (kwargs would replace them).
+        # Our settings join any `options` the URL gives (kwargs would replace them).
         given = conninfo_to_dict(s.conninfo).get("options") or ""
-        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)}".strip()
+        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)} {_PLANNER}".strip()
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
             s.conninfo, min_size=s.pool_min, max_size=s.pool_max, timeout=s.pool_timeout, open=False,
             # Give up a failing reconnection after a second instead of backing off for minutes:
@@ -389,14 +421,9 @@ class PostgresJournal:
         for index, record in enumerate(records):
             if first.setdefault(record.identity, index) == index:
                 sent.append(record)
-        try:
-            rows = await self._fetchall(self._claim_many_sql, (_rows_json(sent),))
-        except orjson.JSONEncodeError:  # a text JSON cannot carry (a lone surrogate): one by one
+        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),))
+        if rows is None:
             return [ALONE] * len(records)
-        except JournalError as exc:
-            if _broken_by_an_item(exc):
-                return [ALONE] * len(records)
-            raise
         found: dict[CallIdentity, tuple[bool, CallRecord | None, bool]] = {}
         for row in rows:
             identity = CallIdentity(row[1], row[2], row[3])
@@ -413,12 +440,21 @@ class PostgresJournal:
                 outcomes.append((False, hit[1], hit[2]))
         return outcomes
 
+    async def _claim_one(self, record: CallRecord) -> tuple[bool, CallRecord, bool] | _Alone:
+        """`_claim_batch` for a lone record, in a single-row statement."""
+        i = record.identity
+        rows = await self._fetchall(self._claim_one_sql, (*_params(record), i.principal, i.tool, i.key))
+        if not rows:
+            return ALONE  # lost to a claim committed after the statement's snapshot
+        if rows[0][0]:
+            return True, record, False
+        return False, _record(rows[0][1:-1]), bool(rows[0][-1])
+
     async def get(self, identity: CallIdentity) -> CallRecord | None:
         self._note_read_started(identity)
         outcome = await self._gets.submit(identity)
         if isinstance(outcome, _Alone):
-            row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key))
-            outcome = None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
+            outcome = await self._get_one(identity)
         if outcome is None:
             return None
         record, watched = outcome
@@ -427,18 +463,19 @@ class PostgresJournal:
 
     async def _get_batch(self, identities: list[CallIdentity]) -> list[tuple[CallRecord, bool] | None | _Alone]:
         unique = list(dict.fromkeys(identities))
-        try:
-            rows = await self._fetchall(self._get_many_sql, ([i.principal for i in unique], [i.tool for i in unique],
-                                                             [i.key for i in unique]))
-        except JournalError as exc:
-            if _broken_by_an_item(exc):
-                return [ALONE] * len(identities)
-            raise
+        rows = await self._batch_rows(self._get_many_sql, lambda: ([i.principal for i in unique],
+                                                                   [i.tool for i in unique], [i.key for i in unique]))
+        if rows is None:
+            return [ALONE] * len(identities)
         found: dict[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = {}
         for row in rows:
             record = _record(row)
             found[record.identity] = (record, bool(row[-1]))  # watched: after the columns
         return [found.get(identity) for identity in identities]
+
+    async def _get_one(self, identity: CallIdentity) -> tuple[CallRecord, bool] | None:
+        row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key))
+        return None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         row = await self._fetchone(
@@ -450,8 +487,7 @@ class PostgresJournal:
         i = record.identity
         swapped = await self._swaps.submit((expected_version, record))
         if isinstance(swapped, _Alone):  # a second swap of one identity in a batch: after the first, alone
-            swapped = await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
-                                                             expected_version)) == 1
+            swapped = await self._swap_one((expected_version, record))
         if swapped:
             self._signals.notify(i)
         return swapped
@@ -462,17 +498,19 @@ class PostgresJournal:
         for index, (version, record) in enumerate(items):
             if first.setdefault(record.identity, index) == index:
                 sent.append((version, record))
-        try:
-            rows = await self._fetchall(self._swap_many_sql, (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
-        except orjson.JSONEncodeError:  # a text JSON cannot carry (a lone surrogate): one by one
+        rows = await self._batch_rows(self._swap_many_sql,
+                                      lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
+        if rows is None:
             return [ALONE] * len(items)
-        except JournalError as exc:
-            if _broken_by_an_item(exc):
-                return [ALONE] * len(items)
-            raise
         swapped = {CallIdentity(*row) for row in rows}
         return [record.identity in swapped if first[record.identity] == index else ALONE
                 for index, (_, record) in enumerate(items)]
+
+    async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
+        expected_version, record = item
+        i = record.identity
+        return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
+                                                     expected_version)) == 1
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         count = await self._rowcount(
