@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import anyio
 import orjson
@@ -72,6 +72,18 @@ DEFAULT_RECONCILE_INTERVAL = 60.0
 DEFAULT_RETENTION_SCHEDULE = RetentionSchedule()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class ToolOptions(TypedDict, total=False):
+    """The SDK's options of a tool besides its name (`MCPServer.add_tool`'s parameters), as the
+    decorator form takes them: by keyword, so the list is written once, here."""
+
+    title: str | None
+    description: str | None
+    annotations: ToolAnnotations | None
+    icons: Sequence[Any] | None
+    meta: dict[str, Any] | None
+    structured_output: bool | None
 logger = logging.getLogger(__name__)
 
 
@@ -330,24 +342,17 @@ class DurableServer(MCPServer[Any]):
         else:
             self.policies.pop(tool_name, None)
 
-    def tool(
-        self,
-        name: str | None = None,
-        title: str | None = None,
-        description: str | None = None,
-        annotations: ToolAnnotations | None = None,
-        icons: Sequence[Any] | None = None,
-        meta: dict[str, Any] | None = None,
-        structured_output: bool | None = None,
-        *,
-        durable: ToolPolicy | bool | None = None,
+    def tool(  # type: ignore[override]  # the SDK's options by keyword only (ToolOptions)
+        self, name: str | None = None, *, durable: ToolPolicy | bool | None = None, **options: Unpack[ToolOptions]
     ) -> Callable[[_F], _F]:
-        """Decorator form of `add_tool`: `@server.tool(durable=ToolPolicy(key_fields=("order_id",)))`."""
+        """Decorator form of `add_tool`: `@server.tool(durable=ToolPolicy(key_fields=("order_id",)))`.
+
+        Unlike `MCPServer.tool`, the options after `name` are keyword-only (`ToolOptions`)."""
         if callable(name):
             raise TypeError("use @server.tool() (with parentheses), not @server.tool")
 
         def decorator(fn: _F) -> _F:
-            self.add_tool(fn, name, title, description, annotations, icons, meta, structured_output, durable=durable)
+            self.add_tool(fn, name, durable=durable, **options)
             return fn
 
         return decorator
