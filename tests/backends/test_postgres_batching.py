@@ -11,7 +11,7 @@ import pytest
 from mcp_durable import ToolPolicy
 from mcp_durable.engine import Engine, ToolOutcome
 from mcp_durable.errors import JournalError
-from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
 from mcp_durable.journal.postgres import PostgresJournal
 from mcp_durable.journal.postgres.journal import _rows_json as rows_json
 from tests.conftest import scratch_postgres_url
@@ -176,3 +176,31 @@ async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alo
         for n in range(16):
             group.start_soon(caller, n)
     assert (journal._claims.items - before[1], journal._claims.batches - before[0]) == (160, 10)
+
+
+async def test_two_processes_claiming_the_same_keys_in_opposite_orders_never_deadlock() -> None:
+    # Two journals on one schema stand for two replicas. Each round, 64 new identities reach
+    # one as a batch in one order and the other in the reverse order: without one lock order
+    # for every batch, the two statements wait for each other's rows and the database breaks
+    # the deadlock by failing one of them (all its calls answered `journal_unavailable`).
+    url = scratch_postgres_url("lock_order")
+    first, second = create_journal(url), create_journal(url)
+    await first.open()
+    await second.open()
+    try:
+        for round_ in range(30):
+            records = [pending(f"r{round_}-{i:02d}", created=T0 + round_) for i in range(64)]
+            won: list[bool] = []
+            async with anyio.create_task_group() as group:
+                for record in records:
+                    group.start_soon(_claim_into, won, first, record.evolve(owner="first"), T0 + round_)
+                for record in reversed(records):
+                    group.start_soon(_claim_into, won, second, record.evolve(owner="second"), T0 + round_)
+            assert sorted(won) == [False] * 64 + [True] * 64, f"round {round_}: each identity claimed once"
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def _claim_into(won: list[bool], journal: Journal, record: CallRecord, now: float) -> None:
+    won.append((await journal.claim(record, now))[0])

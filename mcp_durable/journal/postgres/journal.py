@@ -107,6 +107,20 @@ def _broken_by_an_item(exc: JournalError) -> bool:
                                                                        psycopg.InterfaceError))
 
 
+#: A statement the database rolled back whole to break a deadlock or a serialisation conflict.
+_ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+                psycopg.errors.TransactionRollback)
+
+
+def _lock_order(record: CallRecord) -> tuple[str, str, str]:
+    """The order a batch statement takes its rows' locks in: the same in every batch of every
+    process, so two batches that share identities wait for each other one way round and never
+    deadlock (one inserting k1 then k2 while another inserts k2 then k1 would). The statements
+    read their rows in array order (`json_to_recordset`, joined by key only: `_PLANNER`)."""
+    i = record.identity
+    return (i.principal, i.tool, i.key)
+
+
 def _rows_json(records: list[CallRecord], expected: list[int] | None = None) -> str:
     """The records as the JSON array a batch statement reads with `json_to_recordset` (bytes as
     base64; with `expected`, each row also carries the version its swap expects)."""
@@ -263,7 +277,10 @@ class PostgresJournal:
         except orjson.JSONEncodeError:
             return None
         except JournalError as exc:
-            if _broken_by_an_item(exc):
+            if _broken_by_an_item(exc) or isinstance(exc.__cause__, _ROLLED_BACK):
+                # A deadlock the database broke (or a serialisation failure): the statement was
+                # rolled back whole, so deciding each item alone, in single-row statements that
+                # wait for at most one lock, loses nothing.
                 return None
             raise
 
@@ -421,6 +438,7 @@ class PostgresJournal:
         for index, record in enumerate(records):
             if first.setdefault(record.identity, index) == index:
                 sent.append(record)
+        sent.sort(key=_lock_order)
         rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),))
         if rows is None:
             return [ALONE] * len(records)
@@ -498,6 +516,7 @@ class PostgresJournal:
         for index, (version, record) in enumerate(items):
             if first.setdefault(record.identity, index) == index:
                 sent.append((version, record))
+        sent.sort(key=lambda item: _lock_order(item[1]))
         rows = await self._batch_rows(self._swap_many_sql,
                                       lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
         if rows is None:
