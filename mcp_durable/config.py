@@ -12,7 +12,6 @@ when called (tests and subprocesses set variables after import).
 | `MCP_DURABLE_ADMINS` | `admins()`: admin principals | `principal[,…]` |
 | `MCP_DURABLE_INSTANCE` | `instance()`: this replica's name | text |
 | `MCP_DURABLE_UPSTREAM_TOKEN` | `upstream_token()`: `proxy --upstream-url`'s token | text |
-| `MCP_DURABLE_CRASH_AT` | `crash_at()`: crash tests' kill point | `compaction:copied`, … |
 | `PAYMENTS_LEDGER`, `WAREHOUSE_DB`, `MAILER_OUTBOX` | `demo_path()`: the demo tools' files | a path |
 
 The power-loss harness's switch `MCP_DURABLE_TEST_SKIP_FSYNC` (tests only) is read where it
@@ -31,7 +30,6 @@ TOKENS = "MCP_DURABLE_TOKENS"
 ADMINS = "MCP_DURABLE_ADMINS"
 INSTANCE = "MCP_DURABLE_INSTANCE"
 UPSTREAM_TOKEN = "MCP_DURABLE_UPSTREAM_TOKEN"
-CRASH_AT = "MCP_DURABLE_CRASH_AT"
 #: Variables holding secrets: never handed to a child process (a stdio upstream).
 SECRETS = (TOKENS, UPSTREAM_TOKEN)
 
@@ -80,11 +78,6 @@ def instance() -> str | None:
 def upstream_token() -> str | None:
     """The bearer token for the proxy's HTTP upstream (`$MCP_DURABLE_UPSTREAM_TOKEN`)."""
     return _text(UPSTREAM_TOKEN)
-
-
-def crash_at() -> str | None:
-    """The crash point a crash test asked for (`$MCP_DURABLE_CRASH_AT`), if any."""
-    return _text(CRASH_AT)
 
 
 def demo_path(variable: str, default: str) -> str:
