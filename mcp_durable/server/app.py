@@ -408,7 +408,8 @@ class DurableServer(MCPServer[Any]):
             token = None
             try:
                 if model is not None and prepared is not None and prepared.direct:
-                    result, payload = await prepared.run(prepared.one_level(model), context or self._bare_context())
+                    called_with = context if context is not None else self._bare_context()
+                    result, payload = await prepared.run(prepared.one_level(model), called_with)
                 else:
                     # What the SDK hands the function (`prevalidated`); made only when the tool runs.
                     token = None if model is None else prevalidated.validated_as(arguments,
