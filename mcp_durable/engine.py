@@ -232,12 +232,14 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
         encode: Encoder | None = None,
         principal: str = LOCAL_PRINCIPAL,
         canonical: bytes | None = None,
+        fingerprint: str | None = None,
     ) -> CallOutcome:
         """Run one call of `tool` under `policy`, at most once per key.
 
         The keywords are `outcomes.CallArguments` (what `submit` takes as `**call`), spelled out
         here because this is every call's path: no dict is built to pass them. `canonical` is
-        `keys.canonical_json(arguments)` when the caller has it already.
+        `keys.canonical_json(arguments)` and `fingerprint` `keys.policy_fingerprint(policy,
+        arguments)` when the caller has them already.
 
         Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `InProgressError`,
         `InDoubtError` (the tool did not run) and `JournalError` (nothing was acknowledged).
@@ -247,7 +249,8 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
             await self.start()
         # Serialised and hashed once: the key (when derived), the fingerprint and the record.
         args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
-        fingerprint = keys.policy_fingerprint(policy, arguments, canonical=args_json)
+        if fingerprint is None:
+            fingerprint = keys.policy_fingerprint(policy, arguments, canonical=args_json)
         key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
         if key is None:
             # No key from any source on a tool not registered idempotent: nothing to deduplicate.

@@ -78,6 +78,11 @@ def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None
             f"the arguments of tool {tool!r} cannot be journaled: they are not JSON-serialisable ({exc})",
             what="arguments",
         ) from exc
+    return check_arguments_size(tool, payload, limit)
+
+
+def check_arguments_size(tool: str, payload: bytes, limit: int | None) -> bytes:
+    """`payload` (the arguments' canonical JSON) if within `limit`; `LimitExceeded` otherwise."""
     if limit is not None and len(payload) > limit:
         raise TooLargeError(
             f"the arguments of tool {tool!r} are {len(payload)} bytes of canonical JSON; "
@@ -155,26 +160,48 @@ def _children(value: Any) -> Any:
     return None
 
 
-def check_argument_values(tool: str, arguments: Any, max_depth: int | None) -> None:
+def _check_finite(tool: str, value: float, trail: _Trail, key: object) -> None:
+    if not math.isfinite(value):
+        raise NonFiniteArgumentError(tool, _pointer((trail, key)))
+
+
+def check_argument_values(tool: str, arguments: Any, max_depth: int | None) -> bool:
     """Raise `ArgumentsTooDeepError` if `arguments` nests objects and arrays deeper than
     `max_depth` (None: no limit; `arguments` itself is level 1), or `NonFiniteArgumentError`
     naming the first NaN or infinite number found (by JSON Pointer). Walks without recursion,
-    so any depth is safe to check; takes the raw JSON value or the validated arguments model."""
+    so any depth is safe to check; takes the raw JSON value or the validated arguments model.
+
+    Returns whether `arguments` is plain JSON: only `dict`, `list`, `str`, `int`, `float`,
+    `bool` and None, exactly (no subclass, no other type), which is what a request parsed from
+    the wire always is. The face remembers validations of plain JSON only (`prevalidated`)."""
+    plain = True
     stack: list[tuple[Any, int, _Trail]] = [(arguments, 1, None)]
     push = stack.append
     while stack:
         value, depth, trail = stack.pop()
-        children = _children(value)
-        if children is None:
-            continue
+        kind = type(value)
+        if kind is dict:  # the raw JSON arguments, at once
+            children: Any = value.items()
+        elif kind is list:
+            children = enumerate(value)
+        else:
+            plain = False
+            children = _children(value)
+            if children is None:
+                continue
         if max_depth is not None and depth > max_depth:
             raise ArgumentsTooDeepError(tool, max_depth)
         for key, child in children:
             kind = type(child)
             if kind is str or kind is int or kind is bool or child is None:  # most leaves, at once
                 continue
-            if isinstance(child, float):
-                if not math.isfinite(child):
-                    raise NonFiniteArgumentError(tool, _pointer((trail, key)))
+            if kind is float:
+                _check_finite(tool, child, trail, key)
                 continue
+            if kind is not dict and kind is not list:
+                plain = False  # a subclass of a JSON type, or no JSON type at all
+                if isinstance(child, float):
+                    _check_finite(tool, child, trail, key)
+                    continue
             push((child, depth + 1, (trail, key)))
+    return plain

@@ -63,7 +63,8 @@ class CallArguments(TypedDict):
 
     `arguments` are the validated arguments, `meta` the request's `_meta` (where a caller's key
     is), `run` runs the tool, `encode` turns a reconcile hook's answer into an outcome, and
-    `canonical` is `keys.canonical_json(arguments)` when the caller has it already.
+    `canonical` is `keys.canonical_json(arguments)` and `fingerprint`
+    `keys.policy_fingerprint(policy, arguments)` when the caller has them already.
     """
 
     tool: str
@@ -74,3 +75,4 @@ class CallArguments(TypedDict):
     encode: NotRequired[Encoder | None]
     principal: NotRequired[str]
     canonical: NotRequired[bytes | None]
+    fingerprint: NotRequired[str | None]

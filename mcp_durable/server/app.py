@@ -13,6 +13,7 @@ already become identical `isError` results.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -36,7 +37,7 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
-from .. import config, limits
+from .. import config, keys, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, display_url
@@ -52,6 +53,7 @@ from .auth import token_auth_kwargs, tokens_from_env
 from .lookup import journal_lookup_tool
 from .notifications import JournalNotifier
 from .ports import ScopedSubscriptionBus, ToolSpec
+from .prevalidated import PreparedTool
 from .resources import (
     JSON,
     JournalResources,
@@ -60,7 +62,7 @@ from .resources import (
     journal_resources,
     maintenance_body,
 )
-from .results import OutputSchemas, answer, dump_result, refusal
+from .results import META_REPLAYED, OutputSchemas, answer, dump_result, refusal
 from .tasks import TaskProtocol, TasksExtension
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
@@ -339,8 +341,22 @@ class DurableServer(MCPServer[Any]):
             tool = self._tool_manager.get_tool(tool_name)
             if tool is not None:
                 prevalidated.install(tool)  # the face validates; the SDK need not again
+                self._prepared[tool_name] = PreparedTool(tool, policy, _encoder(tool))
         else:
             self.policies.pop(tool_name, None)
+            self._prepared.pop(tool_name, None)
+
+    @functools.cached_property
+    def _prepared(self) -> dict[str, PreparedTool]:
+        """Each durable tool's per-call work done once (`prevalidated.PreparedTool`), by name."""
+        return {}
+
+    def _prepared_tool(self, name: str, tool: Tool, policy: ToolPolicy) -> PreparedTool:
+        prepared = self._prepared.get(name)
+        if prepared is None or prepared.tool is not tool or prepared.policy is not policy:
+            # Registered behind our back (the SDK's own registration, a policy swapped in): anew.
+            prepared = self._prepared[name] = PreparedTool(tool, policy, _encoder(tool))
+        return prepared
 
     def tool(  # type: ignore[override]  # the SDK's options by keyword only (ToolOptions)
         self, name: str | None = None, *, durable: ToolPolicy | bool | None = None, **options: Unpack[ToolOptions]
@@ -384,27 +400,50 @@ class DurableServer(MCPServer[Any]):
                 if isinstance(exc.__cause__, DurableError):
                     return self.refuse(name, exc.__cause__)
                 raise
+        prepared = self._prepared_tool(name, tool, policy)
+        memo_key: bytes | None = None
+        known: prevalidated.Validated | None = None
+        model: Any = None
         try:
-            model, validated, canonical = self._validated(tool, name, arguments)
+            # What JSON cannot journal is refused before validation (a too-deep value fails
+            # obscurely inside it); a request seen before as a replay is not validated again.
+            if limits.check_argument_values(name, arguments, self.max_argument_depth):
+                memo_key = prepared.memo_key(arguments)
+                known = prepared.recall(memo_key) if memo_key is not None else None
+            if known is None:
+                model, validated, canonical = self._validated(tool, name, arguments, checked=True)
+                fingerprint = keys.policy_fingerprint(policy, validated, canonical=canonical)
+            else:
+                validated, canonical, fingerprint = known
+                limits.check_arguments_size(name, canonical, self.max_argument_bytes)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         except DurableError as exc:
             return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
-        run = self._runner(name, arguments, context, policy, model)
-        return await self.run_durable(name, policy, validated, canonical, context, run, _encoder(tool))
+        run = self._runner(name, arguments, context, policy, model, prepared)
+        result = await self.run_durable(name, policy, validated, canonical, context, run, prepared.encode,
+                                        fingerprint=fingerprint)
+        if memo_key is not None and known is None and result.meta and result.meta.get(META_REPLAYED) is True:
+            # Remembered once a request is repeated (a retry): first calls do not fill the memo.
+            prepared.remember(memo_key, (validated, canonical, fingerprint))
+        return result
 
-    def _validated(self, tool: Tool, name: str, arguments: dict[str, Any]) -> tuple[Any, dict[str, Any], bytes]:
+    def _validated(
+        self, tool: Tool, name: str, arguments: dict[str, Any], *, checked: bool = False
+    ) -> tuple[Any, dict[str, Any], bytes]:
         """The arguments' validated model, its JSON form and that form's canonical JSON.
 
         Validated first: a call with bad arguments is refused before any claim, so a corrected
         retry with the same key still runs (validation errors are not saved). Raises
         `ValidationError`, or a `DurableError`: `non_finite_argument`, `arguments_too_deep`,
-        `too_large`, `not_serialisable`.
+        `too_large`, `not_serialisable`. `checked`: the raw `arguments` passed
+        `limits.check_argument_values` already.
         """
         # What JSON cannot journal is refused before validation (a too-deep value fails
         # obscurely inside it) and checked again on what validation made of the arguments
         # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
-        limits.check_argument_values(name, arguments, self.max_argument_depth)
+        if not checked:
+            limits.check_argument_values(name, arguments, self.max_argument_depth)
         model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
         limits.check_argument_values(name, model, None)
         validated: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
@@ -417,19 +456,28 @@ class DurableServer(MCPServer[Any]):
         context: Context[Any, Any] | None,
         policy: ToolPolicy,
         model: Any = None,
+        prepared: PreparedTool | None = None,
     ) -> Runner:
         """The engine's `run` for one call of tool `name`: runs it and encodes what it produced.
 
-        `model` is the face's validation of `arguments` (`_validated`): the SDK takes it instead
-        of validating again (`prevalidated`). Without it (a task resumed from the journal) the
-        SDK validates as usual.
+        `model` is the face's validation of `arguments` (`_validated`): the tool gets its values
+        instead of the SDK validating again (`prevalidated`), called directly when `prepared`
+        allows. Without it (a task resumed from the journal, a request whose validation was
+        remembered) the SDK validates as usual.
         """
 
         async def run(call: DurableCall | None) -> ToolOutcome:
-            # What the SDK hands the function (`prevalidated`); made only when the tool runs.
-            token = None if model is None else prevalidated.validated_as(arguments, model.model_dump_one_level())
+            payload: bytes | None = None
+            token = None
             try:
-                result = await MCPServer.call_tool(self, name, arguments, context)
+                if model is not None and prepared is not None and prepared.direct:
+                    called_with = context if context is not None else self._bare_context()
+                    result, payload = await prepared.run(prepared.one_level(model), called_with)
+                else:
+                    # What the SDK hands the function (`prevalidated`); made only when the tool runs.
+                    token = None if model is None else prevalidated.validated_as(arguments,
+                                                                                 model.model_dump_one_level())
+                    result = await MCPServer.call_tool(self, name, arguments, context)
             except UnexpectedToolError as exc:
                 if policy.exceptions != "persist":
                     raise
@@ -439,9 +487,13 @@ class DurableServer(MCPServer[Any]):
             finally:
                 if token is not None:
                     prevalidated.done(token)
-            return self.tool_outcome(name, policy, result)
+            return self.tool_outcome(name, policy, result, payload)
 
         return run
+
+    def _bare_context(self) -> Context[Any, Any]:
+        """The context `MCPServer.call_tool` makes for a call without one (a task run in the background)."""
+        return Context(mcp_server=self, subscriptions=self._subscriptions)
 
     def result_encoder(self, name: str) -> Encoder | None:
         """How a value a reconcile hook found for tool `name` becomes its stored result (None: not a tool here)."""
@@ -453,9 +505,10 @@ class DurableServer(MCPServer[Any]):
             await self.telemetry.refresh(self.journal)  # in-doubt calls other replicas marked, too
 
     def tool_outcome(
-        self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult
+        self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult, payload: bytes | None = None
     ) -> ToolOutcome:
-        """A run's result as the engine persists it: the result and its journaled JSON.
+        """A run's result as the engine persists it: the result and its journaled JSON (`payload`,
+        when the conversion made it already: `dump_result(result)`).
 
         Interim (multi-round) answers are marked not final, so they are never journaled. A result
         over `max_result_bytes` raises `LimitExceeded` (the engine releases the claim), or under
@@ -464,8 +517,10 @@ class DurableServer(MCPServer[Any]):
         if isinstance(result, InputRequiredResult):
             return ToolOutcome(result, b"", is_error=False, final=False)
         final = result  # narrowed to CallToolResult, for the closure
+        made = payload
         try:
-            payload = limits.result_payload(name, lambda: dump_result(final), self.max_result_bytes)
+            payload = limits.result_payload(name, lambda: made if made is not None else dump_result(final),
+                                            self.max_result_bytes)
         except limits.LimitExceeded as exc:
             if policy.exceptions != "persist":
                 raise  # the engine releases the claim; answered in run_durable
@@ -482,10 +537,13 @@ class DurableServer(MCPServer[Any]):
         context: Context[Any, Any] | None,
         run: Runner,
         encode: Encoder | None = None,
+        *,
+        fingerprint: str | None = None,
     ) -> CallToolResult | InputRequiredResult:
         """One durable call through the engine, answered as MCP: the path every durable tool takes.
 
-        `arguments` are the validated arguments (`canonical` their canonical JSON, size-checked);
+        `arguments` are the validated arguments (`canonical` their canonical JSON, size-checked;
+        `fingerprint` the call's under `policy`, when known);
         `run` produces the tool's `ToolOutcome` (see `tool_outcome`). The key comes from the
         request's `_meta` or the policy, the principal from `principal_of(context)`. Refusals
         (`DurableError`) become `isError` results; a replay carries the replay `_meta`. Used by
@@ -493,20 +551,21 @@ class DurableServer(MCPServer[Any]):
         """
         principal = self.principal_of(context)
         if self.telemetry is None:
-            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None)
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None,
+                                           fingerprint)
         with self.telemetry.call(name, principal) as observed:
             return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal,
-                                           observed)
+                                           observed, fingerprint)
 
     async def _run_durable(
         self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes,
         context: Context[Any, Any] | None, run: Runner, encode: Encoder | None, principal: str,
-        observed: ObservedCall | None,
+        observed: ObservedCall | None, fingerprint: str | None,
     ) -> CallToolResult | InputRequiredResult:
         try:
             outcome = await self.engine.execute(
                 tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
-                principal=principal, canonical=canonical,
+                principal=principal, canonical=canonical, fingerprint=fingerprint,
             )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             if observed is not None:

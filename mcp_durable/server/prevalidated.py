@@ -1,30 +1,214 @@
-"""Validate a durable call's arguments once, not twice.
+"""A durable tool's per-call work done once: validation, the run, and the result's conversion.
 
 The face validates a durable call's arguments before the claim (a call with bad arguments is
 refused before anything is journaled, and the key and fingerprint are taken from the validated
-values). The SDK's `Tool.run` then validated the same dict again before calling the function:
-`pre_parse_json` and the argument model, about as costly as everything else the face adds.
-For a durable tool its `FuncMetadata.validate_arguments` is replaced (`install`) by one that
-returns the face's result when it is handed the very dict the face validated (`validated_as`,
-a context variable, so concurrent calls never see each other's); any other dict is validated as
-before. Besides the time, the tool now receives exactly the values its key was derived from,
-even when a validator is not deterministic (a `default_factory`).
+values). Three things follow from that, each worked out once per tool (`PreparedTool`, built
+when the face first serves the tool and rebuilt if it is registered again):
+
+- **The SDK does not validate again.** `Tool.run` validated the same dict a second time
+  before calling the function (`pre_parse_json` and the argument model, about as costly as
+  everything else the face adds). `run` calls the tool's function itself with the face's
+  validated values, wrapping its exceptions exactly as `Tool.run` does (`ToolError` /
+  `UnexpectedToolError` with the SDK's messages, `MCPError` passed through). Tools the SDK
+  must resolve parameters for (`Resolve`) still go through `Tool.run`, which `install` makes
+  take the face's validation (`validated_as`, a context variable, so concurrent calls never
+  see each other's). Either way the tool receives exactly the values its key was derived
+  from, even when a validator is not deterministic (a `default_factory`).
+- **A repeat is not validated at all** when validation is a pure function of the JSON it is
+  given: an argument model with no Python code in its schema (no validator, serializer,
+  `default_factory`, post-init or custom `__init__`: `pure_schema`). Then the validated
+  arguments, their canonical JSON and fingerprint of a call that was answered as a replay
+  are remembered under the request's own JSON (`remember`), and the next identical request
+  (`recall`) goes straight to the engine, which answers it from its own cache. Only plain
+  JSON requests are remembered (what the wire delivers: `limits.check_argument_values`), so
+  no two different requests share an entry; bounded, oldest out first.
+- **The result is converted once.** The SDK's conversion validates a return value against the
+  output schema, builds the result and the face then dumped it for the journal: for a tool
+  declaring `str` (the SDK wraps it as `{"result": …}`) a `str` return is built directly, and
+  its journal JSON with it; the builder is checked at preparation against the SDK's own
+  conversion of a probe and used only if both give the same bytes. Any other result goes
+  through the SDK's `convert_result`, validated as for a plain call.
 """
 
 from __future__ import annotations
 
+import functools
 from contextvars import ContextVar, Token
 from typing import Any
 
+import anyio
+import orjson
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedResourceError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, InputRequiredResult, TextContent
+
+from ..engine import Encoder
+from ..policy import ToolPolicy
+from .results import dump_result
 
 _VALIDATED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
     "mcp_durable_validated_arguments", default=None
 )
 
+#: Validations remembered per tool (`PreparedTool.remember`), and the largest request remembered.
+MEMO_ENTRIES = 1024
+MEMO_MAX_BYTES = 4096
+
+#: A request's validation as the face uses it: the validated arguments' JSON form, its canonical
+#: JSON and the call's fingerprint under the tool's policy.
+Validated = tuple[dict[str, Any], bytes, str]
+
+Converted = CallToolResult | InputRequiredResult
+
+#: Core-schema node types that run Python code (validators, calls, generators) or build
+#: objects by calling their class: a schema with one of them is not a pure function of its input.
+_IMPURE_TYPES = frozenset({"call", "dataclass", "dataclass-args", "generator", "callable"})
+#: Core-schema keys naming code that runs during validation or serialization.
+_IMPURE_KEYS = ("default_factory", "post_init", "missing", "computed_fields")
+
+
+def pure_schema(schema: Any) -> bool:
+    """Whether a pydantic core schema validates and dumps without running Python code of its
+    model's author: then equal JSON in gives equal values out, every time. Conservative: any
+    function node (`function-before/after/wrap/plain`, including serializers), `default_factory`,
+    post-init, custom `__init__`, enum `_missing_`, computed field, dataclass or call makes it
+    impure. (`metadata` holds JSON-schema hooks only and is not looked at.)"""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            kind = node.get("type")
+            if isinstance(kind, str) and (kind.startswith("function") or kind in _IMPURE_TYPES):
+                return False
+            if node.get("custom_init") or any(node.get(key) for key in _IMPURE_KEYS):
+                return False
+            stack.extend(value for key, value in node.items() if key != "metadata")
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return True
+
+
+class PreparedTool:
+    """One durable tool as the face serves it: what every call would otherwise work out again."""
+
+    def __init__(self, tool: Tool, policy: ToolPolicy, encode: Encoder) -> None:
+        self.tool = tool
+        self.policy = policy
+        #: The engine's `encode` for a reconcile hook's found value (the tool's own conversion).
+        self.encode = encode
+        meta = tool.fn_metadata
+        self.arg_model = meta.arg_model
+        self.pre_parse_json = meta.pre_parse_json
+        #: (field name, the name the function takes it by): `model_dump_one_level` unrolled.
+        self._names = tuple((name, field.alias or name) for name, field in self.arg_model.model_fields.items())
+        #: Validations of requests answered as replays, by the request's JSON (None: impure schema).
+        self._memo: dict[bytes, Validated] | None = (
+            {} if pure_schema(self.arg_model.__pydantic_core_schema__) else None
+        )
+        #: The function is called here, not through `Tool.run` (which resolves `Resolve` parameters).
+        self.direct = not tool.resolved_params
+        #: A `str` return is converted here (`convert`): checked against the SDK's conversion.
+        self._text_result = _text_result_builder(tool)
+
+    # -- validation --------------------------------------------------------------------------------
+
+    def memo_key(self, arguments: dict[str, Any]) -> bytes | None:
+        """What a plain JSON request is remembered under (None: not rememberable)."""
+        if self._memo is None:
+            return None
+        try:
+            raw = orjson.dumps(arguments)
+        except TypeError:  # e.g. an integer beyond 64 bits: validated every time
+            return None
+        return raw if len(raw) <= MEMO_MAX_BYTES else None
+
+    def recall(self, key: bytes) -> Validated | None:
+        return self._memo.get(key) if self._memo is not None else None
+
+    def remember(self, key: bytes, validated: Validated) -> None:
+        memo = self._memo
+        if memo is None or key in memo:
+            return
+        if len(memo) >= MEMO_ENTRIES:
+            del memo[next(iter(memo))]  # oldest first
+        memo[key] = validated
+
+    def one_level(self, model: Any) -> dict[str, Any]:
+        """What the SDK hands the function for a validated model (`model_dump_one_level`)."""
+        values = model.__dict__
+        return {out: values[name] for name, out in self._names}
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    async def run(self, kwargs: dict[str, Any], context: Any) -> tuple[Converted, bytes | None]:
+        """`Tool.run` with `convert_result=True`, minus the validation (`kwargs` are validated:
+        `one_level`) and the resolvers (`direct` tools only). Raises as `Tool.run` does. Returns
+        the result, and its journal JSON when the conversion made it too (else None)."""
+        tool = self.tool
+        if tool.context_kwarg is not None:
+            kwargs[tool.context_kwarg] = context
+        try:
+            if tool.is_async:
+                value = await tool.fn(**kwargs)
+            else:
+                value = await anyio.to_thread.run_sync(functools.partial(tool.fn, **kwargs))
+            return self.convert(value)
+        except MCPError:
+            raise
+        except (UnexpectedToolError, UnexpectedResourceError) as exc:
+            raise UnexpectedToolError(f"Error executing tool {tool.name}: {exc}") from exc
+        except (ToolError, ResourceError) as exc:
+            raise ToolError(f"Error executing tool {tool.name}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - wrapped as the SDK wraps a crash (its text stays here)
+            raise UnexpectedToolError(f"Error executing tool {tool.name}") from exc
+
+    def convert(self, value: Any) -> tuple[Converted, bytes | None]:
+        """The function's return value as the SDK converts it (`FuncMetadata.convert_result`),
+        with its journal JSON when built here (a `str` of a `str` tool), else None."""
+        if self._text_result is not None and type(value) is str:
+            return _text_result(value), _text_json(value)
+        return self.tool.fn_metadata.convert_result(value), None
+
+
+def _text_result(text: str) -> CallToolResult:
+    """What the SDK's conversion makes of a `str` tool's `str` return. (Built by validation, as
+    the SDK builds it: pydantic's `model_construct` is slower than its validating constructor.)"""
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"result": text})
+
+
+def _text_json(text: str) -> bytes:
+    """`dump_result(_text_result(text))`, without the model between."""
+    return orjson.dumps({"content": [{"type": "text", "text": text}], "structuredContent": {"result": text},
+                         "isError": False, "resultType": "complete"})
+
+
+def _text_result_builder(tool: Tool) -> bool:
+    """Whether `tool` declares `str` (wrapped as `{"result": …}`) and `_text_result` /
+    `_text_json` give, for probes, exactly the SDK's conversion and its journal JSON."""
+    meta = tool.fn_metadata
+    model = meta.output_model
+    if not meta.wrap_output or model is None or meta.output_schema is None:
+        return False
+    fields = getattr(model, "model_fields", {})
+    if list(fields) != ["result"] or fields["result"].annotation is not str:
+        return False
+    for probe in ("", "probe \u2713 \"quoted\"\n\u2028"):
+        try:
+            sdk = meta.convert_result(probe)
+        except Exception:  # noqa: BLE001 - an SDK that converts differently: no shortcut
+            return False
+        ours = _text_result(probe)
+        if not isinstance(sdk, CallToolResult) or sdk != ours or not (
+            dump_result(sdk) == dump_result(ours) == _text_json(probe)
+        ):
+            return False
+    return True
+
 
 def install(tool: Tool) -> None:
-    """Make `tool` take the face's validation of the arguments it is called with (see module)."""
+    """Make `tool`'s `Tool.run` take the face's validation of the arguments it is called with
+    (for tools run through the SDK: see the module docstring)."""
     meta = tool.fn_metadata
     if "validate_arguments" in vars(meta):
         return  # installed already
