@@ -113,7 +113,9 @@ class TaskRuns(EngineState):
         tool, policy, arguments, meta, run = call["tool"], call["policy"], call["arguments"], call["meta"], call["run"]
         canonical = call.get("canonical")
         args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
-        fingerprint = keys.fingerprint(arguments, canonical=args_json)
+        # The same fingerprint as `Engine.execute`'s (the policy's fingerprinted arguments): a
+        # task and a plain call of one key are one call.
+        fingerprint = call.get("fingerprint") or keys.policy_fingerprint(policy, arguments, canonical=args_json)
         key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
         if key is None:
             key = f"task:{new_task_id()}"

@@ -63,6 +63,25 @@ async def test_a_plain_call_gets_a_task_attached_when_it_is_asked_for_as_one(jou
         await engine.aclose()
 
 
+async def test_a_task_and_a_plain_call_fingerprint_the_same_arguments_under_the_policy(journal: Journal) -> None:
+    # `note` is not fingerprinted: a plain call's repeat with another note is the same call, and
+    # so is a task asking for it (before, a task fingerprinted every argument: key reuse).
+    policy = ToolPolicy(task_support="optional", lease=1.0, fingerprint_exclude=("note",))
+    engine = Engine(journal)
+
+    async def run(_call: object) -> ToolOutcome:
+        return ToolOutcome("v", b'{"content":[]}', is_error=False)
+
+    try:
+        await engine.execute(tool="t", policy=policy, arguments={"a": 4, "note": "x"}, meta={KEY_META: "k4"},
+                             run=run)
+        record = await engine.submit(tool="t", policy=policy, arguments={"a": 4, "note": "y"},
+                                     meta={KEY_META: "k4"}, run=run)
+        assert record.state == CallState.COMPLETED and record.task_id is not None
+    finally:
+        await engine.aclose()
+
+
 async def test_cancelling_a_task_stops_its_tool_and_it_stays_cancelled(journal: Journal) -> None:
     engine = Engine(journal)
     stopped = anyio.Event()
