@@ -15,8 +15,9 @@ Group commit: one thread owns the connection (`SQLiteWriter`); concurrent claims
 renewals and appends of this process are committed together, one transaction (one fsync) per
 batch, each call in its own SAVEPOINT so it succeeds or fails alone, and nobody is answered
 before their batch's COMMIT returned. A batch that cannot commit fails every call in it with
-`JournalError` (`journal_unavailable`) and leaves nothing of it behind. The event loop never
-blocks on disk.
+`JournalError` (`journal_unavailable`) and leaves nothing of it behind. A call that finds the
+thread idle while commits are fast is committed by the event loop's own thread (cheaper than
+the hop); the loop never waits for another process's lock, nor for a slow disk.
 """
 
 from __future__ import annotations
@@ -180,7 +181,9 @@ class SQLiteJournal:
                 os.chmod(path, 0o600)
             except OSError:
                 pass  # absent, or read-only: SQLite itself says what is wrong, if anything
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+        # Used by the writer thread and, for inline commits, the event loop's thread: never at once
+        # (`SQLiteWriter` holds a lock around every use).
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
@@ -231,7 +234,7 @@ class SQLiteJournal:
         started = time.perf_counter()
         if self.single_writer and self._lock_fd is None:
             self._lock_fd = self._take_writer_lock()
-        writer = SQLiteWriter(self._connect, str(self.path))
+        writer = SQLiteWriter(self._connect, str(self.path), wal_path=f"{self.path}-wal")
         try:
             await writer.start()
         except (sqlite3.Error, OSError) as exc:
