@@ -69,6 +69,9 @@ INLINE_COMMIT_S = 0.001
 #: The WAL is written ahead (zeros) to `wal_autocheckpoint` pages plus this many, in chunks of
 #: `WAL_GROW_CHUNK` bytes taken while the thread is idle (each holds the write lock ~1 ms).
 WAL_SLACK_FRAMES = 64
+#: ... once this many batches were committed: a journal opened to be read (the operator CLI) or
+#: to write a line or two never writes the ~4 MB of zeros (SQLite deletes the WAL at close).
+GROW_AFTER_BATCHES = 16
 WAL_GROW_CHUNK = 256 * 1024
 _WAL_HEADER, _WAL_FRAME_HEADER = 32, 24
 
@@ -86,6 +89,7 @@ class _Op(Generic[T]):
 
 
 _STOP = object()
+_GROW = object()  # queued once the connection has committed `GROW_AFTER_BATCHES` batches
 
 
 class SQLiteWriter:
@@ -281,7 +285,7 @@ class SQLiteWriter:
     def _serve(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
         stopping = False
-        growing = self._wal_path is not None
+        growing = False
         while not stopping:
             if growing and self._conn is not None and self._queue.empty():
                 growing = self._grow_wal()  # a chunk while nothing else is to be done
@@ -294,7 +298,9 @@ class SQLiteWriter:
                 if item is _STOP:
                     stopping = True
                     break
-                if isinstance(item, list):
+                if item is _GROW:
+                    growing = True
+                elif isinstance(item, list):
                     ops.extend(item)
                     writes += sum(op.write for op in item)
                 else:
@@ -307,16 +313,20 @@ class SQLiteWriter:
                     item = get_nowait()
                 except queue.Empty:
                     break
-            with self._conn_lock:
-                self._run_batch(ops)
+            if ops:
+                with self._conn_lock:
+                    self._run_batch(ops)
         with self._conn_lock:
             conn, self._conn = self._conn, None
             if conn is not None:
                 conn.close()
-        # Anything queued after the stop: fail it rather than leave its caller waiting.
+        self._fail_late()
+
+    def _fail_late(self) -> None:
+        """Fail anything queued after the stop rather than leave its caller waiting."""
         while True:
             try:
-                item = get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return
             late = item if isinstance(item, list) else [item] if isinstance(item, _Op) else []
@@ -392,13 +402,17 @@ class SQLiteWriter:
                 return True  # the op's own error, already its outcome (and nothing committed)
             _fail_all(writes, exc)
             return True
-        seconds = time.perf_counter() - began
-        self.commit_s = 0.8 * self.commit_s + 0.2 * seconds
-        observe.journal_committed("sqlite", seconds, len(writes))
-        self.batches += 1
-        self.writes += len(writes)
-        self.inline_batches += inline
+        self._committed(time.perf_counter() - began, len(writes), inline)
         return True
+
+    def _committed(self, seconds: float, writes: int, inline: bool) -> None:
+        self.commit_s = 0.8 * self.commit_s + 0.2 * seconds
+        observe.journal_committed("sqlite", seconds, writes)
+        self.batches += 1
+        self.writes += writes
+        self.inline_batches += inline
+        if self.batches == GROW_AFTER_BATCHES and self._wal_path is not None:
+            self._queue.put(_GROW)  # this connection writes: the thread may write the WAL ahead
 
     def _deliver(self, ops: list[_Op[Any]]) -> None:
         """Hand each op's outcome to its event loop: one wake-up per loop per batch."""
