@@ -315,7 +315,8 @@ class SQLiteWriter:
                     break
             if ops:
                 with self._conn_lock:
-                    self._run_batch(ops)
+                    answered = self._run_batch(ops)
+                self._deliver(answered)
         with self._conn_lock:
             conn, self._conn = self._conn, None
             if conn is not None:
@@ -334,7 +335,12 @@ class SQLiteWriter:
                 op.error = sqlite3.ProgrammingError("the journal's connection is closed")
             self._deliver(late)
 
-    def _run_batch(self, ops: list[_Op[Any]]) -> None:
+    def _run_batch(self, ops: list[_Op[Any]]) -> list[_Op[Any]]:
+        """Run `ops` (holding `_conn_lock`); return those to answer once the lock is released.
+
+        Answered after the release, so that a caller resuming on the event loop finds the
+        connection free for its next (inline) commit.
+        """
         conn = self._conn
         if conn is not None and self._busy_zero:
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")  # the thread may wait for other processes
@@ -346,16 +352,17 @@ class SQLiteWriter:
                 op.result = op.body(conn)  # type: ignore[arg-type]  # None only for `_open`, which ignores it
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 op.error = exc
+        if not writes:
+            return reads
         if reads:
-            self._deliver(reads)
-        if writes:
-            if conn is None:
-                error = sqlite3.ProgrammingError("the journal's connection is not open")
-                for op in writes:
-                    op.error = error
-            else:
-                self._commit(conn, writes, inline=False)
-            self._deliver(writes)
+            self._deliver(reads)  # not kept waiting for the commit
+        if conn is None:
+            error = sqlite3.ProgrammingError("the journal's connection is not open")
+            for op in writes:
+                op.error = error
+        else:
+            self._commit(conn, writes, inline=False)
+        return writes
 
     def _commit(self, conn: sqlite3.Connection, writes: list[_Op[Any]], *, inline: bool) -> bool:
         """Run `writes` in one transaction, each in its own savepoint; set each op's outcome.
