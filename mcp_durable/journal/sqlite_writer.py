@@ -260,9 +260,9 @@ class SQLiteWriter:
             return False  # no WAL yet (or none we may write): nothing to grow
         try:
             with self._conn_lock:
-                if self._busy_zero:
-                    conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-                    self._busy_zero = False
+                if not self._busy_zero:  # never wait for another process's lock for this
+                    conn.execute("PRAGMA busy_timeout=0")
+                    self._busy_zero = True
                 try:
                     conn.execute("BEGIN IMMEDIATE")
                 except sqlite3.Error:
