@@ -15,8 +15,9 @@ Group commit: one thread owns the connection (`SQLiteWriter`); concurrent claims
 renewals and appends of this process are committed together, one transaction (one fsync) per
 batch, each call in its own SAVEPOINT so it succeeds or fails alone, and nobody is answered
 before their batch's COMMIT returned. A batch that cannot commit fails every call in it with
-`JournalError` (`journal_unavailable`) and leaves nothing of it behind. The event loop never
-blocks on disk.
+`JournalError` (`journal_unavailable`) and leaves nothing of it behind. A call that finds the
+thread idle while commits are fast is committed by the event loop's own thread (cheaper than
+the hop); the loop never waits for another process's lock, nor for a slow disk.
 """
 
 from __future__ import annotations
@@ -67,6 +68,24 @@ CREATE TABLE IF NOT EXISTS entries (
 CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq);
 """
 _PLACEHOLDERS = ", ".join("?" * 18)
+_SELECT_ONE = f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND tool=? AND key=?"
+#: A claim: the row inserted, or an expired one replaced (the parameters: the row, then `now`).
+_CLAIM = (
+    f"INSERT INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS}) ON CONFLICT (principal, tool, key) DO UPDATE SET "
+    + ", ".join(f"{c}=excluded.{c}" for c in _COLUMNS.split(", ")[3:])
+    + " WHERE calls.expires_at IS NOT NULL AND calls.expires_at <= ?"
+)
+_SWAP = (
+    "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, created_at=?, updated_at=?, owner=?, "
+    "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=?, task_id=? "
+    "WHERE principal=? AND tool=? AND key=? AND version=?"
+)
+#: `_SWAP` where `created_at` and `task_id` stay as they are (so their indexes are not touched).
+_SWAP_KEEPING = (
+    "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, updated_at=?, owner=?, "
+    "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=? "
+    "WHERE principal=? AND tool=? AND key=? AND version=? AND created_at=? AND task_id IS ?"
+)
 #: Tasks (schema 2) on a database created before them: the column, then its index.
 _TASKS_INDEX = "CREATE INDEX IF NOT EXISTS calls_by_task ON calls (principal, task_id) WHERE task_id IS NOT NULL"
 
@@ -119,7 +138,9 @@ class SQLiteJournal:
                 os.chmod(path, 0o600)
             except OSError:
                 pass  # absent, or read-only: SQLite itself says what is wrong, if anything
-        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None)
+        # Used by the writer thread and, for inline commits, the event loop's thread: never at once
+        # (`SQLiteWriter` holds a lock around every use).
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
@@ -174,7 +195,7 @@ class SQLiteJournal:
             lock = WriterLock(lock_path, str(self.path))
             lock.acquire()
             self._lock = lock
-        writer = SQLiteWriter(self._connect, str(self.path))
+        writer = SQLiteWriter(self._connect, str(self.path), wal_path=f"{self.path}-wal")
         try:
             await writer.start()
         except (sqlite3.Error, OSError) as exc:
@@ -204,16 +225,12 @@ class SQLiteJournal:
         identity = record.identity
 
         def body(conn: sqlite3.Connection) -> tuple[bool, CallRecord]:
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND tool=? AND key=?",
-                (identity.principal, identity.tool, identity.key),
-            ).fetchone()
-            if row is not None:
-                existing = _record(row)
-                if not existing.is_expired(now):
-                    return False, existing
-            conn.execute(f"INSERT OR REPLACE INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})", _row(record))
-            return True, record
+            # One statement for a miss (the common case): the insert, or the replacement of an
+            # expired record, in the upsert's WHERE; a live record is left alone and read after.
+            if conn.execute(_CLAIM, (*_row(record), now)).rowcount == 1:
+                return True, record
+            row = conn.execute(_SELECT_ONE, (identity.principal, identity.tool, identity.key)).fetchone()
+            return False, _record(row)
 
         won, result = await self._write(body)
         if won:
@@ -222,10 +239,7 @@ class SQLiteJournal:
 
     async def get(self, identity: CallIdentity) -> CallRecord | None:
         row = await self._run(
-            lambda conn: conn.execute(
-                f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND tool=? AND key=?",
-                (identity.principal, identity.tool, identity.key),
-            ).fetchone()
+            lambda conn: conn.execute(_SELECT_ONE, (identity.principal, identity.tool, identity.key)).fetchone()
         )
         return None if row is None else _record(row)
 
@@ -241,13 +255,15 @@ class SQLiteJournal:
         i = record.identity
 
         def body(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
-                "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, created_at=?, "
-                "updated_at=?, owner=?, lease_until=?, completed_at=?, expires_at=?, result=?, error=?, "
-                "arguments=?, task_id=? WHERE principal=? AND tool=? AND key=? AND version=?",
-                (*_row(record)[3:], i.principal, i.tool, i.key, expected_version),
-            )
-            return cursor.rowcount == 1
+            row = _row(record)
+            # Most swaps keep `created_at` and `task_id`: leaving them out of the SET spares the
+            # two indexes on them (SQLite rewrites the entries of every column SET, changed or
+            # not), one 4 KiB WAL page of the three a completion wrote. A swap that changes them
+            # (or loses its race) finds no row so and tries again with every column.
+            keeping = (*row[3:8], *row[9:17], i.principal, i.tool, i.key, expected_version, row[8], row[17])
+            if conn.execute(_SWAP_KEEPING, keeping).rowcount == 1:
+                return True
+            return conn.execute(_SWAP, (*row[3:], i.principal, i.tool, i.key, expected_version)).rowcount == 1
 
         swapped = await self._write(body)
         if swapped:

@@ -21,18 +21,32 @@ Atomicity per call, as with one transaction per call:
   back: nothing of a failed batch is half-written. Likewise when an op's error aborts the whole
   transaction (SQLite does that on SQLITE_FULL, SQLITE_IOERR, …).
 
-The thread is the only user of the connection, so the event loop never blocks on disk and no
-lock is needed. Ops submitted during one turn of the event loop are handed to the thread
-together at the next turn (one queue put): handed over one by one, the first op of a burst woke
-the idle thread and went alone, and at 64 concurrent MCP calls batches held ~8 writes instead
-of ~60 (CPU per call, fsync's kernel time included, 544 -> 337 µs). Results reach the loop with
-one `call_soon_threadsafe` per batch.
+Ops submitted during one turn of the event loop are handed over together at the next turn (one
+queue put): handed over one by one, the first op of a burst woke the idle thread and went
+alone, and at 64 concurrent MCP calls batches held ~8 writes instead of ~60 (CPU per call,
+fsync's kernel time included, 544 -> 337 µs). Results reach the loop with one
+`call_soon_threadsafe` per batch.
+
+Inline commits: when the ops of a turn find the thread idle (nothing handed to it unanswered)
+and recent commits were fast (a moving average under `INLINE_COMMIT_S`, as the file journal
+decides where it syncs), the event loop's thread runs them itself, as one batch with the same
+rules, blocking the loop for one fast commit. The hop to the thread and back (two wake-ups, one
+of an idle thread) cost more than that: docs/performance.md, "The SQLite journal". Whoever uses
+the connection holds `_conn_lock`; the loop only tries it, never waits for it. Inline, the
+connection's `busy_timeout` is 0: when another process holds the write lock (or a read finds
+the database busy) the ops concerned go to the thread, which waits for the lock as before, so
+the loop never waits for another process. Concurrent calls still batch: while a batch is with
+the thread, the ops of later turns queue behind it.
+
+The thread also writes the WAL ahead with zeros while idle (`_grow_wal`), so that commits do
+not extend the file (an extension makes each `fdatasync` commit the file's size as well).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import queue
 import sqlite3
 import threading
@@ -49,6 +63,17 @@ T = TypeVar("T")
 
 #: At most this many writes share a transaction (bounds how long one COMMIT holds other processes).
 MAX_BATCH = 512
+#: The event loop commits inline while the commits' moving average is under this (a fast fsync);
+#: slower disks keep the loop free and commit in the thread.
+INLINE_COMMIT_S = 0.001
+#: The WAL is written ahead (zeros) to `wal_autocheckpoint` pages plus this many, in chunks of
+#: `WAL_GROW_CHUNK` bytes taken while the thread is idle (each holds the write lock ~1 ms).
+WAL_SLACK_FRAMES = 64
+#: ... once this many batches were committed: a journal opened to be read (the operator CLI) or
+#: to write a line or two never writes the ~4 MB of zeros (SQLite deletes the WAL at close).
+GROW_AFTER_BATCHES = 16
+WAL_GROW_CHUNK = 256 * 1024
+_WAL_HEADER, _WAL_FRAME_HEADER = 32, 24
 
 
 class _Op(Generic[T]):
@@ -64,6 +89,7 @@ class _Op(Generic[T]):
 
 
 _STOP = object()
+_GROW = object()  # queued once the connection has committed `GROW_AFTER_BATCHES` batches
 
 
 class SQLiteWriter:
@@ -73,18 +99,33 @@ class SQLiteWriter:
     with `sqlite3.ProgrammingError` (the journal turns it into `JournalError`).
     """
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str) -> None:
+    def __init__(self, connect: Callable[[], sqlite3.Connection], name: str, *, wal_path: str | None = None) -> None:
         self._connect = connect
         self._name = name
+        #: The connection's WAL file, to be written ahead with zeros (see `_grow_wal`); None: not.
+        self._wal_path = wal_path
+        self._wal_target = 0
         self._queue: queue.SimpleQueue[_Op[Any] | list[_Op[Any]] | object] = queue.SimpleQueue()
         # Ops submitted during one turn of the event loop, handed to the thread together at the
         # next turn (one queue put, one batch): see `_submit`.
         self._gathered: list[_Op[Any]] = []
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
-        #: Batches committed and writes in them since start (for tests and the benchmark notes).
+        # Whoever uses the connection holds this: the thread for each batch, the event loop for
+        # an inline commit (which only tries it, never waits for it).
+        self._conn_lock = threading.Lock()
+        #: Ops handed to the thread and not yet answered (counted on the event loop's thread):
+        #: while any are, new ops queue behind them, so concurrent calls batch.
+        self._handed = 0
+        #: Moving average of a commit's duration (begin to commit returned), inline or not.
+        self.commit_s = 0.0
+        self._busy_ms = 0  # the connection's busy_timeout, as set by `connect`
+        self._busy_zero = False  # busy_timeout is 0 now (set so for inline commits)
+        #: Batches committed and writes in them since start (for tests and the benchmark notes);
+        #: `inline_batches` of them committed on the event loop's thread.
         self.batches = 0
         self.writes = 0
+        self.inline_batches = 0
 
     @property
     def running(self) -> bool:
@@ -144,18 +185,111 @@ class SQLiteWriter:
 
     def _hand_over(self) -> None:
         gathered, self._gathered = self._gathered, []
-        if gathered:
-            self._queue.put(gathered)
+        if not gathered:
+            return
+        if (self._handed == 0 and self.commit_s < INLINE_COMMIT_S and self._conn is not None
+                and self._conn_lock.acquire(blocking=False)):
+            try:
+                gathered = self._run_inline(gathered)
+            finally:
+                self._conn_lock.release()
+            if not gathered:
+                return
+        self._handed += len(gathered)
+        self._queue.put(gathered)
+
+    def _run_inline(self, ops: list[_Op[Any]]) -> list[_Op[Any]]:
+        """Run `ops` on this (the event loop's) thread; return those left for the thread.
+
+        Holds `_conn_lock`. Never waits for another process: with `busy_timeout` 0, a busy
+        database sends the ops concerned to the thread. Every op it does not return is answered.
+        """
+        conn = self._conn
+        assert conn is not None
+        left: list[_Op[Any]] = []
+        try:
+            if not self._busy_zero:
+                conn.execute("PRAGMA busy_timeout=0")
+                self._busy_zero = True
+            writes = [op for op in ops if op.write]
+            for op in ops:
+                if not op.write:
+                    try:
+                        op.result = op.body(conn)
+                    except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                        if _is_busy(exc):
+                            left.append(op)
+                        else:
+                            op.error = exc
+            if writes and not self._commit(conn, writes, inline=True):
+                left.extend(writes)
+        except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
+            for op in ops:
+                if op not in left and op.error is None:
+                    op.error = exc
+        _settle([op for op in ops if op not in left] if left else ops)
+        return left
 
     def _open(self, _: object) -> None:
-        self._conn = self._connect()
+        conn = self._conn = self._connect()
+        self._busy_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
+        if self._wal_path is not None:
+            page = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            pages = int(conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+            # What the WAL reaches before its first checkpoint lets SQLite write it from the start again.
+            self._wal_target = _WAL_HEADER + (max(pages, 0) + WAL_SLACK_FRAMES) * (_WAL_FRAME_HEADER + page)
+
+    def _grow_wal(self) -> bool:
+        """Extend the WAL with zeros by one chunk toward `_wal_target`; False when done (or not possible).
+
+        A commit's `fdatasync` that also extends the file must commit the file's new size too
+        (on ext4 a journal commit: a second device flush). Until the WAL first wraps (at
+        `wal_autocheckpoint` pages) every commit did; with zeros written ahead none does. Zeros
+        past SQLite's last valid frame are as harmless as the stale frames it leaves there after
+        every wrap: its recovery reads frames up to the first invalid one. They are written only
+        while holding the database's write lock (`BEGIN IMMEDIATE`), so no connection of any
+        process writes frames meanwhile; synced after the lock is released (whoever syncs first
+        pays for the new size once).
+        """
+        conn, path = self._conn, self._wal_path
+        if conn is None or path is None:
+            return False
+        try:
+            fd = os.open(path, os.O_WRONLY)
+        except OSError:
+            return False  # no WAL yet (or none we may write): nothing to grow
+        try:
+            with self._conn_lock:
+                if not self._busy_zero:  # never wait for another process's lock for this
+                    conn.execute("PRAGMA busy_timeout=0")
+                    self._busy_zero = True
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error:
+                    return False  # busy or broken: the commits work as they would without
+                try:
+                    size = os.fstat(fd).st_size
+                    if size < self._wal_target:
+                        os.pwrite(fd, bytes(min(WAL_GROW_CHUNK, self._wal_target - size)), size)
+                finally:
+                    conn.execute("COMMIT")  # nothing was changed: writes no frame, syncs nothing
+            os.fdatasync(fd)
+            return os.fstat(fd).st_size < self._wal_target
+        except (OSError, sqlite3.Error):
+            return False
+        finally:
+            os.close(fd)
 
     # -- the thread -------------------------------------------------------------------------------
 
     def _serve(self) -> None:
         get, get_nowait = self._queue.get, self._queue.get_nowait
         stopping = False
+        growing = False
         while not stopping:
+            if growing and self._conn is not None and self._queue.empty():
+                growing = self._grow_wal()  # a chunk while nothing else is to be done
+                continue
             first = get()
             ops: list[_Op[Any]] = []
             item: _Op[Any] | object = first
@@ -164,7 +298,9 @@ class SQLiteWriter:
                 if item is _STOP:
                     stopping = True
                     break
-                if isinstance(item, list):
+                if item is _GROW:
+                    growing = True
+                elif isinstance(item, list):
                     ops.extend(item)
                     writes += sum(op.write for op in item)
                 else:
@@ -177,23 +313,38 @@ class SQLiteWriter:
                     item = get_nowait()
                 except queue.Empty:
                     break
-            self._run_batch(ops)
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-        # Anything queued after the stop: fail it rather than leave its caller waiting.
+            if ops:
+                with self._conn_lock:
+                    answered = self._run_batch(ops)
+                self._deliver(answered)
+        with self._conn_lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+        self._fail_late()
+
+    def _fail_late(self) -> None:
+        """Fail anything queued after the stop rather than leave its caller waiting."""
         while True:
             try:
-                item = get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
                 return
             late = item if isinstance(item, list) else [item] if isinstance(item, _Op) else []
             for op in late:
                 op.error = sqlite3.ProgrammingError("the journal's connection is closed")
-            _deliver(late)
+            self._deliver(late)
 
-    def _run_batch(self, ops: list[_Op[Any]]) -> None:
+    def _run_batch(self, ops: list[_Op[Any]]) -> list[_Op[Any]]:
+        """Run `ops` (holding `_conn_lock`); return those to answer once the lock is released.
+
+        Answered after the release, so that a caller resuming on the event loop finds the
+        connection free for its next (inline) commit.
+        """
         conn = self._conn
+        if conn is not None and self._busy_zero:
+            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")  # the thread may wait for other processes
+            self._busy_zero = False
         reads = [op for op in ops if not op.write]
         writes = [op for op in ops if op.write] if len(reads) < len(ops) else []
         for op in reads:
@@ -201,40 +352,52 @@ class SQLiteWriter:
                 op.result = op.body(conn)  # type: ignore[arg-type]  # None only for `_open`, which ignores it
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 op.error = exc
+        if not writes:
+            return reads
         if reads:
-            _deliver(reads)
-        if writes:
-            if conn is None:
-                error = sqlite3.ProgrammingError("the journal's connection is not open")
-                for op in writes:
-                    op.error = error
-            else:
-                began = time.perf_counter()
-                self._commit(conn, writes)
-                observe.journal_committed("sqlite", time.perf_counter() - began, len(writes))
-                self.batches += 1
-                self.writes += len(writes)
-            _deliver(writes)
+            self._deliver(reads)  # not kept waiting for the commit
+        if conn is None:
+            error = sqlite3.ProgrammingError("the journal's connection is not open")
+            for op in writes:
+                op.error = error
+        else:
+            self._commit(conn, writes, inline=False)
+        return writes
 
-    @staticmethod
-    def _commit(conn: sqlite3.Connection, writes: list[_Op[Any]]) -> None:
-        """Run `writes` in one transaction, each in its own savepoint; set each op's outcome."""
+    def _commit(self, conn: sqlite3.Connection, writes: list[_Op[Any]], *, inline: bool) -> bool:
+        """Run `writes` in one transaction, each in its own savepoint; set each op's outcome.
+
+        Returns False, having run nothing, when `inline` and the database is busy (another
+        process holds the write lock): the thread then runs the batch and waits for the lock.
+        """
+        began = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
         except BaseException as exc:  # noqa: BLE001 - every op of the batch fails with it
+            if inline and _is_busy(exc):
+                return False
             _fail_all(writes, exc)
-            return
+            return True
         try:
-            for op in writes:
-                conn.execute("SAVEPOINT op")
+            if len(writes) == 1:
+                # Alone in its transaction, an op needs no savepoint: the transaction is its.
+                op = writes[0]
                 try:
                     op.result = op.body(conn)
-                except BaseException as exc:  # noqa: BLE001 - this op alone fails …
+                except BaseException as exc:  # noqa: BLE001 - the op fails, nothing of it stays
                     op.error = exc
-                    if not conn.in_transaction:
-                        raise  # … unless SQLite aborted the whole transaction with it
-                    conn.execute("ROLLBACK TO op")
-                conn.execute("RELEASE op")
+                    raise
+            else:
+                for op in writes:
+                    conn.execute("SAVEPOINT op")
+                    try:
+                        op.result = op.body(conn)
+                    except BaseException as exc:  # noqa: BLE001 - this op alone fails …
+                        op.error = exc
+                        if not conn.in_transaction:
+                            raise  # … unless SQLite aborted the whole transaction with it
+                        conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
             conn.execute("COMMIT")
         except BaseException as exc:  # noqa: BLE001 - the batch is lost as a whole
             if conn.in_transaction:
@@ -242,28 +405,52 @@ class SQLiteWriter:
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass  # closing the connection (or the next BEGIN) rolls it back
+            if len(writes) == 1 and writes[0].error is not None:
+                return True  # the op's own error, already its outcome (and nothing committed)
             _fail_all(writes, exc)
+            return True
+        self._committed(time.perf_counter() - began, len(writes), inline)
+        return True
+
+    def _committed(self, seconds: float, writes: int, inline: bool) -> None:
+        self.commit_s = 0.8 * self.commit_s + 0.2 * seconds
+        observe.journal_committed("sqlite", seconds, writes)
+        self.batches += 1
+        self.writes += writes
+        self.inline_batches += inline
+        if self.batches == GROW_AFTER_BATCHES and self._wal_path is not None:
+            self._queue.put(_GROW)  # this connection writes: the thread may write the WAL ahead
+
+    def _deliver(self, ops: list[_Op[Any]]) -> None:
+        """Hand each op's outcome to its event loop: one wake-up per loop per batch."""
+        loops: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
+        for op in ops:
+            if isinstance(op.future, concurrent.futures.Future):
+                _settle([op])  # a thread waits on it (not asyncio): thread-safe to settle from here
+            else:
+                loops.setdefault(op.future.get_loop(), []).append(op)
+        for loop, mine in loops.items():
+            try:
+                loop.call_soon_threadsafe(self._answered, mine)
+            except RuntimeError:
+                pass  # that loop is closed: nobody is waiting any more
+
+    def _answered(self, ops: list[_Op[Any]]) -> None:
+        """On the event loop: the thread's answers to ops it was handed."""
+        self._handed -= len(ops)
+        _settle(ops)
+
+
+def _is_busy(exc: BaseException) -> bool:
+    """Whether `exc` is SQLite's "database is locked" (another connection holds what is needed)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(exc, sqlite3.OperationalError) and code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _fail_all(ops: list[_Op[Any]], exc: BaseException) -> None:
     for op in ops:
         op.result = None
         op.error = exc
-
-
-def _deliver(ops: list[_Op[Any]]) -> None:
-    """Hand each op's outcome to its event loop: one wake-up per loop per batch."""
-    loops: dict[asyncio.AbstractEventLoop, list[_Op[Any]]] = {}
-    for op in ops:
-        if isinstance(op.future, concurrent.futures.Future):
-            _settle([op])  # a thread waits on it (not asyncio): thread-safe to settle from here
-        else:
-            loops.setdefault(op.future.get_loop(), []).append(op)
-    for loop, mine in loops.items():
-        try:
-            loop.call_soon_threadsafe(_settle, mine)
-        except RuntimeError:
-            pass  # that loop is closed: nobody is waiting any more
 
 
 def _settle(ops: list[_Op[Any]]) -> None:

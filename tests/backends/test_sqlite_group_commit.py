@@ -6,6 +6,7 @@ lock, as another server process on the same database would.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -166,11 +167,16 @@ async def test_a_claim_that_finds_a_record_writes_nothing(tmp_path: Path) -> Non
         assert journal.claim_reads
         won, first = await journal.claim(pending("k"), T0)
         assert won
-        wal = tmp_path / "j.db-wal"
-        size = wal.stat().st_size
+        # Another connection's `data_version` changes with every commit that wrote a frame (the
+        # WAL's size cannot tell: the writer extends it with zeros ahead of SQLite).
+        other = sqlite3.connect(tmp_path / "j.db", isolation_level=None)
+        version = other.execute("PRAGMA data_version").fetchone()[0]
         for owner in "BCDE":
             assert await journal.claim(pending("k", owner), T0) == (False, first)
-        assert wal.stat().st_size == size
+        assert other.execute("PRAGMA data_version").fetchone()[0] == version
+        assert (await journal.claim(pending("k2"), T0))[0]  # and a claim that writes does change it
+        assert other.execute("PRAGMA data_version").fetchone()[0] != version
+        other.close()
     finally:
         await journal.aclose()
 
@@ -200,3 +206,103 @@ async def test_calls_made_as_the_journal_closes_are_answered_never_left_waiting(
                 assert await reopened.get(pending(f"k{i}").identity) is not None
     finally:
         await reopened.aclose()
+
+
+async def test_a_lone_write_on_an_idle_writer_commits_inline_and_durably(tmp_path: Path) -> None:
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    writer = journal._writer
+    assert writer is not None
+    try:
+        writer.commit_s = 0.0  # recent commits fast, as on a quiet disk
+        inline = writer.inline_batches
+        won, record = await journal.claim(pending("alone"), T0)
+        assert won
+        assert writer.inline_batches == inline + 1
+        # Committed, not merely written: another connection (another process) reads it.
+        other = sqlite3.connect(tmp_path / "j.db")
+        try:
+            assert other.execute("SELECT owner FROM calls WHERE key='alone'").fetchone() == ("A",)
+        finally:
+            other.close()
+    finally:
+        await journal.aclose()
+
+
+async def test_an_inline_commit_never_waits_for_another_process_on_the_event_loop(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    journal = SQLiteJournal(path, busy_timeout=30)
+    await journal.open()
+    writer = journal._writer
+    assert writer is not None
+    other = sqlite3.connect(path, isolation_level=None)  # another process's connection
+    try:
+        writer.commit_s = 0.0
+        other.execute("BEGIN IMMEDIATE")  # holds the write lock
+        outcome: list[tuple[bool, CallRecord]] = []
+
+        async def claim() -> None:
+            outcome.append(await journal.claim(pending("waits"), T0))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(claim)
+            # Had the loop's thread tried to commit with the connection's 30 s busy timeout, it
+            # would be stuck in SQLite until the lock was released, and this task would never
+            # run to release it: the claim went to the writer thread, which waits for the lock.
+            for _ in range(5):
+                await anyio.sleep(0.01)
+            assert outcome == []
+            other.execute("ROLLBACK")
+        assert outcome[0][0]
+        assert await journal.get(pending("waits").identity) == pending("waits")
+    finally:
+        other.close()
+        await journal.aclose()
+
+
+async def test_a_swap_that_changes_created_at_or_task_id_is_stored_whole(tmp_path: Path) -> None:
+    # The common swap leaves `created_at` and `task_id` out of its UPDATE; one that changes them
+    # must still store them, and a stale version must still lose.
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    try:
+        _, first = await journal.claim(pending("k"), T0)
+        moved = first.evolve(created_at=T0 + 5, task_id="task-1")
+        assert await journal.swap(first.version, moved)
+        stored = await journal.get(first.identity)
+        assert stored is not None and (stored.created_at, stored.task_id, stored.version) == (T0 + 5, "task-1", 2)
+        assert await journal.get_task("local", "task-1") == stored
+        assert not await journal.swap(first.version, moved.evolve(state=CallState.COMPLETED))
+        kept = stored.evolve(state=CallState.COMPLETED, result=b"{}")
+        assert await journal.swap(stored.version, kept)
+        assert await journal.get(first.identity) == kept
+    finally:
+        await journal.aclose()
+
+
+async def test_the_wal_is_written_ahead_and_the_journal_reopens_intact(tmp_path: Path) -> None:
+    path = tmp_path / "j.db"
+    journal = SQLiteJournal(path)
+    await journal.open()
+    writer = journal._writer
+    assert writer is not None
+    try:
+        for i in range(50):
+            assert (await journal.claim(pending(f"k{i}"), T0))[0]
+        with anyio.fail_after(30):
+            while (tmp_path / "j.db-wal").stat().st_size < writer._wal_target:
+                await anyio.sleep(0.01)
+        for i in range(50, 100):
+            assert (await journal.claim(pending(f"k{i}"), T0))[0]
+        # The files as a crash would leave them (the commits still in the WAL, zeros after
+        # them): SQLite's recovery of the copy must find every committed claim.
+        for suffix in ("", "-wal"):
+            shutil.copyfile(f"{path}{suffix}", tmp_path / f"copy.db{suffix}")
+    finally:
+        await journal.aclose()
+    conn = sqlite3.connect(tmp_path / "copy.db")
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert conn.execute("SELECT count(*) FROM calls").fetchone() == (100,)
+    finally:
+        conn.close()
