@@ -19,7 +19,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
 from mcp_durable.keys import fingerprint
-from tests.helpers import REPO, serve_command
+from tests.helpers import REPO, key_meta, serve_command
 
 WAIT = 30.0  # a bound on a hang, never an assertion on time
 
@@ -145,8 +145,8 @@ def _flip_calls_root_page(path: Path) -> int:
     conn = sqlite3.connect(path)
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'calls'").fetchone()[0]
+        page_size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+        root: int = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'calls'").fetchone()[0]
     finally:
         conn.close()
     offset = (root - 1) * page_size + (100 if root == 1 else 0)
@@ -357,7 +357,7 @@ async def test_reading_commands_work_while_a_server_holds_the_file_journal(tmp_p
     env = {"COUNTER_FILE": str(tmp_path / "counter")}
     async with serve_http("tests/server/servers/counting.py:make_server", journal=url, env=env) as served:
         async with Client(served.url) as client:
-            await client.call_tool("record", {"text": "x"}, meta={"mcp-durable/idempotency-key": "held-1"})
+            await client.call_tool("record", {"text": "x"}, meta=key_meta("held-1"))
         listed = await anyio.to_thread.run_sync(lambda: json_lines(run("journal", "--journal", url, "list", "--json")))
         assert [(r["tool"], r["key"], r["state"]) for r in listed] == [("record", "held-1", "completed")]
         await anyio.to_thread.run_sync(lambda: run("journal", "--journal", url, "verify"))

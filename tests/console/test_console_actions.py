@@ -15,8 +15,8 @@ import anyio
 
 from mcp_durable import KEY_META
 from tests.console.pages import TOKENS, console_url, counting_server, signed_in
+from tests.helpers import client_as
 from tests.server.servers.counting import Counter
-from tests.server.test_resources_http import client_as
 
 
 async def test_an_admin_re_runs_a_completed_call_from_its_page_and_the_next_call_runs_it_again(

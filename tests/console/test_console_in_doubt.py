@@ -15,8 +15,8 @@ from mcp_durable.demo.outbox import Outbox
 from tests.cli.test_journal_cli import populate
 from tests.console.pages import ENV, TOKENS, console_url, counting_server, listed_keys, signed_in, standalone_console
 from tests.crash.crash_servers.hooks import CrashPlan
-from tests.helpers import serve_http
-from tests.server.test_resources_http import client_as, read
+from tests.helpers import client_as, serve_http
+from tests.server.test_resources_http import read
 
 
 def bearer(principal: str) -> dict[str, str]:

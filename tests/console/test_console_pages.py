@@ -11,7 +11,8 @@ import httpx2
 
 from mcp_durable import KEY_META
 from tests.console.pages import TOKENS, console_url, counting_server, listed_keys, signed_in, table_counts
-from tests.server.test_resources_http import client_as, read
+from tests.helpers import client_as
+from tests.server.test_resources_http import read
 
 
 async def _calls(url: str, principal: str, calls: list[tuple[str, str]]) -> None:

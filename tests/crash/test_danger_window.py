@@ -147,7 +147,7 @@ async def test_a_mail_under_refuse_never_runs_twice_automatically_and_stays_in_d
                 again = await run.server.call("send_email", args, key)
                 assert again is not None and error_code(again) == "in_doubt"
                 listed = await run.server.call("in_doubt_calls", {"tool": "send_email"})
-                assert listed is not None and key in listed.structured_content["keys"]  # type: ignore[index]
+                assert listed is not None and key in listed.structured_content["keys"]
                 assert run.events.count(f"invoke send_email {key}") == 1, "refuse must never run it again by itself"
                 # The operator looks at the outbox and resolves.
                 sent = run.outbox.mails(key=key)
@@ -160,7 +160,7 @@ async def test_a_mail_under_refuse_never_runs_twice_automatically_and_stays_in_d
                 resolved = await run.server.call("resolve_call", resolution)
                 assert resolved is not None and not resolved.is_error, resolved
                 listed = await run.server.call("in_doubt_calls", {"tool": "send_email"})
-                assert listed is not None and key not in listed.structured_content["keys"]  # type: ignore[index]
+                assert listed is not None and key not in listed.structured_content["keys"]
                 result = await run.server.call("send_email", args, key)
                 assert result is not None and not result.is_error, result
                 run.outcomes[f"in doubt, operator: {resolution['resolution']}"] += 1

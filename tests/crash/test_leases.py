@@ -122,8 +122,9 @@ async def test_a_dead_servers_lease_expires_and_a_second_server_on_the_shared_jo
                         break
     assert not answer.is_error, answer
     starts = _starts(events, "K")
-    assert [who for who, _ in starts] == [at_kill.owner, answer.structured_content["instance"]]  # type: ignore[index]
+    assert [who for who, _ in starts] == [at_kill.owner, answer.structured_content["instance"]]
     assert starts[1][0] != starts[0][0], "taken over by the second server"
+    assert at_kill.lease_until is not None
     assert starts[1][1] >= at_kill.lease_until, "not before the dead owner's lease expired"
     done = await _record(url, "K")
     assert done.state == CallState.COMPLETED and done.attempts == 2
@@ -162,7 +163,7 @@ async def test_a_single_writer_journal_marks_the_previous_boots_pending_call_in_
             answer = await b.call_tool("long_task", {"job": "S"})
     assert not answer.is_error, answer  # retried at once (a shared journal would say in_progress for 300 s)
     starts = _starts(events, "S")
-    assert len(starts) == 2 and starts[1][0] == answer.structured_content["instance"]  # type: ignore[index]
+    assert len(starts) == 2 and starts[1][0] == answer.structured_content["instance"]
     assert starts[1][1] < killed_at + 300, "ran before the dead owner's lease could have expired"
     if journal == "sqlite-single-writer":
         done = await _record(url, "S")

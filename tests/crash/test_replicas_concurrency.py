@@ -18,7 +18,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.helpers import serve_http
+from tests.helpers import key_meta, serve_http
 
 pytestmark = pytest.mark.postgres
 
@@ -53,7 +53,7 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
                 client = clients[replica][i % 2]
                 for _ in range(3):  # as a client does: an error answer is retried with the same key
                     result = await client.call_tool("refund", {"order_id": f"O-{key}", "amount_cents": 500},
-                                                    meta={KEY_META: key})
+                                                    meta=key_meta(key))
                     if not result.is_error:
                         break
                     first_errors.append(_seen(result))

@@ -236,7 +236,7 @@ async def test_start_up_reports_damage_in_the_journal_recovery_resource(
     (target / SEGMENT).write_bytes(bytes(damaged))
     server = DurableServer("damaged", journal=f"file://{target}")
     for mode in ("legacy", "auto"):
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             result = await client.read_resource("journal://recovery")
             body = orjson.loads(result.contents[0].text)  # type: ignore[union-attr]
         if mode == "legacy":

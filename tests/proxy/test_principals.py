@@ -16,12 +16,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CreateMessageResult, TextContent
 
 from mcp_durable.proxy import ProxyServer
-from tests.helpers import client_as, serve_cli_http, wire
+from tests.helpers import client_as, key_meta, serve_cli_http, wire
 from tests.node_peers import package_bin
 from tests.proxy.upstreams import (
     EVERYTHING,
     PLAIN_UPSTREAM,
-    key_meta,
     plain_http_upstream,
     plain_stdio_spec,
     proxy_cli,
@@ -45,9 +44,9 @@ async def test_one_principals_records_and_replays_are_never_visible_to_the_other
                 alice_again = await alice.call_tool(**call)
             async with client_as(proxy.url, "tokB", mode) as bob:
                 bob_first = await bob.call_tool(**call)
-                bob_calls = json.loads((await bob.read_resource("journal://calls")).contents[0].text)  # type: ignore[union-attr]
+                bob_calls = json.loads((await bob.read_resource("journal://calls")).contents[0].text)
                 bob_record = json.loads(
-                    (await bob.read_resource("journal://calls/record/shared-key")).contents[0].text)  # type: ignore[union-attr]
+                    (await bob.read_resource("journal://calls/record/shared-key")).contents[0].text)
                 with pytest.raises(Exception):  # noqa: B017 - another principal's record reads as not found
                     await bob.read_resource("journal://calls/record/shared-key?principal=alice")
     assert counter.count("record") == 2  # once per principal, never a replay across them

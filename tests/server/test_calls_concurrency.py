@@ -91,7 +91,8 @@ async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(t
     journal = f"sqlite:///{tmp_path}/journal.db"
     counter = Counter(tmp_path / "counter")
     server = make_server(journal=journal, counter=counter.path) if transport.startswith("memory") else None
-    setup = {"target": COUNTING, "journal": journal, "env": {"COUNTER_FILE": str(counter.path)}, "server": server}
+    setup: dict[str, Any] = {"target": COUNTING, "journal": journal, "env": {"COUNTER_FILE": str(counter.path)},
+                             "server": server}
     arguments = {"text": "x"}
     async with connect(transport, **setup) as client:
         results: list[Any] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp_types import ToolAnnotations
@@ -21,7 +22,7 @@ async def test_a_tool_that_is_not_durable_runs_every_time_and_its_result_is_unto
     journal = f"sqlite:///{tmp_path}/journal.db"
     counter = Counter(tmp_path / "counter")
     server = make_server(journal=journal, counter=counter.path) if transport.startswith("memory") else None
-    setup = {"target": "tests/server/servers/counting.py:make_server", "journal": journal,
+    setup: dict[str, Any] = {"target": "tests/server/servers/counting.py:make_server", "journal": journal,
              "env": {"COUNTER_FILE": str(counter.path)}, "server": server}
     async with connect(transport, **setup) as client:
         results = [
@@ -30,7 +31,7 @@ async def test_a_tool_that_is_not_durable_runs_every_time_and_its_result_is_unto
             await client.call_tool("plain", {"text": "a"}),
         ]
     assert counter.count("plain") == 3
-    assert len({result.structured_content["run"] for result in results}) == 3  # type: ignore[index]
+    assert len({result.structured_content["run"] for result in results}) == 3
     for result in results:
         assert not result.is_error
         assert not any(name.startswith("mcp-durable/") for name in (result.meta or {}))

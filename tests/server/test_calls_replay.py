@@ -45,7 +45,7 @@ async def test_a_tool_called_five_times_with_one_key_runs_once_and_repeats_repla
     for repeat in repeats:
         assert body_bytes(repeat) == body_bytes(first)
         assert repeat.meta is not None and repeat.meta[REPLAYED] is True
-        assert repeat.meta["mcp-durable/first-completed-at"] == first.meta["mcp-durable/first-completed-at"]  # type: ignore[index]
+        assert repeat.meta["mcp-durable/first-completed-at"] == first.meta["mcp-durable/first-completed-at"]
     assert first.meta is not None and REPLAYED not in first.meta
     assert all(result.meta is not None and result.meta[KEY] == "order-7" for result in results)
 
@@ -71,7 +71,7 @@ async def test_the_payments_refund_moves_money_once_for_five_calls_with_one_key(
     transport: str, tmp_path: Path
 ) -> None:
     ledger = tmp_path / "ledger.db"
-    setup = {"target": "tools/payments.py", "journal": f"sqlite:///{tmp_path}/journal.db",
+    setup: dict[str, Any] = {"target": "tools/payments.py", "journal": f"sqlite:///{tmp_path}/journal.db",
              "env": {"PAYMENTS_LEDGER": str(ledger)}}
     async with connect(transport, **setup) as client:
         results = [

@@ -21,10 +21,10 @@ async def test_the_served_mailer_requires_a_key_and_sends_one_mail_per_key(tmp_p
         first = await client.call_tool("send_email", MAIL, meta={KEY_META: "welcome-ann"})
         second = await client.call_tool("send_email", MAIL, meta={KEY_META: "welcome-ann"})
     assert not (tools["send_email"].annotations and tools["send_email"].annotations.idempotent_hint)
-    assert missing.is_error and missing.meta["mcp-durable/error"]["error"] == "missing_key"  # type: ignore[index]
+    assert missing.is_error and missing.meta["mcp-durable/error"]["error"] == "missing_key"
     assert not first.is_error and second.structured_content == first.structured_content
     assert second.meta is not None and second.meta["mcp-durable/replayed"] is True
-    assert [m["id"] for m in outbox.mails()] == [first.structured_content["id"]]  # type: ignore[index]
+    assert [m["id"] for m in outbox.mails()] == [first.structured_content["id"]]
 
 
 async def test_the_served_shipping_tool_ships_an_order_once(tmp_path: Path) -> None:

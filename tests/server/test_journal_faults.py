@@ -9,8 +9,8 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from mcp_durable import KEY_META
 from mcp_durable.journal.file import FileJournal
+from tests.helpers import key_meta
 from tests.server.servers.counting import Counter, make_server
 
 
@@ -26,7 +26,7 @@ async def test_a_lost_segment_of_the_file_journal_is_answered_journal_unavailabl
         return built
 
     async with Client(server(), mode=mode) as client:  # type: ignore[arg-type]
-        first = await client.call_tool("record", {"text": "a"}, meta={KEY_META: "k-1"})
+        first = await client.call_tool("record", {"text": "a"}, meta=key_meta("k-1"))
     assert not first.is_error
     # A new server (nothing of k-1 in its memory) on the same journal; then k-1's segments go.
     async with Client(server(), mode=mode) as client:  # type: ignore[arg-type]
@@ -34,7 +34,7 @@ async def test_a_lost_segment_of_the_file_journal_is_answered_journal_unavailabl
         assert lost
         for segment in lost:
             segment.unlink()
-        repeat = await client.call_tool("record", {"text": "a"}, meta={KEY_META: "k-1"})
+        repeat = await client.call_tool("record", {"text": "a"}, meta=key_meta("k-1"))
         with pytest.raises(MCPError) as read:
             await client.read_resource("journal://calls/record/k-1")
     assert repeat.is_error and repeat.meta is not None, repeat

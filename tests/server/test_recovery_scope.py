@@ -24,7 +24,7 @@ from tests.helpers import serve_app
 @asynccontextmanager
 async def _as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             yield client
 
 
@@ -62,7 +62,7 @@ async def test_recovery_shows_each_principal_its_own_in_doubt_count_and_an_admin
         for token, name in (("tok-a", "alice"), ("tok-b", "bob"), ("tok-c", "carol"), ("tok-o", "ops")):
             async with _as(f"{base}/mcp", token, mode) as client:
                 (content,) = (await client.read_resource("journal://recovery")).contents
-                seen[name] = orjson.loads(content.text)  # type: ignore[union-attr]
+                seen[name] = orjson.loads(content.text)
     assert {name: body["calls_found_in_doubt"] for name, body in seen.items()} == {
         "alice": 2, "bob": 1, "carol": 0, "ops": 3}
     assert seen["alice"]["scope"] == "principal" and seen["ops"]["scope"] == "all"

@@ -192,7 +192,7 @@ async def test_a_refusal_is_structured_content_only_where_the_output_schema_acce
     mode: str, tmp_path: Path
 ) -> None:
     server = make_server(journal="memory://")
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         for tool in TOOLS:
             refused = await client.call_tool(tool, {"text": "a"})
             assert refused.is_error and refused.meta is not None

@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_durable import DurableServer, ToolPolicy, keys
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
 from mcp_durable.server.redact import MASK
+from tests.helpers import meta_of
 
 MODES = ["legacy", "auto"]
 KEY = "order A/1 ?#&,"  # needs percent-encoding in a URI
@@ -71,7 +72,7 @@ async def orphaned_journal(url: str) -> AsyncIterator[Journal]:
 async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode: str) -> None:
     async with orphaned_journal("memory://") as journal:
         server = build_server(journal)
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             refund_args = {"order_id": KEY, "amount_cents": 250, "card": "4111-1111"}
             first = await client.call_tool("refund", refund_args)
             again = await client.call_tool("refund", refund_args)
@@ -111,9 +112,9 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
             assert record["state"] == "completed" and record["attempts"] == 1 and record["principal"] == "local"
             assert record["fingerprint"] == keys.fingerprint(refund_args)
             assert record["owner"] is None and record["lease_until"] is None
-            assert record["completed_at"] == first.meta["mcp-durable/first-completed-at"]  # type: ignore[index]
+            assert record["completed_at"] == meta_of(first)["mcp-durable/first-completed-at"]
             assert record["arguments"] == {**refund_args, "card": MASK}
-            assert record["result"]["structuredContent"] == {**first.structured_content, "card": MASK}  # type: ignore[dict-item]
+            assert record["result"]["structuredContent"] == {**first.structured_content, "card": MASK}
             assert "4111" not in orjson.dumps(record).decode()
             failed = await read(client, "journal://calls/decline/o-9")
             assert failed["state"] == "failed" and failed["result"]["isError"] is True
@@ -140,7 +141,7 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
 @pytest.mark.parametrize("mode", MODES)
 async def test_unknown_records_and_bad_parameters_are_errors_not_empty_answers(mode: str) -> None:
     server = build_server("memory://")
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         with pytest.raises(MCPError, match="Unknown resource"):
             await client.read_resource("journal://calls/refund/never-called")
         with pytest.raises(MCPError, match="Unknown resource"):
@@ -172,7 +173,7 @@ async def test_pagination_walks_a_thousand_records_newest_first_without_gaps_or_
     await journal.open()
     identities = await _fill(journal, 1000)
     server = build_server(journal, admins=())
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         seen: list[tuple[str, str]] = []
         cursor: str | None = None
         pages = 0
@@ -200,13 +201,13 @@ async def test_recovery_reports_what_opening_a_file_journal_found_after_a_torn_w
     except ImportError:
         pytest.skip("the file journal is not built yet")
     url = f"file://{tmp_path}/fj?durability=relaxed"
-    async with Client(build_server(url), mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(build_server(url), mode=mode) as client:
         await client.call_tool("refund", {"order_id": "before", "amount_cents": 1, "card": "4111-1111"})
     (segment,) = sorted((tmp_path / "fj").glob("seg-*.log"))
     torn = b"@0000ffff 00000000000000ff 00000000 {\"t\":\"call\""  # a frame cut off mid-write
     with segment.open("ab") as out:
         out.write(torn)
-    async with Client(build_server(url), mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(build_server(url), mode=mode) as client:
         recovery = await read(client, "journal://recovery")
         record = await read(client, "journal://calls/refund/before")
     assert recovery["backend"] == "file" and recovery["bytes_truncated"] == len(torn)

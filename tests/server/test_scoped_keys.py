@@ -15,7 +15,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_durable import KEY_META, DurableServer, current_call
-from tests.helpers import serve_app
+from tests.helpers import key_meta, serve_app
 
 
 class Provider:
@@ -32,7 +32,7 @@ class Provider:
 @asynccontextmanager
 async def _as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             yield client
 
 
@@ -53,8 +53,8 @@ async def test_principals_and_keys_with_colons_never_share_a_downstream_key(tmp_
         async with _as(url, "tok-ab", mode) as ab:
             second = await ab.call_tool("refund", {"order_id": "O-AB"}, meta={KEY_META: "K1"})
         # The `local` principal (in-memory) with the key spelling principal `a:b`'s scoped key.
-        async with Client(server, mode=mode) as local:  # type: ignore[arg-type]
-            third = await local.call_tool("refund", {"order_id": "O-LOCAL"}, meta={KEY_META: "a:b:K1"})
+        async with Client(server, mode=mode) as local:
+            third = await local.call_tool("refund", {"order_id": "O-LOCAL"}, meta=key_meta("a:b:K1"))
     assert first.structured_content is not None and second.structured_content is not None
     # Before the fix both were `a:b:K1`: the second principal got the first one's refund back.
     assert second.structured_content["refunded"] == "O-AB"
