@@ -28,6 +28,8 @@
 - `key_meta(key)` is the `_meta` that sends an idempotency key with `client.call_tool(..., meta=)`;
   `request_meta(entries)` any other `_meta`.
 - `meta_of(result)` is a tool result's `_meta` (which every durable answer carries).
+- `first_text(result)` is the text of a tool result's first content block, `resource_text(result)`
+  that of a resource read; `read_json(client, uri)` is the JSON document a resource holds.
 - `wire(result)` is a result's wire dict; `body_bytes(result)` the JSON bytes of its `content`,
   `structuredContent` and `isError` (what a replay must keep byte-identical).
 
@@ -51,8 +53,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
-from mcp import StdioServerParameters
-from mcp.types import CallToolResult, RequestParamsMeta
+from mcp import Client, StdioServerParameters
+from mcp.types import CallToolResult, ReadResourceResult, RequestParamsMeta, TextContent, TextResourceContents
 
 from mcp_durable import KEY_META
 
@@ -223,10 +225,9 @@ async def serve_app(app: Any) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
+async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Client]:
     """An MCP client over streamable HTTP that sends `Authorization: Bearer <token>` on every request."""
     import httpx2
-    from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     headers = {"Authorization": f"Bearer {token}"}
@@ -247,15 +248,13 @@ async def connect(
     journal: str,
     env: Mapping[str, str] | None = None,
     server: Any = None,
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Client]:
     """A connected `mcp.Client` over `transport` (one of `TRANSPORTS`).
 
     `memory-*` connects in-process to `server` (an `MCPServer` the caller built on `journal`);
     `stdio-*` and `http-*` start `mcp-durable serve target --journal journal` with `env`. The
     suffix is the client mode: `legacy` (2025-11-25 handshake) or `auto` (2026-07-28).
     """
-    from mcp import Client
-
     kind, _, mode = transport.partition("-")
     if kind == "memory":
         if server is None:
@@ -292,6 +291,30 @@ def meta_of(result: CallToolResult) -> dict[str, Any]:
     """`result`'s `_meta`: every answer of a durable tool carries one (key, replayed, error)."""
     assert result.meta is not None, f"a result without _meta: {result!r}"
     return result.meta
+
+
+def first_text(result: CallToolResult) -> str:
+    """The text of a tool result's first content block (asserted to be text)."""
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    return block.text
+
+
+def resource_text(result: ReadResourceResult) -> str:
+    """The text of a resource's first contents (asserted to be text, not a blob)."""
+    contents = result.contents[0]
+    assert isinstance(contents, TextResourceContents), contents
+    return contents.text
+
+
+async def read_json(client: Client, uri: str) -> Any:
+    """The JSON document at resource `uri` (asserted to be one JSON text content)."""
+    import orjson
+
+    result = await client.read_resource(uri)
+    (content,) = result.contents
+    assert isinstance(content, TextResourceContents) and content.mime_type == "application/json", content
+    return orjson.loads(content.text)
 
 
 def wire(result: Any) -> dict[str, Any]:

@@ -37,14 +37,6 @@ def json_lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in proc.stdout.splitlines() if line.strip()]
 
 
-def file_journal_available() -> bool:
-    try:
-        import mcp_durable.journal.file  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 async def populate(url: str) -> None:
     """Calls through a real client: three refunds (card sensitive), one decline, and one call in
     doubt (a PENDING record whose owner died: its lease ran out long ago)."""
@@ -169,7 +161,6 @@ def test_verify_passes_a_sound_sqlite_journal_and_exits_1_naming_the_place_of_a_
     assert "corrupt" in corrupt.stderr
 
 
-@pytest.mark.skipif(not file_journal_available(), reason="the file journal is not built yet")
 def test_verify_exits_1_on_a_file_journal_with_a_flipped_byte(sqlite_url: str, tmp_path: Path) -> None:
     export = tmp_path / "export.jsonl"
     run("journal", "--journal", sqlite_url, "export", str(export))
@@ -202,8 +193,6 @@ def _target_url(kind: str, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/copy.db"
     if kind == "file":
-        if not file_journal_available():
-            pytest.skip("the file journal is not built yet")
         return f"file://{tmp_path}/copy"
     from tests.conftest import scratch_postgres_url
 
@@ -349,7 +338,6 @@ def test_forget_lets_a_call_in_doubt_run_anew_with_other_arguments_and_leaves_an
     assert result.structured_content == {"order_id": "ghost", "ran": True}
 
 
-@pytest.mark.skipif(not file_journal_available(), reason="the file journal is not built yet")
 async def test_reading_commands_work_while_a_server_holds_the_file_journal(tmp_path: Path) -> None:
     from tests.helpers import serve_http
 

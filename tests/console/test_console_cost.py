@@ -9,7 +9,6 @@ import anyio
 import httpx2
 from mcp import Client
 
-from mcp_durable import KEY_META
 from mcp_durable.console import mount_console
 from tests.helpers import key_meta, serve_app
 from tests.server.servers.counting import make_server
@@ -73,9 +72,9 @@ async def test_a_live_stream_carries_only_the_changes_its_principal_may_see(tmp_
                 assert await bob_lines.__anext__() == "retry: 3000"
                 assert await ops_lines.__anext__() == "retry: 3000"
                 async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-                    await alice.call_tool("record", {"text": "a"}, meta={KEY_META: "alices"})
+                    await alice.call_tool("record", {"text": "a"}, meta=key_meta("alices"))
                 async with client_as(served.url, TOKENS["bob"], "auto") as bob:
-                    await bob.call_tool("record", {"text": "b"}, meta={KEY_META: "bobs"})
+                    await bob.call_tool("record", {"text": "b"}, meta=key_meta("bobs"))
                 # Events arrive in order: bob's first is his own call; alice's never reached him.
                 assert await first_change(bob_lines) == "journal://calls/record/bobs"
                 assert await first_change(ops_lines) == "journal://calls/record/alices"  # an admin hears all

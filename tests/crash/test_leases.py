@@ -17,7 +17,7 @@ from mcp import Client
 from mcp_types import CallToolResult
 
 from mcp_durable import CallIdentity, CallRecord, CallState, JournalLockedError, create_journal
-from tests.crash.crash_servers.harness import error_code, file_journal_available, journal_url
+from tests.crash.crash_servers.harness import error_code, journal_url
 from tests.crash.crash_servers.hooks import Counter
 from tests.helpers import serve_http
 
@@ -134,8 +134,6 @@ async def test_a_dead_servers_lease_expires_and_a_second_server_on_the_shared_jo
 async def test_a_single_writer_journal_marks_the_previous_boots_pending_call_in_doubt_at_start(
     journal: str, tmp_path: Path
 ) -> None:
-    if journal == "file" and not file_journal_available():
-        pytest.skip("mcp_durable.journal.file is not built yet (issue 3)")
     url = journal_url(journal, tmp_path)
     events = Counter(tmp_path / "events.log")
     # A lease far longer than the test: only the single-writer rule can free the call in time.

@@ -79,19 +79,9 @@ def tiny_disk(tmp_path: Path) -> Iterator[TinyDisk]:
             subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
 
 
-def file_journal_available() -> bool:
-    try:
-        from mcp_durable.journal.file import FileJournal  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(params=["sqlite", "file"])
 def url_in(request: pytest.FixtureRequest) -> Any:
     kind: str = request.param
-    if kind == "file" and not file_journal_available():
-        pytest.skip("the file journal (mcp_durable/journal/file/) is not built yet")
     return lambda root: f"sqlite:///{root}/journal.db" if kind == "sqlite" else f"file://{root}/journal"
 
 

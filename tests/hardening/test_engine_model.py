@@ -376,18 +376,8 @@ class EngineModel(RuleBasedStateMachine):
                 assert stored.expires_at == expected.expires_at
 
 
-def _file_journal_available() -> bool:
-    try:
-        from mcp_durable.journal.file import FileJournal  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("backend", EMBEDDED)
 def test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_identical(backend: str) -> None:
-    if backend == "file" and not _file_journal_available():
-        pytest.skip("the file journal (mcp_durable/journal/file/) is not built yet")
     machine = type(f"EngineModel_{backend}", (EngineModel,), {"backend": backend})
     run_state_machine_as_test(
         machine,

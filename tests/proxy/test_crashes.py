@@ -23,7 +23,7 @@ from mcp_durable.journal import CallState, create_journal
 from mcp_durable.policy_file import parse_policies
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
 from mcp_durable.proxy.upstream import QUIET_BEFORE_PING
-from tests.helpers import free_port, key_meta, meta_of, serve_cli_http
+from tests.helpers import first_text, free_port, key_meta, meta_of, serve_cli_http
 from tests.proxy.upstreams import PLAIN_UPSTREAM, plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
@@ -188,7 +188,7 @@ async def test_an_unreachable_upstream_gives_a_clear_error_and_journals_nothing(
         answer = await client.call_tool("record", {"text": "x"}, meta=key_meta("k-1"))
     assert answer.is_error and answer.meta is not None
     assert answer.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
-    assert "cannot be reached" in answer.content[0].text  # type: ignore[union-attr]
+    assert "cannot be reached" in first_text(answer)
     assert await _records(journal) == []
 
 

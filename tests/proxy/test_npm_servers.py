@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import PromptReference
 
-from tests.helpers import key_meta, serve_cli_http, wire
+from tests.helpers import first_text, key_meta, resource_text, serve_cli_http, wire
 from tests.node_peers import package_bin
 from tests.proxy.upstreams import EVERYTHING, MEMORY, proxy_cli
 
@@ -30,7 +30,7 @@ def _upstream_args(package: str, *args: str) -> list[str]:
 
 async def _names_in_graph(client: Client) -> list[str]:
     graph = await client.call_tool("read_graph", {})
-    text = graph.content[0].text  # type: ignore[union-attr]
+    text = first_text(graph)
     return sorted(entity["name"] for entity in json.loads(text)["entities"])
 
 
@@ -77,7 +77,7 @@ async def test_a_pass_through_npm_tool_runs_every_time(tmp_path: Path, mode: str
         second = await client.call_tool("create_entities", ADA, meta=key_meta("ada-1"))
         assert second.meta is None or "mcp-durable/replayed" not in second.meta
         assert await _names_in_graph(client) == ["Ada"]  # ran again
-        stats = json.loads((await client.read_resource("journal://stats")).contents[0].text)  # type: ignore[union-attr]
+        stats = json.loads(resource_text(await client.read_resource("journal://stats")))
         assert "create_entities" not in stats["calls_by_tool"]  # nothing of it journaled
 
 

@@ -15,7 +15,7 @@ from mcp import Client
 
 from mcp_durable.errors import ConfigError
 from mcp_durable.journal import create_journal
-from tests.helpers import key_meta, serve_cli_http, wire
+from tests.helpers import key_meta, resource_text, serve_cli_http, wire
 from tests.proxy.upstreams import PLAIN_UPSTREAM, plain_http_upstream, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
@@ -72,7 +72,7 @@ async def test_a_python_upstream_over_http_runs_a_durable_tool_once_per_key(tmp_
             prompt = await client.get_prompt("ask", {"topic": "journals"})
     _check(seen)
     assert wire(done)["content"][0]["text"] == "done 4" and reported == [1, 2, 3, 4]
-    assert greeting.contents[0].text == "hello from the plain upstream"  # type: ignore[union-attr]
+    assert resource_text(greeting) == "hello from the plain upstream"
     assert prompt.messages[0].content.text == "Tell me about journals."  # type: ignore[union-attr]
 
 
@@ -85,7 +85,7 @@ async def test_serve_policies_makes_the_plain_server_durable_in_process(tmp_path
     args = ["serve", PLAIN_UPSTREAM, "--journal", f"sqlite:///{tmp_path}/j.db", "--policies", str(policies)]
     async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:
         seen = await _durable_and_plain_calls(client, Counter(env["COUNTER_FILE"]))
-        stats = json.loads((await client.read_resource("journal://stats")).contents[0].text)  # type: ignore[union-attr]
+        stats = json.loads(resource_text(await client.read_resource("journal://stats")))
     _check(seen)
     assert stats["retention"]["by_tool"]["record"] == 3600
     journal = create_journal(f"sqlite:///{tmp_path}/j.db")

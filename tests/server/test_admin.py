@@ -13,6 +13,7 @@ from mcp import Client
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
 from mcp_durable.keys import fingerprint
+from tests.helpers import first_text, resource_text
 
 MODES = ["legacy", "auto"]
 
@@ -67,7 +68,7 @@ async def test_a_non_admin_local_principal_is_refused_by_the_admin_tools(mode: s
         async with Client(server, mode=mode) as client:
             refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1",
                                                                  "resolution": "completed", "result": {"x": 1}})
-            assert refused.is_error and "forbidden" in refused.content[0].text  # type: ignore[union-attr]
+            assert refused.is_error and "forbidden" in first_text(refused)
             # The same machine-readable refusal as a durable call's (results.refusal)
             assert refused.meta is not None and refused.meta["mcp-durable/error"]["error"] == "forbidden"
             assert refused.meta["mcp-durable/error"]["principal"] == "local"
@@ -109,7 +110,7 @@ async def test_resolving_a_call_in_doubt_as_not_applied_lets_the_next_call_run(m
             after = await client.call_tool("ship", {"order_id": "o-1"})
             again = await client.call_tool("journal_resolve",
                                            {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
-        assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        assert again.is_error and "not in doubt" in first_text(again)
         assert again.meta is not None and again.meta["mcp-durable/error"]["error"] == "operator_error"
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
 
@@ -127,7 +128,7 @@ async def test_purging_drops_exactly_the_records_whose_retention_ended(mode: str
         purged = await client.call_tool("journal_purge_expired", {})
         assert purged.structured_content == {"purged": 1}
         left = await client.read_resource("journal://calls")
-    assert '"new"' in left.contents[0].text and '"old"' not in left.contents[0].text  # type: ignore[union-attr]
+    assert '"new"' in resource_text(left) and '"old"' not in resource_text(left)
 
 
 async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(tmp_path: Any) -> None:
@@ -144,7 +145,7 @@ async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(t
     async with Client(stdio_params(target, journal=journal, env={**env, "MCP_DURABLE_ADMINS": "local"})) as client:
         assert "journal_resolve" in {t.name for t in (await client.list_tools()).tools}
         entries = await client.read_resource("journal://entries")
-        assert '"server/counting"' in entries.contents[0].text  # type: ignore[union-attr]
+        assert '"server/counting"' in resource_text(entries)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -157,7 +158,7 @@ async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_jou
         refused = build(journal, ran, admins=("ops",))
         async with Client(refused, mode=mode) as client:
             denied = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1"})
-        assert denied.is_error and "forbidden" in denied.content[0].text  # type: ignore[union-attr]
+        assert denied.is_error and "forbidden" in first_text(denied)
         assert await audit_entries(journal, identity) == []
 
         server = build(journal, ran, admins=("local",))
@@ -169,7 +170,7 @@ async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_jou
             after = await client.call_tool("ship", {"order_id": "o-1"})
             again = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1"})
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
-        assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        assert again.is_error and "not in doubt" in first_text(again)
         record = await journal.get(identity)
         assert record is not None and record.run_id != "r"  # a new call: a new run, no step replayed
         (audit,) = await audit_entries(journal, identity)

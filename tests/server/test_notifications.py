@@ -16,7 +16,7 @@ from mcp_types import ResourceUpdatedNotification
 
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.uris import record_uri
-from tests.helpers import request_meta, serve_app
+from tests.helpers import request_meta, resource_text, serve_app
 
 # resources/subscribe is the 2025-11-25 mechanism under test, deprecated only for the new era.
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
@@ -37,7 +37,7 @@ def build(journal: str = "memory://") -> DurableServer:
 
 async def state_of(client: Client) -> str:
     result = await client.read_resource(URI)
-    return str(orjson.loads(result.contents[0].text)["state"])  # type: ignore[union-attr]
+    return str(orjson.loads(resource_text(result))["state"])
 
 
 async def listen_and_call(client: Client) -> set[str]:

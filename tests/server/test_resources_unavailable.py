@@ -9,7 +9,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.helpers import free_port, key_meta, serve_http
+from tests.helpers import first_text, free_port, key_meta, serve_http
 from tests.server.servers.counting import make_server
 
 COUNTING = "tests/server/servers/counting.py:make_server"
@@ -25,7 +25,7 @@ async def _refusal_and_resource_errors(client: Client) -> tuple[str, list[MCPErr
         with pytest.raises(MCPError) as caught:
             await client.read_resource(uri)
         errors.append(caught.value)
-    return refused.content[0].text, errors  # type: ignore[union-attr]
+    return first_text(refused), errors
 
 
 def _check(tool_text: str, errors: list[MCPError]) -> None:

@@ -23,14 +23,6 @@ from tests.helpers import key_meta, stdio_params
 CALL_TIMEOUT = 60.0
 
 
-def file_journal_available() -> bool:
-    try:
-        import mcp_durable.journal.file  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def journal_url(kind: str, tmp: os.PathLike[str] | str) -> str:
     """The journal URL of a crash configuration: `sqlite` (shared, leases), `sqlite-single-writer`,
     `file`, `postgres` (a fresh schema on the test server)."""
