@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -128,7 +128,7 @@ def drop_postgres_schemas(prefix: str = "t_") -> None:
 
 
 @pytest.fixture
-def journal_factory(backend: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+def journal_factory(backend: str, tmp_path: Path) -> Iterator[JournalFactory]:
     factory = make_journal_factory(backend, tmp_path)
     yield factory
     schema = getattr(factory, "pg_schema", None)
@@ -137,7 +137,7 @@ def journal_factory(backend: str, tmp_path: Path):  # type: ignore[no-untyped-de
 
 
 @pytest.fixture
-async def journal(journal_factory: JournalFactory):  # type: ignore[no-untyped-def]
+async def journal(journal_factory: JournalFactory) -> AsyncIterator[Journal]:
     store = journal_factory()
     await store.open()
     try:

@@ -25,6 +25,11 @@
 - `connect(transport, target=, journal=, env=, server=)` yields a connected `mcp.Client` for one of
   `TRANSPORTS` (`memory-legacy`, `memory-auto`, `stdio-legacy`, `stdio-auto`, `http-legacy`,
   `http-auto`), so one test body can be parametrized over every transport and era.
+- `key_meta(key)` is the `_meta` that sends an idempotency key with `client.call_tool(..., meta=)`;
+  `request_meta(entries)` any other `_meta`.
+- `meta_of(result)` is a tool result's `_meta` (which every durable answer carries).
+- `first_text(result)` is the text of a tool result's first content block, `resource_text(result)`
+  that of a resource read; `read_json(client, uri)` is the JSON document a resource holds.
 - `wire(result)` is a result's wire dict; `body_bytes(result)` the JSON bytes of its `content`,
   `structuredContent` and `isError` (what a replay must keep byte-identical).
 
@@ -45,10 +50,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
-from mcp import StdioServerParameters
+from mcp import Client, StdioServerParameters
+from mcp.types import CallToolResult, ReadResourceResult, RequestParamsMeta, TextContent, TextResourceContents
+
+from mcp_durable import KEY_META
 
 REPO = Path(__file__).resolve().parent.parent
 STARTUP_TIMEOUT = 30.0
@@ -217,15 +225,14 @@ async def serve_app(app: Any) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
+async def client_as(url: str, token: str, mode: str) -> AsyncIterator[Client]:
     """An MCP client over streamable HTTP that sends `Authorization: Bearer <token>` on every request."""
     import httpx2
-    from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
 
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
             yield client
 
 
@@ -241,30 +248,73 @@ async def connect(
     journal: str,
     env: Mapping[str, str] | None = None,
     server: Any = None,
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Client]:
     """A connected `mcp.Client` over `transport` (one of `TRANSPORTS`).
 
     `memory-*` connects in-process to `server` (an `MCPServer` the caller built on `journal`);
     `stdio-*` and `http-*` start `mcp-durable serve target --journal journal` with `env`. The
     suffix is the client mode: `legacy` (2025-11-25 handshake) or `auto` (2026-07-28).
     """
-    from mcp import Client
-
     kind, _, mode = transport.partition("-")
     if kind == "memory":
         if server is None:
             raise ValueError("memory transports need the server object")
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             yield client
     elif kind == "stdio":
-        async with Client(stdio_params(target, journal=journal, env=env), mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(stdio_params(target, journal=journal, env=env), mode=mode) as client:
             yield client
     elif kind == "http":
         async with serve_http(target, journal=journal, env=env) as served:
-            async with Client(served.url, mode=mode) as client:  # type: ignore[arg-type]
+            async with Client(served.url, mode=mode) as client:
                 yield client
     else:
         raise ValueError(f"unknown transport {transport!r}")
+
+
+def request_meta(entries: Mapping[str, Any]) -> RequestParamsMeta:
+    """`entries` as the `_meta` of a request, for `client.call_tool(..., meta=)`.
+
+    `RequestParamsMeta` is an open TypedDict (PEP 728 `extra_items=Any`: any key round-trips), but
+    mypy does not implement `extra_items` yet and rejects every key the class does not declare,
+    ours included; hence the one cast, here rather than at each call.
+    """
+    return cast(RequestParamsMeta, dict(entries))
+
+
+def key_meta(key: str) -> RequestParamsMeta:
+    """The `_meta` that sends `key` as the call's idempotency key."""
+    return request_meta({KEY_META: key})
+
+
+def meta_of(result: CallToolResult) -> dict[str, Any]:
+    """`result`'s `_meta`: every answer of a durable tool carries one (key, replayed, error)."""
+    assert result.meta is not None, f"a result without _meta: {result!r}"
+    return result.meta
+
+
+def first_text(result: CallToolResult) -> str:
+    """The text of a tool result's first content block (asserted to be text)."""
+    block = result.content[0]
+    assert isinstance(block, TextContent), block
+    return block.text
+
+
+def resource_text(result: ReadResourceResult) -> str:
+    """The text of a resource's first contents (asserted to be text, not a blob)."""
+    contents = result.contents[0]
+    assert isinstance(contents, TextResourceContents), contents
+    return contents.text
+
+
+async def read_json(client: Client, uri: str) -> Any:
+    """The JSON document at resource `uri` (asserted to be one JSON text content)."""
+    import orjson
+
+    result = await client.read_resource(uri)
+    (content,) = result.contents
+    assert isinstance(content, TextResourceContents) and content.mime_type == "application/json", content
+    return orjson.loads(content.text)
 
 
 def wire(result: Any) -> dict[str, Any]:

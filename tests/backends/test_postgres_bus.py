@@ -10,8 +10,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated, S
 from mcp_durable.server.pgbus import PgSubscriptionBus, decode_event, encode_event
 from mcp_durable.server.ports import ScopedSubscriptionBus
 from tests.conftest import scratch_postgres_url
-from tests.crash.test_replicas_concurrency import KEY_META
-from tests.helpers import serve_http
+from tests.helpers import key_meta, serve_http
 
 pytestmark = pytest.mark.postgres
 
@@ -96,7 +95,7 @@ async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_an
         async with Client(a.url) as listener, Client(b.url) as caller:
             async with listener.listen(resource_subscriptions=[uri]) as subscription:
                 result = await caller.call_tool("refund", {"order_id": "O-9", "amount_cents": 900},
-                                                meta={KEY_META: "order-9"})
+                                                meta=key_meta("order-9"))
                 assert not result.is_error
                 with anyio.fail_after(10):
                     event = await subscription.__anext__()

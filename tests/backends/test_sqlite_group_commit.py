@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -124,9 +125,9 @@ async def test_a_batch_that_cannot_commit_fails_every_call_and_writes_none(tmp_p
         won, first = await journal.claim(pending("first"), T0)
         assert won
         other.execute("BEGIN IMMEDIATE")  # holds the write lock past our busy timeout
-        errors: list[BaseException] = []
+        errors: list[JournalError] = []
 
-        async def call(coro_fn, *args) -> None:  # type: ignore[no-untyped-def]
+        async def call(coro_fn: Callable[..., Awaitable[object]], *args: object) -> None:
             try:
                 await coro_fn(*args)
             except JournalError as exc:
@@ -138,7 +139,7 @@ async def test_a_batch_that_cannot_commit_fails_every_call_and_writes_none(tmp_p
                 group.start_soon(call, journal.claim, pending(f"k{i}"), T0)
             group.start_soon(call, journal.swap, 1, done)
             group.start_soon(call, journal.renew, first.identity, "A", T0 + 99)
-        assert len(errors) == 7 and all(e.code == "journal_unavailable" for e in errors)  # type: ignore[attr-defined]
+        assert len(errors) == 7 and all(e.code == "journal_unavailable" for e in errors)
         other.execute("ROLLBACK")
         for i in range(5):
             assert await journal.get(CallIdentity("local", "refund", f"k{i}")) is None

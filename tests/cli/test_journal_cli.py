@@ -19,7 +19,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
 from mcp_durable.keys import fingerprint
-from tests.helpers import REPO, serve_command
+from tests.helpers import REPO, key_meta, serve_command
 
 WAIT = 30.0  # a bound on a hang, never an assertion on time
 
@@ -35,14 +35,6 @@ def run(*args: str, check: int | None = 0) -> subprocess.CompletedProcess[str]:
 
 def json_lines(proc: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in proc.stdout.splitlines() if line.strip()]
-
-
-def file_journal_available() -> bool:
-    try:
-        import mcp_durable.journal.file  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 async def populate(url: str) -> None:
@@ -145,8 +137,8 @@ def _flip_calls_root_page(path: Path) -> int:
     conn = sqlite3.connect(path)
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-        root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'calls'").fetchone()[0]
+        page_size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+        root: int = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'calls'").fetchone()[0]
     finally:
         conn.close()
     offset = (root - 1) * page_size + (100 if root == 1 else 0)
@@ -169,7 +161,6 @@ def test_verify_passes_a_sound_sqlite_journal_and_exits_1_naming_the_place_of_a_
     assert "corrupt" in corrupt.stderr
 
 
-@pytest.mark.skipif(not file_journal_available(), reason="the file journal is not built yet")
 def test_verify_exits_1_on_a_file_journal_with_a_flipped_byte(sqlite_url: str, tmp_path: Path) -> None:
     export = tmp_path / "export.jsonl"
     run("journal", "--journal", sqlite_url, "export", str(export))
@@ -202,8 +193,6 @@ def _target_url(kind: str, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/copy.db"
     if kind == "file":
-        if not file_journal_available():
-            pytest.skip("the file journal is not built yet")
         return f"file://{tmp_path}/copy"
     from tests.conftest import scratch_postgres_url
 
@@ -349,7 +338,6 @@ def test_forget_lets_a_call_in_doubt_run_anew_with_other_arguments_and_leaves_an
     assert result.structured_content == {"order_id": "ghost", "ran": True}
 
 
-@pytest.mark.skipif(not file_journal_available(), reason="the file journal is not built yet")
 async def test_reading_commands_work_while_a_server_holds_the_file_journal(tmp_path: Path) -> None:
     from tests.helpers import serve_http
 
@@ -357,7 +345,7 @@ async def test_reading_commands_work_while_a_server_holds_the_file_journal(tmp_p
     env = {"COUNTER_FILE": str(tmp_path / "counter")}
     async with serve_http("tests/server/servers/counting.py:make_server", journal=url, env=env) as served:
         async with Client(served.url) as client:
-            await client.call_tool("record", {"text": "x"}, meta={"mcp-durable/idempotency-key": "held-1"})
+            await client.call_tool("record", {"text": "x"}, meta=key_meta("held-1"))
         listed = await anyio.to_thread.run_sync(lambda: json_lines(run("journal", "--journal", url, "list", "--json")))
         assert [(r["tool"], r["key"], r["state"]) for r in listed] == [("record", "held-1", "completed")]
         await anyio.to_thread.run_sync(lambda: run("journal", "--journal", url, "verify"))

@@ -13,10 +13,9 @@ from typing import Any
 
 import anyio
 
-from mcp_durable import KEY_META
 from tests.console.pages import TOKENS, console_url, counting_server, signed_in
+from tests.helpers import client_as, key_meta
 from tests.server.servers.counting import Counter
-from tests.server.test_resources_http import client_as
 
 
 async def test_an_admin_re_runs_a_completed_call_from_its_page_and_the_next_call_runs_it_again(
@@ -25,8 +24,8 @@ async def test_an_admin_re_runs_a_completed_call_from_its_page_and_the_next_call
     counter = Counter(tmp_path / "counter")
     async with counting_server(tmp_path) as served:
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-            first = await alice.call_tool("record", {"text": "r"}, meta={KEY_META: "rerun-1"})
-            again = await alice.call_tool("record", {"text": "r"}, meta={KEY_META: "rerun-1"})
+            first = await alice.call_tool("record", {"text": "r"}, meta=key_meta("rerun-1"))
+            again = await alice.call_tool("record", {"text": "r"}, meta=key_meta("rerun-1"))
         assert (again.meta or {}).get("mcp-durable/replayed") is True and counter.count("record") == 1
         page = f"{console_url(served)}/call?principal=alice&tool=record&key=rerun-1"
         bob = await signed_in(browser, console_url(served), "bob")
@@ -41,7 +40,7 @@ async def test_an_admin_re_runs_a_completed_call_from_its_page_and_the_next_call
         await ops.click("#confirm button[type=submit]")
         assert "rerun" in await ops.inner_text("#audit")
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-            rerun = await alice.call_tool("record", {"text": "r"}, meta={KEY_META: "rerun-1"})
+            rerun = await alice.call_tool("record", {"text": "r"}, meta=key_meta("rerun-1"))
     assert not rerun.is_error and not (rerun.meta or {}).get("mcp-durable/replayed")
     assert rerun.meta is not None and first.meta is not None
     assert rerun.meta["mcp-durable/key"] == first.meta["mcp-durable/key"]
@@ -57,7 +56,7 @@ async def test_an_admin_cancels_a_running_call_from_its_page_and_its_caller_is_t
 
         async def call() -> None:
             async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-                answers.append(await alice.call_tool("gated", {"text": "c"}, meta={KEY_META: "cancel-1"}))
+                answers.append(await alice.call_tool("gated", {"text": "c"}, meta=key_meta("cancel-1")))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)
@@ -75,7 +74,7 @@ async def test_an_admin_cancels_a_running_call_from_its_page_and_its_caller_is_t
                     await anyio.sleep(0.05)
         counter.open_gate()  # too late: the cancelled run never finishes
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-            repeat = await alice.call_tool("gated", {"text": "c"}, meta={KEY_META: "cancel-1"})
+            repeat = await alice.call_tool("gated", {"text": "c"}, meta=key_meta("cancel-1"))
     (answer,) = answers
     assert answer.is_error and answer.meta is not None
     assert answer.meta["mcp-durable/error"]["error"] == "cancelled"

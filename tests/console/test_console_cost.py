@@ -9,9 +9,8 @@ import anyio
 import httpx2
 from mcp import Client
 
-from mcp_durable import KEY_META
 from mcp_durable.console import mount_console
-from tests.helpers import serve_app
+from tests.helpers import key_meta, serve_app
 from tests.server.servers.counting import make_server
 
 
@@ -31,14 +30,14 @@ async def test_the_console_watches_changes_only_while_a_live_page_is_open(tmp_pa
             page = await http.get("/console/")  # no auth on this server: a session for `local`
             assert page.status_code == 200 and ">local<" in page.text
             async with Client(f"{base}/mcp") as client:
-                await client.call_tool("record", {"text": "unwatched"}, meta={KEY_META: "k-0"})
+                await client.call_tool("record", {"text": "unwatched"}, meta=key_meta("k-0"))
             assert watchers() == 0
             async with http.stream("GET", "/console/events") as events:
                 lines = events.aiter_lines()
                 assert await lines.__anext__() == "retry: 3000"
                 assert watchers() == 1
                 async with Client(f"{base}/mcp") as client:
-                    await client.call_tool("record", {"text": "watched"}, meta={KEY_META: "k-1"})
+                    await client.call_tool("record", {"text": "watched"}, meta=key_meta("k-1"))
                 with anyio.fail_after(10):
                     async for line in lines:
                         if line.startswith("data: journal://calls/record/k-1"):
@@ -51,7 +50,7 @@ async def test_the_console_watches_changes_only_while_a_live_page_is_open(tmp_pa
 
 async def test_a_live_stream_carries_only_the_changes_its_principal_may_see(tmp_path: Path) -> None:
     from tests.console.pages import TOKENS, console_url, counting_server
-    from tests.server.test_resources_http import client_as
+    from tests.helpers import client_as
 
     async def first_change(stream: object) -> str:
         with anyio.fail_after(20):
@@ -72,9 +71,9 @@ async def test_a_live_stream_carries_only_the_changes_its_principal_may_see(tmp_
                 assert await bob_lines.__anext__() == "retry: 3000"
                 assert await ops_lines.__anext__() == "retry: 3000"
                 async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-                    await alice.call_tool("record", {"text": "a"}, meta={KEY_META: "alices"})
+                    await alice.call_tool("record", {"text": "a"}, meta=key_meta("alices"))
                 async with client_as(served.url, TOKENS["bob"], "auto") as bob:
-                    await bob.call_tool("record", {"text": "b"}, meta={KEY_META: "bobs"})
+                    await bob.call_tool("record", {"text": "b"}, meta=key_meta("bobs"))
                 # Events arrive in order: bob's first is his own call; alice's never reached him.
                 assert await first_change(bob_lines) == "journal://calls/record/bobs"
                 assert await first_change(ops_lines) == "journal://calls/record/alices"  # an admin hears all

@@ -10,13 +10,11 @@ import anyio
 import httpx2
 import pytest
 
-from mcp_durable import KEY_META
 from mcp_durable.demo.outbox import Outbox
 from tests.cli.test_journal_cli import populate
 from tests.console.pages import ENV, TOKENS, console_url, counting_server, listed_keys, signed_in, standalone_console
 from tests.crash.crash_servers.hooks import CrashPlan
-from tests.helpers import serve_http
-from tests.server.test_resources_http import client_as, read
+from tests.helpers import client_as, key_meta, read_json, serve_http
 
 
 def bearer(principal: str) -> dict[str, str]:
@@ -42,7 +40,7 @@ async def test_a_call_left_in_doubt_by_a_sigkill_is_resolved_from_the_page_and_t
         with pytest.raises(Exception):  # noqa: B017 - the server dies under the call, however that surfaces
             with anyio.fail_after(30):
                 async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-                    await alice.call_tool("send_email", MAIL, meta={KEY_META: "mail-1"})
+                    await alice.call_tool("send_email", MAIL, meta=key_meta("mail-1"))
         served.proc.wait(timeout=10)
         assert served.proc.returncode == -9  # SIGKILL, in the danger window
     assert len(Outbox(str(tmp_path / "outbox.db")).mails()) == 1
@@ -67,7 +65,7 @@ async def test_a_call_left_in_doubt_by_a_sigkill_is_resolved_from_the_page_and_t
         assert await ops.query_selector("#in-doubt tr[data-key='mail-1']") is None
 
         async with client_as(served.url, TOKENS["alice"], "legacy") as alice:
-            again = await alice.call_tool("send_email", MAIL, meta={KEY_META: "mail-1"})
+            again = await alice.call_tool("send_email", MAIL, meta=key_meta("mail-1"))
         assert not again.is_error
         assert again.structured_content == {"sent": "checked in the outbox by hand"}
         assert (again.meta or {}).get("mcp-durable/replayed") is True
@@ -81,7 +79,7 @@ async def test_forget_from_the_page_lets_the_key_run_again_as_a_new_call(browser
         with pytest.raises(Exception):  # noqa: B017
             with anyio.fail_after(30):
                 async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-                    await alice.call_tool("send_email", MAIL, meta={KEY_META: "mail-2"})
+                    await alice.call_tool("send_email", MAIL, meta=key_meta("mail-2"))
     async with serve_http(DANGER, journal=journal, env=env) as served:
         base = console_url(served)
         ops = await signed_in(browser, base, "ops")
@@ -92,7 +90,7 @@ async def test_forget_from_the_page_lets_the_key_run_again_as_a_new_call(browser
         assert "forget" in await ops.inner_text("#audit")
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
             # Other arguments under the same key: a new call, not key_reuse.
-            fresh = await alice.call_tool("send_email", {**MAIL, "body": "Resent."}, meta={KEY_META: "mail-2"})
+            fresh = await alice.call_tool("send_email", {**MAIL, "body": "Resent."}, meta=key_meta("mail-2"))
         assert not fresh.is_error and not (fresh.meta or {}).get("mcp-durable/replayed")
     assert [m["body"] for m in Outbox(str(tmp_path / "outbox.db")).mails()] == ["Resent."]
 
@@ -105,13 +103,13 @@ async def test_an_open_page_updates_live_when_a_call_changes(browser: Any, tmp_p
         await ops.wait_for_selector("#live:not([hidden])")  # the event stream is open
         assert await ops.inner_text("#calls-total") == "0"
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-            await alice.call_tool("record", {"text": "live"}, meta={KEY_META: "live-1"})
+            await alice.call_tool("record", {"text": "live"}, meta=key_meta("live-1"))
         await expect(ops.locator("#calls-total")).to_have_text("1", timeout=20_000)  # no reload: the event
         # A non-admin's page is not told about another principal's calls.
         bob = await signed_in(browser, console_url(served), "bob", javascript=True)
         await bob.wait_for_selector("#live:not([hidden])")
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-            await alice.call_tool("record", {"text": "live"}, meta={KEY_META: "live-2"})
+            await alice.call_tool("record", {"text": "live"}, meta=key_meta("live-2"))
         await expect(ops.locator("#calls-total")).to_have_text("2", timeout=20_000)
         assert await bob.inner_text("#calls-total") == "0"
 
@@ -122,15 +120,15 @@ async def test_the_console_on_its_own_reads_a_file_journal_beside_its_running_se
     journal = f"file://{tmp_path}/journal"
     async with counting_server(tmp_path, journal) as served:
         async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-            await alice.call_tool("record", {"text": "x"}, meta={KEY_META: "beside-1"})
+            await alice.call_tool("record", {"text": "x"}, meta=key_meta("beside-1"))
         async with standalone_console(journal) as base:
             ops = await signed_in(browser, base, "ops")
             await ops.goto(f"{base}/calls")
             assert await listed_keys(ops) == ["beside-1"]
             # The writer keeps working (the console took no lock), and the console sees its appends.
             async with client_as(served.url, TOKENS["alice"], "auto") as alice:
-                await alice.call_tool("record", {"text": "y"}, meta={KEY_META: "beside-2"})
-                assert (await read(alice, "journal://stats"))["calls"] == 2
+                await alice.call_tool("record", {"text": "y"}, meta=key_meta("beside-2"))
+                assert (await read_json(alice, "journal://stats"))["calls"] == 2
             await ops.reload()
             assert await listed_keys(ops) == ["beside-2", "beside-1"]
             await ops.click("a:text('beside-1')")

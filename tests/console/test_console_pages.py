@@ -9,15 +9,14 @@ from typing import Any
 
 import httpx2
 
-from mcp_durable import KEY_META
 from tests.console.pages import TOKENS, console_url, counting_server, listed_keys, signed_in, table_counts
-from tests.server.test_resources_http import client_as, read
+from tests.helpers import client_as, key_meta, read_json
 
 
 async def _calls(url: str, principal: str, calls: list[tuple[str, str]]) -> None:
     async with client_as(url, TOKENS[principal], "auto") as client:
         for tool, key in calls:
-            await client.call_tool(tool, {"text": key}, meta={KEY_META: key})
+            await client.call_tool(tool, {"text": key}, meta=key_meta(key))
 
 
 async def test_the_overview_shows_the_figures_of_journal_stats_read_through_an_mcp_client(
@@ -28,7 +27,7 @@ async def test_the_overview_shows_the_figures_of_journal_stats_read_through_an_m
         await _calls(served.url, "bob", [("record", "b-1"), ("whoami", "b-2")])
         for principal in ("ops", "alice"):
             async with client_as(served.url, TOKENS[principal], "auto") as client:
-                stats = await read(client, "journal://stats")
+                stats = await read_json(client, "journal://stats")
             page = await signed_in(browser, console_url(served), principal)
             assert int(await page.inner_text("#calls-total")) == stats["calls"]
             assert await table_counts(page, "by-state", "state") == stats["calls_by_state"]
@@ -77,7 +76,7 @@ async def test_the_call_list_filters_by_tool_state_principal_time_and_key_prefix
 
         # Time range (UTC): everything was created after `since` and before `until`.
         async with client_as(served.url, TOKENS["ops"], "auto") as client:
-            listing = await read(client, "journal://calls?limit=100")
+            listing = await read_json(client, "journal://calls?limit=100")
         created = sorted(datetime.fromisoformat(c["created_at"]) for c in listing["calls"])
         since, until = created[0].replace(microsecond=0), created[-1] + timedelta(seconds=1)
         await page.goto(f"{base}/calls?since={since:%Y-%m-%dT%H:%M:%S}&until={until:%Y-%m-%dT%H:%M:%S}Z&limit=100")
@@ -103,7 +102,7 @@ async def test_a_call_page_shows_the_record_masked_arguments_result_and_steps(br
         await page.goto(f"{console_url(served)}/calls")
         await page.click("a:text('page-1')")
         async with client_as(served.url, TOKENS["alice"], "auto") as client:
-            view = await read(client, "journal://calls/record/page-1")
+            view = await read_json(client, "journal://calls/record/page-1")
         assert await page.inner_text("#attempts") == str(view["attempts"])
         assert view["run_id"] in await page.inner_text("#record")
         assert '"text": "page-1"' in await page.inner_text("#arguments")
@@ -136,7 +135,7 @@ async def test_a_non_admin_sees_only_its_calls_no_action_buttons_and_a_forged_po
                                           "principal": "bob", "tool": "record", "key": "bobs"})
         assert forged.status == 403
         async with client_as(served.url, TOKENS["bob"], "auto") as bob:
-            assert (await read(bob, "journal://calls/record/bobs"))["state"] == "completed"
+            assert (await read_json(bob, "journal://calls/record/bobs"))["state"] == "completed"
 
 
 async def test_a_request_without_a_token_or_with_a_wrong_one_is_refused(browser: Any, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.demo.outbox import Outbox
-from tests.crash.crash_servers.harness import StdioServer, error_code, file_journal_available, journal_url
+from tests.crash.crash_servers.harness import StdioServer, error_code, journal_url
 from tests.crash.crash_servers.hooks import POINTS, Counter, CrashPlan
 
 TRIALS = int(os.environ.get("MCP_DURABLE_TRIALS", "9"))
@@ -31,11 +31,6 @@ TARGET = "tests.crash.crash_servers.danger:make_server"
 JOURNALS = ["sqlite", "sqlite-single-writer", "file", "postgres"]
 RECONCILED = "mcp-durable/reconciled"
 REPLAYED = "mcp-durable/replayed"
-
-
-def _journal_or_skip(kind: str) -> None:
-    if kind == "file" and not file_journal_available():
-        pytest.skip("mcp_durable.journal.file is not built yet (issue 3): the file journal cannot be crash-tested")
 
 
 @dataclass
@@ -77,7 +72,6 @@ async def _crash(run: Run, tool: str, args: dict[str, Any], key: str, point: str
 async def test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry(
     journal: str, tmp_path: Path
 ) -> None:
-    _journal_or_skip(journal)
     run = Run(tmp_path, journal)
     async with run.server:
         for trial in range(TRIALS):
@@ -100,7 +94,6 @@ async def test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses
 
 @pytest.mark.parametrize("journal", JOURNALS)
 async def test_a_mail_the_outbox_would_send_twice_is_sent_once_under_reconcile(journal: str, tmp_path: Path) -> None:
-    _journal_or_skip(journal)
     run = Run(tmp_path, journal, mail_policy="reconcile")
     async with run.server:
         for trial in range(TRIALS):
@@ -129,7 +122,6 @@ async def test_a_mail_the_outbox_would_send_twice_is_sent_once_under_reconcile(j
 async def test_a_mail_under_refuse_never_runs_twice_automatically_and_stays_in_doubt_until_resolved(
     journal: str, tmp_path: Path
 ) -> None:
-    _journal_or_skip(journal)
     run = Run(tmp_path, journal, mail_policy="refuse")
     async with run.server:
         for trial in range(TRIALS):
@@ -147,7 +139,7 @@ async def test_a_mail_under_refuse_never_runs_twice_automatically_and_stays_in_d
                 again = await run.server.call("send_email", args, key)
                 assert again is not None and error_code(again) == "in_doubt"
                 listed = await run.server.call("in_doubt_calls", {"tool": "send_email"})
-                assert listed is not None and key in listed.structured_content["keys"]  # type: ignore[index]
+                assert listed is not None and key in listed.structured_content["keys"]
                 assert run.events.count(f"invoke send_email {key}") == 1, "refuse must never run it again by itself"
                 # The operator looks at the outbox and resolves.
                 sent = run.outbox.mails(key=key)
@@ -160,7 +152,7 @@ async def test_a_mail_under_refuse_never_runs_twice_automatically_and_stays_in_d
                 resolved = await run.server.call("resolve_call", resolution)
                 assert resolved is not None and not resolved.is_error, resolved
                 listed = await run.server.call("in_doubt_calls", {"tool": "send_email"})
-                assert listed is not None and key not in listed.structured_content["keys"]  # type: ignore[index]
+                assert listed is not None and key not in listed.structured_content["keys"]
                 result = await run.server.call("send_email", args, key)
                 assert result is not None and not result.is_error, result
                 run.outcomes[f"in doubt, operator: {resolution['resolution']}"] += 1

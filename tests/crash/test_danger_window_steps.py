@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mcp_durable.demo.warehouse import Warehouse
-from tests.crash.crash_servers.harness import StdioServer, file_journal_available, journal_url
+from tests.crash.crash_servers.harness import StdioServer, journal_url
 from tests.crash.crash_servers.hooks import Counter, CrashPlan
 
 TARGET = "tests.crash.crash_servers.steps:make_server"
@@ -19,8 +19,6 @@ JOURNALS = ["sqlite", "file"]
 
 
 def _server(journal: str, tmp_path: Path) -> tuple[StdioServer, CrashPlan, Counter, Warehouse]:
-    if journal == "file" and not file_journal_available():
-        pytest.skip("mcp_durable.journal.file is not built yet (issue 3)")
     plan, events, warehouse = CrashPlan(tmp_path / "plan.json"), Counter(tmp_path / "events.log"), Warehouse(
         tmp_path / "warehouse.db"
     )

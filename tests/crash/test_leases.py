@@ -17,7 +17,7 @@ from mcp import Client
 from mcp_types import CallToolResult
 
 from mcp_durable import CallIdentity, CallRecord, CallState, JournalLockedError, create_journal
-from tests.crash.crash_servers.harness import error_code, file_journal_available, journal_url
+from tests.crash.crash_servers.harness import error_code, journal_url
 from tests.crash.crash_servers.hooks import Counter
 from tests.helpers import serve_http
 
@@ -122,8 +122,9 @@ async def test_a_dead_servers_lease_expires_and_a_second_server_on_the_shared_jo
                         break
     assert not answer.is_error, answer
     starts = _starts(events, "K")
-    assert [who for who, _ in starts] == [at_kill.owner, answer.structured_content["instance"]]  # type: ignore[index]
+    assert [who for who, _ in starts] == [at_kill.owner, answer.structured_content["instance"]]
     assert starts[1][0] != starts[0][0], "taken over by the second server"
+    assert at_kill.lease_until is not None
     assert starts[1][1] >= at_kill.lease_until, "not before the dead owner's lease expired"
     done = await _record(url, "K")
     assert done.state == CallState.COMPLETED and done.attempts == 2
@@ -133,8 +134,6 @@ async def test_a_dead_servers_lease_expires_and_a_second_server_on_the_shared_jo
 async def test_a_single_writer_journal_marks_the_previous_boots_pending_call_in_doubt_at_start(
     journal: str, tmp_path: Path
 ) -> None:
-    if journal == "file" and not file_journal_available():
-        pytest.skip("mcp_durable.journal.file is not built yet (issue 3)")
     url = journal_url(journal, tmp_path)
     events = Counter(tmp_path / "events.log")
     # A lease far longer than the test: only the single-writer rule can free the call in time.
@@ -162,7 +161,7 @@ async def test_a_single_writer_journal_marks_the_previous_boots_pending_call_in_
             answer = await b.call_tool("long_task", {"job": "S"})
     assert not answer.is_error, answer  # retried at once (a shared journal would say in_progress for 300 s)
     starts = _starts(events, "S")
-    assert len(starts) == 2 and starts[1][0] == answer.structured_content["instance"]  # type: ignore[index]
+    assert len(starts) == 2 and starts[1][0] == answer.structured_content["instance"]
     assert starts[1][1] < killed_at + 300, "ran before the dead owner's lease could have expired"
     if journal == "sqlite-single-writer":
         done = await _record(url, "S")

@@ -23,8 +23,8 @@ from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
 from tests.backends.pg_cluster import PgCluster
-from tests.crash.test_replicas_concurrency import KEY_META, TARGET
-from tests.helpers import serve_http
+from tests.crash.test_replicas_concurrency import TARGET
+from tests.helpers import key_meta, serve_http
 
 pytestmark = pytest.mark.postgres
 
@@ -57,7 +57,7 @@ async def test_calls_fail_as_journal_unavailable_while_postgres_is_down_and_succ
             async def call(key: str) -> Sent:
                 started = time.monotonic()
                 result = await client.call_tool("refund", {"order_id": f"O-{key}", "amount_cents": 100},
-                                                meta={KEY_META: key})
+                                                meta=key_meta(key))
                 done = Sent(key, started, time.monotonic(), result)
                 sent.append(done)
                 return done

@@ -19,8 +19,8 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.crash.test_replicas_concurrency import KEY_META, TARGET
-from tests.helpers import serve_http
+from tests.crash.test_replicas_concurrency import TARGET
+from tests.helpers import key_meta, meta_of, serve_http
 
 pytestmark = pytest.mark.postgres
 
@@ -40,7 +40,7 @@ async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_dou
 
         async def call_a() -> None:
             async with Client(a.url) as client:
-                await client.call_tool(tool, arguments, meta={KEY_META: key})
+                await client.call_tool(tool, arguments, meta=key_meta(key))
 
         async with anyio.create_task_group() as tg:
 
@@ -61,7 +61,7 @@ async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_dou
 
         with anyio.fail_after(60):
             async with Client(b.url) as client:
-                result = await client.call_tool(tool, arguments, meta={KEY_META: key})
+                result = await client.call_tool(tool, arguments, meta=key_meta(key))
 
     requests = [r for r in ledger.requests() if r["idempotency_key"] == key]
     assert [e["id"] for e in ledger.effects()] == [first.id]  # never a second refund
@@ -71,5 +71,5 @@ async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_dou
         assert [r["outcome"] for r in requests] == ["applied", "deduplicated"]  # B really ran it again
     else:
         assert result.is_error and result.structured_content is not None
-        assert result.meta["mcp-durable/error"]["error"] == "in_doubt"
+        assert meta_of(result)["mcp-durable/error"]["error"] == "in_doubt"
         assert [r["outcome"] for r in requests] == ["applied"]  # B did not run it

@@ -33,7 +33,7 @@ from mcp import Client, StdioServerParameters
 
 from mcp_durable.demo.ledger import PaymentProvider
 from tests.docs.snippets import REPO, all_commands
-from tests.helpers import free_port, serve_http
+from tests.helpers import free_port, key_meta, serve_http
 
 KEY_META = "mcp-durable/idempotency-key"
 PLACEHOLDER_URL = "http://127.0.0.1:8000/mcp"
@@ -134,8 +134,8 @@ async def test_the_desktop_client_config_starts_a_server_that_replays(tmp_path: 
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert tools["refund"].annotations is not None and tools["refund"].annotations.idempotent_hint is True
         arguments = {"order_id": "O-1", "amount_cents": 500}
-        first = await client.call_tool("refund", arguments, meta={KEY_META: "desk-1"})
-        second = await client.call_tool("refund", arguments, meta={KEY_META: "desk-1"})
+        first = await client.call_tool("refund", arguments, meta=key_meta("desk-1"))
+        second = await client.call_tool("refund", arguments, meta=key_meta("desk-1"))
     assert not first.is_error and (second.meta or {}).get("mcp-durable/replayed") is True
     assert second.structured_content == first.structured_content
     assert len(refunds(Path(entry["env"]["PAYMENTS_LEDGER"]))) == 1
@@ -168,8 +168,8 @@ async def test_make_run_serves_the_payments_tools_and_prints_how_to_connect(tmp_
         assert any(re.search(r"heap: +[\d,]{5,} start-up objects frozen", line) for line in printed), printed
         await wait_listening(port)  # the message is printed just before uvicorn binds
         async with Client(url, mode="legacy") as client:
-            first = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta={KEY_META: "mr"})
-            second = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta={KEY_META: "mr"})
+            first = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta=key_meta("mr"))
+            second = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500}, meta=key_meta("mr"))
         assert not first.is_error and (second.meta or {}).get("mcp-durable/replayed") is True
         assert len(refunds(ledger)) == 1
     finally:

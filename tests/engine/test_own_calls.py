@@ -16,6 +16,7 @@ from collections import Counter
 import anyio
 
 from mcp_durable import Engine, ToolOutcome, ToolPolicy
+from mcp_durable.engine import Runner
 from mcp_durable.journal import CallQuery, CallState, Journal
 
 KEY_META = "mcp-durable/idempotency-key"
@@ -26,7 +27,7 @@ async def test_duplicates_arriving_at_every_moment_of_a_call_never_run_it_twice(
     runs: Counter[str] = Counter()
     errors: list[BaseException] = []
 
-    def tool_for(key: str):  # type: ignore[no-untyped-def]
+    def tool_for(key: str) -> Runner:
         async def run(_call: object) -> ToolOutcome:
             runs[key] += 1
             return ToolOutcome(key, b'{"content":[]}', is_error=False)

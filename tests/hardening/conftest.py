@@ -113,7 +113,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 
 
 def connect(server: DurableServer, mode: str) -> Client:
-    return Client(server, mode=mode)  # type: ignore[arg-type]
+    return Client(server, mode=mode)
 
 
 def text_of(result: Any) -> str:

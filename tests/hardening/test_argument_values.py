@@ -22,7 +22,7 @@ import pytest
 from mcp_durable import DurableServer
 from mcp_durable.limits import DEFAULT_MAX_ARGUMENT_DEPTH
 from tests.hardening.conftest import KEY_META, MODES, Runs, connect, snapshot
-from tests.helpers import serve_app
+from tests.helpers import first_text, key_meta, serve_app
 
 NON_FINITE_STRINGS = ["nan", "NaN", "Infinity", "-Infinity", "inf", "1e400", "-1e400"]
 NON_FINITE_RAW = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"]
@@ -70,12 +70,12 @@ async def test_a_number_the_tool_reads_as_non_finite_is_refused_before_any_claim
     async with connect(server, mode) as client:
         for text in NON_FINITE_STRINGS:
             before = await snapshot(server.journal)
-            result = await client.call_tool("measure", {"value": text}, meta={KEY_META: "m-1"})
+            result = await client.call_tool("measure", {"value": text}, meta=key_meta("m-1"))
             assert error_of(result)["error"] == "non_finite_argument", text
             assert error_of(result)["argument"] == "/value"
-            assert "not a finite number" in result.content[0].text  # type: ignore[union-attr]
+            assert "not a finite number" in first_text(result)
             assert await snapshot(server.journal) == before and runs.calls == []
-        ok = await client.call_tool("measure", {"value": 1.5}, meta={KEY_META: "m-1"})  # the key is not poisoned
+        ok = await client.call_tool("measure", {"value": 1.5}, meta=key_meta("m-1"))  # the key is not poisoned
     assert not ok.is_error and runs.calls == [("measure", 1.5)]
 
 
@@ -88,12 +88,12 @@ async def test_arguments_nested_over_the_limit_are_refused_with_the_limit_before
     async with connect(server, mode) as client:
         for depth in (DEFAULT_MAX_ARGUMENT_DEPTH + 1, 150):
             before = await snapshot(server.journal)
-            result = await client.call_tool("store", {"value": nested(depth)}, meta={KEY_META: "d-1"})
+            result = await client.call_tool("store", {"value": nested(depth)}, meta=key_meta("d-1"))
             refusal = error_of(result)
             assert refusal["error"] == "arguments_too_deep" and refusal["limit"] == DEFAULT_MAX_ARGUMENT_DEPTH
-            assert f"the limit is {DEFAULT_MAX_ARGUMENT_DEPTH}" in result.content[0].text  # type: ignore[union-attr]
+            assert f"the limit is {DEFAULT_MAX_ARGUMENT_DEPTH}" in first_text(result)
             assert await snapshot(server.journal) == before and runs.calls == []
-        ok = await client.call_tool("store", {"value": nested(DEFAULT_MAX_ARGUMENT_DEPTH)}, meta={KEY_META: "d-1"})
+        ok = await client.call_tool("store", {"value": nested(DEFAULT_MAX_ARGUMENT_DEPTH)}, meta=key_meta("d-1"))
     assert not ok.is_error and len(runs.calls) == 1
 
 

@@ -15,6 +15,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_durable.journal import CallState, Journal
 from tests.hardening.conftest import KEY_META, Runs, build_server, connect, snapshot, text_of
+from tests.helpers import key_meta, meta_of
 
 WRONG_TYPES: list[Any] = [5, 1.5, True, {"key": "k"}, ["k"]]  # (a null key is dropped by the client: see the raw test)
 BAD_STRINGS = [
@@ -55,11 +56,11 @@ async def test_a_key_of_the_wrong_type_is_refused_as_invalid_key_and_changes_not
     async with connect(server, mode) as client:
         result = await _refused_without_change(
             client, server, runs, lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5},
-                                                           meta={KEY_META: key})
+                                                           meta=key_meta(key))
         )
         assert result.is_error and result.meta["mcp-durable/error"]["error"] == "invalid_key"
         assert "must be a string" in result.structured_content["reason"]
-        ok = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta={KEY_META: "K-1"})
+        ok = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta=key_meta("K-1"))
         assert not ok.is_error and runs.count("pay") == 1
 
 
@@ -70,7 +71,7 @@ async def test_an_empty_overlong_control_or_non_ascii_key_is_refused_and_changes
     server, runs = served
     async with connect(server, mode) as client:
         result = await _refused_without_change(
-            client, server, runs, lambda: client.call_tool("echo", {"text": "a"}, meta={KEY_META: key})
+            client, server, runs, lambda: client.call_tool("echo", {"text": "a"}, meta=key_meta(key))
         )
         assert result.is_error and result.meta["mcp-durable/error"]["error"] == "invalid_key"
         assert result.structured_content["tool"] == "echo" and result.structured_content["reason"]
@@ -80,10 +81,10 @@ async def test_a_key_of_exactly_255_printable_characters_is_accepted(served: tup
     server, runs = served
     key = "".join(chr(32 + i % 95) for i in range(255))  # every printable ASCII character, space to tilde
     async with connect(server, mode) as client:
-        first = await client.call_tool("echo", {"text": "a"}, meta={KEY_META: key})
-        again = await client.call_tool("echo", {"text": "a"}, meta={KEY_META: key})
-    assert not first.is_error and first.meta["mcp-durable/key"] == key
-    assert again.meta.get("mcp-durable/replayed") is True and runs.count("echo") == 1
+        first = await client.call_tool("echo", {"text": "a"}, meta=key_meta(key))
+        again = await client.call_tool("echo", {"text": "a"}, meta=key_meta(key))
+    assert not first.is_error and meta_of(first)["mcp-durable/key"] == key
+    assert meta_of(again).get("mcp-durable/replayed") is True and runs.count("echo") == 1
 
 
 async def test_a_missing_required_key_is_refused_and_changes_nothing(served: tuple[Any, Runs], mode: str) -> None:
@@ -102,7 +103,7 @@ async def test_arguments_over_the_size_limit_are_refused_before_any_claim(served
     async with connect(server, mode) as client:
         result = await _refused_without_change(
             client, server, runs,
-            lambda: client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead + 1)}, meta={KEY_META: "big"}),
+            lambda: client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead + 1)}, meta=key_meta("big")),
         )
         assert result.is_error
         assert "1048577 bytes" in text_of(result) and "max_argument_bytes" in text_of(result)
@@ -111,7 +112,7 @@ async def test_arguments_over_the_size_limit_are_refused_before_any_claim(served
             "size_bytes": 1048577, "limit_bytes": 1 << 20,
         }
         # Exactly at the limit it runs; the refused key was not poisoned.
-        ok = await client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead)}, meta={KEY_META: "big"})
+        ok = await client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead)}, meta=key_meta("big"))
     assert not ok.is_error and runs.count("echo") == 1
 
 
@@ -142,14 +143,14 @@ async def test_a_result_that_cannot_be_serialised_becomes_an_error_and_is_releas
 ) -> None:
     server, runs = served
     async with connect(server, mode) as client:
-        first = await client.call_tool("huge_number", {}, meta={KEY_META: "n-1"})
+        first = await client.call_tool("huge_number", {}, meta=key_meta("n-1"))
         assert first.is_error and "cannot be journaled" in text_of(first)
-        assert first.meta["mcp-durable/error"] == {"error": "not_serialisable", "what": "result",
-                                                   "message": first.meta["mcp-durable/error"]["message"]}
+        assert meta_of(first)["mcp-durable/error"] == {"error": "not_serialisable", "what": "result",
+                                                   "message": meta_of(first)["mcp-durable/error"]["message"]}
         records, _ = await snapshot(server.journal)
         (record,) = [r for r in records if r.identity.tool == "huge_number"]
         assert record.state == CallState.RELEASED and record.result is None, "the record was left pending"
-        again = await client.call_tool("huge_number", {}, meta={KEY_META: "n-1"})
+        again = await client.call_tool("huge_number", {}, meta=key_meta("n-1"))
     assert again.is_error and runs.count("huge_number") == 2  # released: a retry runs it again
 
 
@@ -158,14 +159,15 @@ async def test_an_unserialisable_result_under_persisted_exceptions_is_a_replayed
 ) -> None:
     server, runs = served
     async with connect(server, mode) as client:
-        first = await client.call_tool("huge_number_persisted", {}, meta={KEY_META: "p-1"})
-        again = await client.call_tool("huge_number_persisted", {}, meta={KEY_META: "p-1"})
+        first = await client.call_tool("huge_number_persisted", {}, meta=key_meta("p-1"))
+        again = await client.call_tool("huge_number_persisted", {}, meta=key_meta("p-1"))
         records, _ = await snapshot(server.journal)
     (record,) = [r for r in records if r.identity.tool == "huge_number_persisted"]
     assert record.state == CallState.FAILED
-    assert first.is_error and again.is_error and again.meta.get("mcp-durable/replayed") is True
+    assert first.is_error and again.is_error and meta_of(again).get("mcp-durable/replayed") is True
     assert text_of(again) == text_of(first) and "cannot be journaled" in text_of(first)
-    assert again.meta["mcp-durable/error"]["error"] == first.meta["mcp-durable/error"]["error"] == "not_serialisable"
+    assert (meta_of(again)["mcp-durable/error"]["error"] == meta_of(first)["mcp-durable/error"]["error"]
+            == "not_serialisable")
     assert runs.count("huge_number_persisted") == 1
 
 
@@ -175,12 +177,13 @@ async def test_a_result_over_the_result_limit_becomes_an_error_and_is_released(
     runs = Runs()
     server = build_server(journal_for(embedded), runs, max_result_bytes=10_000)
     async with connect(server, mode) as client:
-        small = await client.call_tool("blob", {"size": 1_000}, meta={KEY_META: "small"})
-        big = await client.call_tool("blob", {"size": 20_000}, meta={KEY_META: "big"})
+        small = await client.call_tool("blob", {"size": 1_000}, meta=key_meta("small"))
+        big = await client.call_tool("blob", {"size": 20_000}, meta=key_meta("big"))
         records, _ = await snapshot(server.journal)
     assert not small.is_error
     assert big.is_error and "max_result_bytes" in text_of(big) and "limit is 10000 bytes" in text_of(big)
-    assert big.meta["mcp-durable/error"]["error"] == "too_large" and big.meta["mcp-durable/error"]["what"] == "result"
+    assert meta_of(big)["mcp-durable/error"]["error"] == "too_large"
+    assert meta_of(big)["mcp-durable/error"]["what"] == "result"
     states = {r.identity.key: r.state for r in records}
     assert states == {"small": CallState.COMPLETED, "big": CallState.RELEASED}
     assert all(len(r.result or b"") <= 10_000 for r in records)
@@ -191,7 +194,7 @@ async def test_the_default_result_limit_is_16_mib(journal_for: Callable[[str], J
     server = build_server(journal_for("memory"), runs)
     assert server.max_result_bytes == 16 << 20
     async with connect(server, "auto") as client:
-        big = await client.call_tool("blob", {"size": 16 << 20}, meta={KEY_META: "big"})
+        big = await client.call_tool("blob", {"size": 16 << 20}, meta=key_meta("big"))
         records, _ = await snapshot(server.journal)
     assert big.is_error and "max_result_bytes" in text_of(big)
     assert [r.state for r in records] == [CallState.RELEASED]
@@ -201,7 +204,7 @@ async def test_an_unknown_tool_is_refused_and_changes_nothing(served: tuple[Any,
     server, runs = served
     async with connect(server, mode) as client:
         result = await _refused_without_change(
-            client, server, runs, lambda: client.call_tool("no_such_tool", {"a": 1}, meta={KEY_META: "k"})
+            client, server, runs, lambda: client.call_tool("no_such_tool", {"a": 1}, meta=key_meta("k"))
         )
     assert result.is_error and "Unknown tool" in text_of(result)
 
@@ -213,9 +216,9 @@ async def test_arguments_that_fail_validation_are_refused_and_do_not_poison_the_
     async with connect(server, mode) as client:
         bad = await _refused_without_change(
             client, server, runs,
-            lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": "lots"}, meta={KEY_META: "K"}),
+            lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": "lots"}, meta=key_meta("K")),
         )
-        good = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta={KEY_META: "K"})
+        good = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta=key_meta("K"))
     assert bad.is_error and not good.is_error and runs.count("pay") == 1
 
 

@@ -24,6 +24,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, JournalEntry
+from tests.helpers import resource_text
 
 file_journal = pytest.importorskip("mcp_durable.journal.file", reason="the file journal is not built yet")
 FileJournal = file_journal.FileJournal
@@ -236,9 +237,9 @@ async def test_start_up_reports_damage_in_the_journal_recovery_resource(
     (target / SEGMENT).write_bytes(bytes(damaged))
     server = DurableServer("damaged", journal=f"file://{target}")
     for mode in ("legacy", "auto"):
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             result = await client.read_resource("journal://recovery")
-            body = orjson.loads(result.contents[0].text)  # type: ignore[union-attr]
+            body = orjson.loads(resource_text(result))
         if mode == "legacy":
             assert body["bytes_truncated"] == 10 and body["truncated_to"]
             assert any(str(middle.start) in p for p in body["problems"]), body["problems"]

@@ -23,7 +23,8 @@ from mcp import Client
 
 from mcp_durable.journal import CallIdentity, CallState, create_journal
 from mcp_durable.journal.sqlite import SQLiteJournal
-from tests.hardening.conftest import KEY_META, Runs, build_server, snapshot, text_of
+from tests.hardening.conftest import Runs, build_server, snapshot, text_of
+from tests.helpers import key_meta, meta_of
 
 # Each call journals a ~100 KB claim and a ~200 KB result record: more than the space the file
 # journal allocates ahead of its data (64 KiB, journal/file/writer.py), so a full disk cannot take
@@ -78,19 +79,9 @@ def tiny_disk(tmp_path: Path) -> Iterator[TinyDisk]:
             subprocess.run(["umount", "-l", str(root)], capture_output=True, check=False)
 
 
-def file_journal_available() -> bool:
-    try:
-        from mcp_durable.journal.file import FileJournal  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.fixture(params=["sqlite", "file"])
 def url_in(request: pytest.FixtureRequest) -> Any:
     kind: str = request.param
-    if kind == "file" and not file_journal_available():
-        pytest.skip("the file journal (mcp_durable/journal/file/) is not built yet")
     return lambda root: f"sqlite:///{root}/journal.db" if kind == "sqlite" else f"file://{root}/journal"
 
 
@@ -100,36 +91,36 @@ async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_l
     runs = Runs()
     url = url_in(tiny_disk.root)
     server = build_server(url, runs)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
-        before = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+    async with Client(server, mode=mode) as client:
+        before = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
         assert not before.is_error
         tiny_disk.fill()
         refused: list[str] = []
         for i in range(8):
             key = f"B{i}"
             ran = runs.count("echo")
-            result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta={KEY_META: key})
+            result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta=key_meta(key))
             if result.is_error:
-                assert result.meta["mcp-durable/error"]["error"] == "journal_unavailable", text_of(result)
+                assert meta_of(result)["mcp-durable/error"]["error"] == "journal_unavailable", text_of(result)
                 assert runs.count("echo") == ran, "the tool ran although its claim could not be journaled"
                 refused.append(key)
             else:
                 # A journal with space set aside may still take a call; it must then be durable.
-                assert result.meta["mcp-durable/key"] == key and runs.count("echo") == ran + 1
+                assert meta_of(result)["mcp-durable/key"] == key and runs.count("echo") == ran + 1
         assert refused, "no call was refused on a full disk"
-        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
-        assert replay.meta["mcp-durable/replayed"] is True and replay.content == before.content
+        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
+        assert meta_of(replay)["mcp-durable/replayed"] is True and replay.content == before.content
 
         tiny_disk.free()
         # Once space is back the same server works again, without a restart or a new connection
         # (an HTTP server has no reconnect to reopen its journal): SQLite by itself, the file
         # journal by recovering from disk in place after its failed flush.
-        probe = await client.call_tool("echo", {"text": f"{BIG}0"}, meta={KEY_META: "B0"})
+        probe = await client.call_tool("echo", {"text": f"{BIG}0"}, meta=key_meta("B0"))
         assert not probe.is_error, text_of(probe)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         # (a new connection reopens the journal when the previous one closed it)
         for i in range(8):
-            result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta={KEY_META: f"B{i}"})
+            result = await client.call_tool("echo", {"text": f"{BIG}{i}"}, meta=key_meta(f"B{i}"))
             assert not result.is_error, text_of(result)
         assert runs.count("echo") == 1 + 8  # each key ran exactly once, the refused ones after the fault
         records, _ = await snapshot(server.journal)
@@ -139,10 +130,10 @@ async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_l
 
     # A restart on the same journal: everything acknowledged is replayed, nothing runs again.
     again = build_server(url, runs)
-    async with Client(again, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(again, mode=mode) as client:
         for key, text in [("A", "acknowledged"), *((f"B{i}", f"{BIG}{i}") for i in range(8))]:
-            result = await client.call_tool("echo", {"text": text}, meta={KEY_META: key})
-            assert result.meta["mcp-durable/replayed"] is True, key
+            result = await client.call_tool("echo", {"text": text}, meta=key_meta(key))
+            assert meta_of(result)["mcp-durable/replayed"] is True, key
     assert runs.count("echo") == 9
 
 
@@ -154,10 +145,10 @@ async def test_a_result_the_full_disk_cannot_take_is_never_acknowledged_and_is_r
     url = url_in(tiny_disk.root)
     server = build_server(url, runs)
     async with Client(server, mode="legacy") as client:
-        await client.call_tool("echo", {"text": "warm-up"}, meta={KEY_META: "A"})
+        await client.call_tool("echo", {"text": "warm-up"}, meta=key_meta("A"))
         tiny_disk.leave(64 * 1024)  # room for a claim, not for a 1 MB result
-        lost = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
-        assert lost.is_error and lost.meta["mcp-durable/error"]["error"] == "journal_unavailable", text_of(lost)
+        lost = await client.call_tool("blob", {"size": 1_000_000}, meta=key_meta("big"))
+        assert lost.is_error and meta_of(lost)["mcp-durable/error"]["error"] == "journal_unavailable", text_of(lost)
         assert runs.count("blob") == 1  # it ran: the effect happened, the result could not be kept
         tiny_disk.free()
     reader = create_journal(url)  # what is on disk now (the file journal refuses reads once poisoned)
@@ -169,10 +160,10 @@ async def test_a_result_the_full_disk_cannot_take_is_never_acknowledged_and_is_r
     assert record is not None and record.state in (CallState.PENDING, CallState.IN_DOUBT) and record.result is None
     async with Client(server, mode="legacy") as client:
         # Never acknowledged, so never replayed: the idempotent tool's in-doubt policy is retry.
-        again = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
-        replay = await client.call_tool("blob", {"size": 1_000_000}, meta={KEY_META: "big"})
-    assert not again.is_error and again.meta.get("mcp-durable/replayed") is None
-    assert replay.meta["mcp-durable/replayed"] is True and runs.count("blob") == 2
+        again = await client.call_tool("blob", {"size": 1_000_000}, meta=key_meta("big"))
+        replay = await client.call_tool("blob", {"size": 1_000_000}, meta=key_meta("big"))
+    assert not again.is_error and meta_of(again).get("mcp-durable/replayed") is None
+    assert meta_of(replay)["mcp-durable/replayed"] is True and runs.count("blob") == 2
 
 
 async def test_a_server_started_on_a_full_disk_refuses_calls_until_space_is_back(
@@ -182,17 +173,17 @@ async def test_a_server_started_on_a_full_disk_refuses_calls_until_space_is_back
     url = url_in(tiny_disk.root)
     first = build_server(url, runs)
     async with Client(first, mode="legacy") as client:
-        await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+        await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
     tiny_disk.fill()
     server = build_server(url, runs)
     async with Client(server, mode="legacy") as client:
-        refused = await client.call_tool("echo", {"text": BIG}, meta={KEY_META: "B"})
-        assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
+        refused = await client.call_tool("echo", {"text": BIG}, meta=key_meta("B"))
+        assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "journal_unavailable"
         assert runs.count("echo") == 1
         tiny_disk.free()
-        ok = await client.call_tool("echo", {"text": BIG}, meta={KEY_META: "B"})
-        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
-    assert not ok.is_error and replay.meta["mcp-durable/replayed"] is True
+        ok = await client.call_tool("echo", {"text": BIG}, meta=key_meta("B"))
+        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
+    assert not ok.is_error and meta_of(replay)["mcp-durable/replayed"] is True
     assert runs.count("echo") == 2
 
 
@@ -205,22 +196,22 @@ async def test_a_read_only_journal_directory_refuses_calls_until_it_is_writable(
     runs = Runs()
     first = build_server(url_in(source), runs)
     async with Client(first, mode="auto") as client:
-        await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+        await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
     if _mount("--bind", str(source), str(view)).returncode != 0:
         pytest.skip("cannot bind-mount here")
     try:
         assert _mount("-o", "remount,bind,ro", str(view)).returncode == 0
         server = build_server(url_in(view), runs)
         async with Client(server, mode="auto") as client:
-            refused = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
-            assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
+            refused = await client.call_tool("echo", {"text": "new"}, meta=key_meta("B"))
+            assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "journal_unavailable"
             assert runs.count("echo") == 1
             await server.engine.aclose()  # let go of the files before making the mount writable
             assert _mount("-o", "remount,bind,rw", str(view)).returncode == 0
-            ok = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
-            replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+            ok = await client.call_tool("echo", {"text": "new"}, meta=key_meta("B"))
+            replay = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
         assert not ok.is_error, text_of(ok)
-        assert replay.meta["mcp-durable/replayed"] is True and runs.count("echo") == 2
+        assert meta_of(replay)["mcp-durable/replayed"] is True and runs.count("echo") == 2
     finally:
         subprocess.run(["umount", "-l", str(view)], capture_output=True, check=False)
 
@@ -241,31 +232,31 @@ async def test_a_sqlite_journal_locked_by_another_process_refuses_calls_until_th
     db = tmp_path / "journal.db"
     runs = Runs()
     server = build_server(SQLiteJournal(db, busy_timeout=0.3), runs)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
-        acknowledged = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+    async with Client(server, mode=mode) as client:
+        acknowledged = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
         holder = subprocess.Popen(
             [sys.executable, "-c", LOCK_HOLDER, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         try:
             assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-            refused = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
-            assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
+            refused = await client.call_tool("echo", {"text": "new"}, meta=key_meta("B"))
+            assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "journal_unavailable"
             assert "locked" in refused.structured_content["message"]
             assert runs.count("echo") == 1
             # A repeat claims before it reads (one write transaction), so under another process's
             # write lock it is refused too; it must never run the tool or answer anything else.
-            during = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
+            during = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
             if during.is_error:
-                assert during.meta["mcp-durable/error"]["error"] == "journal_unavailable"
+                assert meta_of(during)["mcp-durable/error"]["error"] == "journal_unavailable"
             else:
-                assert during.meta["mcp-durable/replayed"] is True and during.content == acknowledged.content
+                assert meta_of(during)["mcp-durable/replayed"] is True and during.content == acknowledged.content
             assert runs.count("echo") == 1
         finally:
             assert holder.stdin is not None
             holder.stdin.write("go\n")
             holder.stdin.close()
             holder.wait(timeout=10)
-        ok = await client.call_tool("echo", {"text": "new"}, meta={KEY_META: "B"})
-        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta={KEY_META: "A"})
-    assert not ok.is_error and replay.content == acknowledged.content and replay.meta["mcp-durable/replayed"]
+        ok = await client.call_tool("echo", {"text": "new"}, meta=key_meta("B"))
+        replay = await client.call_tool("echo", {"text": "acknowledged"}, meta=key_meta("A"))
+    assert not ok.is_error and replay.content == acknowledged.content and meta_of(replay)["mcp-durable/replayed"]
     assert runs.count("echo") == 2

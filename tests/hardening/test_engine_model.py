@@ -39,7 +39,7 @@ from mcp_durable.engine import Engine, ToolOutcome
 from mcp_durable.errors import DurableError, InDoubtError, InProgressError, KeyReuseError
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, Journal, create_journal
 from mcp_durable.keys import KEY_META, fingerprint
-from tests.conftest import make_journal_factory
+from tests.conftest import JournalFactory, make_journal_factory
 from tests.hardening.conftest import EMBEDDED
 
 EXAMPLES = int(os.environ.get("MCP_DURABLE_PROPERTY_EXAMPLES", "200"))
@@ -90,7 +90,7 @@ class EngineModel(RuleBasedStateMachine):
             # Relaxed fsync for speed: this test checks the rules, not durability (the contract
             # and fault tests do that).
             url = f"sqlite:///{self.dir}/journal.db?synchronous=NORMAL"
-            self.factory = lambda: create_journal(url)
+            self.factory: JournalFactory = lambda: create_journal(url)
         else:
             self.factory = make_journal_factory(self.backend, self.dir)
         self.now = T0
@@ -376,18 +376,8 @@ class EngineModel(RuleBasedStateMachine):
                 assert stored.expires_at == expected.expires_at
 
 
-def _file_journal_available() -> bool:
-    try:
-        from mcp_durable.journal.file import FileJournal  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("backend", EMBEDDED)
 def test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_identical(backend: str) -> None:
-    if backend == "file" and not _file_journal_available():
-        pytest.skip("the file journal (mcp_durable/journal/file/) is not built yet")
     machine = type(f"EngineModel_{backend}", (EngineModel,), {"backend": backend})
     run_state_machine_as_test(
         machine,

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,12 @@ import httpx2
 import orjson
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallQuery, create_journal
 from tests.hardening.conftest import KEY_META, MODES, Runs, text_of
-from tests.helpers import body_bytes, serve_app, serve_http
+from tests.helpers import body_bytes, client_as, key_meta, meta_of, resource_text, serve_app, serve_http
 
 CARD = "4111-2222-3333-4444"
 INITIALIZE = {
@@ -63,13 +62,6 @@ def _secret_server(journal: str, runs: Runs, **kwargs: Any) -> DurableServer:
 # -- HTTP authentication and principals --------------------------------------------------------------
 
 
-@asynccontextmanager
-async def _as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
-            yield client
-
-
 @pytest.mark.parametrize("mode", MODES)
 async def test_on_http_only_a_valid_token_gets_in_and_principals_never_replay_each_other(
     tmp_path: Path, mode: str
@@ -87,20 +79,20 @@ async def test_on_http_only_a_valid_token_gets_in_and_principals_never_replay_ea
         assert runs.calls == []
 
         # Same key, same arguments, and a `_meta` that claims to be someone else: the token decides.
-        call = {"name": "whoami", "arguments": {"text": "same"},
-                "meta": {KEY_META: "shared", "mcp-durable/principal": "alice", "principal": "alice"}}
-        async with _as(url, "tok-alice", mode) as alice:
+        call: dict[str, Any] = {"name": "whoami", "arguments": {"text": "same"},
+                                "meta": {KEY_META: "shared", "mcp-durable/principal": "alice", "principal": "alice"}}
+        async with client_as(url, "tok-alice", mode) as alice:
             alice_first = await alice.call_tool(**call)
-        async with _as(url, "tok-bob", mode) as bob:
+        async with client_as(url, "tok-bob", mode) as bob:
             bob_first = await bob.call_tool(**call)
             bob_again = await bob.call_tool(**call)
             bob_view = await bob.read_resource("journal://calls/whoami/shared")
-        async with _as(url, "tok-alice", mode) as alice:
+        async with client_as(url, "tok-alice", mode) as alice:
             alice_again = await alice.call_tool(**call)
     assert runs.count("whoami") == 2  # once per principal
     assert alice_first.structured_content != bob_first.structured_content
     assert body_bytes(alice_again) == body_bytes(alice_first) and body_bytes(bob_again) == body_bytes(bob_first)
-    assert orjson.loads(bob_view.contents[0].text)["principal"] == "bob"  # type: ignore[union-attr]
+    assert orjson.loads(resource_text(bob_view))["principal"] == "bob"
 
     reader = create_journal(journal)
     await reader.open()
@@ -165,28 +157,29 @@ async def test_sensitive_arguments_are_masked_in_every_journal_resource_but_repl
     runs = Runs()
     url = f"sqlite:///{tmp_path}/journal.db"
     server = _secret_server(url, runs)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         paid = await client.call_tool("charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500},
-                                      meta={KEY_META: "pay-1"})
+                                      meta=key_meta("pay-1"))
         declined = await client.call_tool(
-            "charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9, "decline": True}, meta={KEY_META: "pay-2"}
+            "charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9, "decline": True}, meta=key_meta("pay-2")
         )
         assert CARD in text_of(paid) and declined.is_error and CARD in text_of(declined)
         views = {}
         for uri in ("journal://calls/charge/pay-1", "journal://calls/charge/pay-2", "journal://calls",
                     "journal://calls?tool=charge", "journal://in-doubt", "journal://stats", "journal://recovery"):
-            views[uri] = (await client.read_resource(uri)).contents[0].text  # type: ignore[union-attr]
+            views[uri] = resource_text(await client.read_resource(uri))
         # The owner's repeats are answered from the journal, secrets included, byte for byte.
         paid_again = await client.call_tool("charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500},
-                                            meta={KEY_META: "pay-1"})
+                                            meta=key_meta("pay-1"))
         declined_again = await client.call_tool("charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9,
-                                                           "decline": True}, meta={KEY_META: "pay-2"})
+                                                           "decline": True}, meta=key_meta("pay-2"))
     leaks = {uri: text for uri, text in views.items() if CARD in text}
     assert not leaks, f"the card number leaked into {sorted(leaks)}"
     one = orjson.loads(views["journal://calls/charge/pay-1"])
     assert one["arguments"]["card"] == "[redacted]" and one["arguments"]["order_id"] == "O-1"
-    assert paid_again.meta["mcp-durable/replayed"] is True and body_bytes(paid_again) == body_bytes(paid)
-    assert declined_again.meta["mcp-durable/replayed"] is True and body_bytes(declined_again) == body_bytes(declined)
+    assert meta_of(paid_again)["mcp-durable/replayed"] is True and body_bytes(paid_again) == body_bytes(paid)
+    assert (meta_of(declined_again)["mcp-durable/replayed"] is True
+            and body_bytes(declined_again) == body_bytes(declined))
     assert runs.count("charge") == 2
     # The journal itself keeps what replay needs: the stored bytes hold the real result.
     reader = create_journal(url)
@@ -203,11 +196,11 @@ async def test_secrets_in_arguments_do_not_reach_the_logs(tmp_path: Path, caplog
     server = _secret_server(f"sqlite:///{tmp_path}/journal.db", runs)
     caplog.set_level(logging.DEBUG)  # every logger, at its most talkative
     for mode in MODES:
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             args = {"order_id": "O-1", "card": CARD, "amount_cents": 500}
-            await client.call_tool("charge", args, meta={KEY_META: "pay-1"})
-            await client.call_tool("charge", args, meta={KEY_META: "pay-1"})  # replayed
-            await client.call_tool("charge", {**args, "amount_cents": 501}, meta={KEY_META: "pay-1"})  # key_reuse
+            await client.call_tool("charge", args, meta=key_meta("pay-1"))
+            await client.call_tool("charge", args, meta=key_meta("pay-1"))  # replayed
+            await client.call_tool("charge", {**args, "amount_cents": 501}, meta=key_meta("pay-1"))  # key_reuse
             await client.read_resource("journal://calls/charge/pay-1")
     assert caplog.records, "nothing was logged at all: the check would be vacuous"
     leaked = [r.getMessage() for r in caplog.records if CARD in r.getMessage()]

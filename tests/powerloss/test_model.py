@@ -6,6 +6,7 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,7 +53,7 @@ class _AllRandom(random.Random):
     def randint(self, a: int, b: int) -> int:
         return b
 
-    def choice(self, seq):  # type: ignore[no-untyped-def,override]
+    def choice(self, seq: Any) -> Any:
         return "all"
 
 

@@ -10,7 +10,8 @@ import os
 
 import pytest
 
-from .harness import Event, Options, Summary, run
+from .harness import Options, Summary, run
+from .recording import Event
 from .strace_log import strace_binary
 
 if strace_binary() is None:

@@ -33,6 +33,7 @@ import anyio
 import orjson
 
 from mcp_durable import Engine, ToolOutcome, ToolPolicy
+from mcp_durable.engine import Runner
 from mcp_durable.journal import Journal
 from mcp_durable.steps import DurableCall
 
@@ -93,7 +94,7 @@ class Workload:
     def mark(self, **fields: Any) -> None:
         os.write(self.marker_fd, orjson.dumps(fields) + b"\n")
 
-    def tool(self, tool: str, key: str, principal: str, size: int):  # type: ignore[no-untyped-def]
+    def tool(self, tool: str, key: str, principal: str, size: int) -> Runner:
         async def run(call: DurableCall | None) -> ToolOutcome:
             assert call is not None
             self.mark(m="claimed", principal=principal, tool=tool, key=key)

@@ -11,9 +11,9 @@ from mcp import Client, StdioServerParameters
 
 from mcp_durable.policy import ToolPolicy
 from mcp_durable.policy_file import parse_policies
-from tests.helpers import REPO, serve_command
+from tests.helpers import REPO, key_meta, serve_command
 from tests.node_peers import package_bin
-from tests.proxy.upstreams import MEMORY, key_meta
+from tests.proxy.upstreams import MEMORY
 
 
 def _proxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -58,7 +58,7 @@ async def test_the_proxy_serves_over_stdio(tmp_path: Path, mode: str) -> None:
         args=[*prefix, "proxy", "--upstream-command", shlex.join(package_bin(MEMORY)),
               "--journal", f"sqlite:///{tmp_path}/proxy.db"],
     )
-    async with Client(params, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(params, mode=mode) as client:
         gone = await client.call_tool("delete_entities", {"entityNames": ["nobody"]}, meta=key_meta("d-1"))
         again = await client.call_tool("delete_entities", {"entityNames": ["nobody"]}, meta=key_meta("d-1"))
     assert gone.meta is not None and gone.meta["mcp-durable/key"] == "d-1"

@@ -61,7 +61,7 @@ async def _session(server: Any, mode: str) -> dict[str, Any]:
         return ElicitResult(action="accept", content={"username": "ada"})
 
     seen: dict[str, Any] = {}
-    async with Client(server, mode=mode, logging_callback=on_log, log_level="debug",  # type: ignore[arg-type]
+    async with Client(server, mode=mode, logging_callback=on_log, log_level="debug",
                       sampling_callback=on_sampling, elicitation_callback=on_elicitation) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         for name, _ in TOOLS + LEGACY_ONLY:
@@ -69,9 +69,9 @@ async def _session(server: Any, mode: str) -> dict[str, Any]:
         for name, arguments in TOOLS + (LEGACY_ONLY if mode == "legacy" else []):
             progress: list[tuple[float, float | None, str | None]] = []
 
-            async def on_progress(value: float, total: float | None, message: str | None,
+            async def on_progress(progress: float, total: float | None, message: str | None,
                                   sink: list[tuple[float, float | None, str | None]] = progress) -> None:
-                sink.append((value, total, message))
+                sink.append((progress, total, message))
 
             result = await client.call_tool(name, arguments, progress_callback=on_progress)
             seen[name] = _strip_sdk_meta(wire(result))

@@ -23,15 +23,8 @@ from mcp_durable.journal import CallQuery, CallState, create_journal
 from mcp_durable.policy_file import parse_policies
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
 from mcp_durable.proxy.upstream import QUIET_BEFORE_PING
-from tests.helpers import free_port, serve_cli_http
-from tests.proxy.upstreams import (
-    PLAIN_UPSTREAM,
-    key_meta,
-    plain_http_upstream,
-    plain_stdio_spec,
-    proxy_cli,
-    upstream_env,
-)
+from tests.helpers import first_text, free_port, key_meta, meta_of, serve_cli_http
+from tests.proxy.upstreams import PLAIN_UPSTREAM, plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
 WAIT = 30.0
@@ -131,7 +124,7 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
     journal = f"sqlite:///{tmp_path}/proxy.db"
     proxy = ProxyServer(plain_stdio_spec(env), parse_policies('[tools.gated]\nin_doubt = "refuse"\n'),
                         journal=journal, admin_principals=["local"])
-    async with Client(proxy, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(proxy, mode=mode) as client:
         outcome: list[Any] = []
         async with anyio.create_task_group() as tg:
             gated = functools.partial(client.call_tool, "gated", {"text": "x"}, meta=key_meta("g-1"))
@@ -143,7 +136,7 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
         assert not isinstance(answer, Exception), answer
         assert answer.is_error and answer.meta["mcp-durable/error"]["error"] == "in_doubt"  # never a silent success
         again = await client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1"))
-        assert again.meta["mcp-durable/error"]["error"] == "in_doubt"
+        assert meta_of(again)["mcp-durable/error"]["error"] == "in_doubt"
         # The proxy restarted its stdio upstream and keeps serving.
         fine = await client.call_tool("record", {"text": "after"})
         assert not fine.is_error and counter.count("record") == 1
@@ -195,7 +188,7 @@ async def test_an_unreachable_upstream_gives_a_clear_error_and_journals_nothing(
         answer = await client.call_tool("record", {"text": "x"}, meta=key_meta("k-1"))
     assert answer.is_error and answer.meta is not None
     assert answer.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
-    assert "cannot be reached" in answer.content[0].text  # type: ignore[union-attr]
+    assert "cannot be reached" in first_text(answer)
     assert await _records(journal) == []
 
 
@@ -218,7 +211,7 @@ async def test_an_http_upstream_that_died_while_idle_is_refused_as_unavailable_a
             async with serve_cli_http(["serve", PLAIN_UPSTREAM], env=env, port=port):
                 back = await client.call_tool("record", {"text": "c"})
     assert not first.is_error and not back.is_error
-    assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
-    assert "ConnectError" in refused.meta["mcp-durable/error"]["message"]
+    assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "upstream_unavailable"
+    assert "ConnectError" in meta_of(refused)["mcp-durable/error"]["message"]
     assert counter.count("record") == 2
     assert sorted(r.state for r in await _records(journal)) == [CallState.COMPLETED, CallState.COMPLETED]

@@ -16,9 +16,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp_types import PromptReference
 
-from tests.helpers import serve_cli_http, wire
+from tests.helpers import first_text, key_meta, resource_text, serve_cli_http, wire
 from tests.node_peers import package_bin
-from tests.proxy.upstreams import EVERYTHING, MEMORY, key_meta, proxy_cli
+from tests.proxy.upstreams import EVERYTHING, MEMORY, proxy_cli
 
 ERAS = ("legacy", "auto")
 ADA = {"entities": [{"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}]}
@@ -30,7 +30,7 @@ def _upstream_args(package: str, *args: str) -> list[str]:
 
 async def _names_in_graph(client: Client) -> list[str]:
     graph = await client.call_tool("read_graph", {})
-    text = graph.content[0].text  # type: ignore[union-attr]
+    text = first_text(graph)
     return sorted(entity["name"] for entity in json.loads(text)["entities"])
 
 
@@ -40,7 +40,7 @@ async def test_a_durable_npm_tool_called_twice_with_one_key_runs_once_upstream(t
     policies.write_text('[tools.create_entities]\nkey = "required"\n')
     env = {"MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
     args = proxy_cli(_upstream_args(MEMORY), f"sqlite:///{tmp_path}/proxy.db", "--policies", str(policies))
-    async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:  # type: ignore[arg-type]
+    async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert tools["create_entities"].annotations is not None
         assert tools["create_entities"].annotations.idempotent_hint is True  # the hint is now a guarantee
@@ -67,7 +67,7 @@ async def test_a_pass_through_npm_tool_runs_every_time(tmp_path: Path, mode: str
     # No policies file: create_entities is not annotated idempotent, so it is passed through.
     env = {"MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl")}
     args = proxy_cli(_upstream_args(MEMORY), f"sqlite:///{tmp_path}/proxy.db")
-    async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:  # type: ignore[arg-type]
+    async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert tools["create_entities"].annotations is not None
         assert tools["create_entities"].annotations.idempotent_hint is False  # untouched
@@ -77,16 +77,16 @@ async def test_a_pass_through_npm_tool_runs_every_time(tmp_path: Path, mode: str
         second = await client.call_tool("create_entities", ADA, meta=key_meta("ada-1"))
         assert second.meta is None or "mcp-durable/replayed" not in second.meta
         assert await _names_in_graph(client) == ["Ada"]  # ran again
-        stats = json.loads((await client.read_resource("journal://stats")).contents[0].text)  # type: ignore[union-attr]
+        stats = json.loads(resource_text(await client.read_resource("journal://stats")))
         assert "create_entities" not in stats["calls_by_tool"]  # nothing of it journaled
 
 
 async def _everything_session(client: Client) -> dict[str, Any]:
     """What a client sees of server-everything: resources, templates, prompts, completions, progress."""
-    progress: list[tuple[float, float | None, str | None]] = []
+    reported: list[tuple[float, float | None, str | None]] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append((value, total, message))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reported.append((progress, total, message))
 
     long_run = await client.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 3},
                                       progress_callback=on_progress)
@@ -101,7 +101,7 @@ async def _everything_session(client: Client) -> dict[str, Any]:
     echo = await client.call_tool("echo", {"message": "hi"})
     return {
         "long_run": wire(long_run)["content"],
-        "progress": progress,
+        "progress": reported,
         "resources": [r.model_dump(by_alias=True, exclude_none=True) for r in resources],
         "templates": [t.model_dump(by_alias=True, exclude_none=True) for t in templates],
         "prompts": [p.model_dump(by_alias=True, exclude_none=True) for p in prompts],
@@ -121,7 +121,7 @@ async def test_resources_prompts_completions_and_progress_work_through_the_proxy
         expected = await _everything_session(direct)
     assert len(expected["progress"]) == 3 and expected["resources"] and expected["prompts"]
     args = proxy_cli(_upstream_args(EVERYTHING), f"sqlite:///{tmp_path}/proxy.db")
-    async with serve_cli_http(args) as served, Client(served.url, mode=mode) as client:  # type: ignore[arg-type]
+    async with serve_cli_http(args) as served, Client(served.url, mode=mode) as client:
         seen = await _everything_session(client)
         journal = [r.uri for r in (await client.list_resources()).resources if r.uri.startswith("journal://")]
     assert seen == expected

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -16,12 +17,11 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CreateMessageResult, TextContent
 
 from mcp_durable.proxy import ProxyServer
-from tests.helpers import client_as, serve_cli_http, wire
+from tests.helpers import client_as, key_meta, meta_of, resource_text, serve_cli_http, wire
 from tests.node_peers import package_bin
 from tests.proxy.upstreams import (
     EVERYTHING,
     PLAIN_UPSTREAM,
-    key_meta,
     plain_http_upstream,
     plain_stdio_spec,
     proxy_cli,
@@ -36,7 +36,7 @@ TOKENS = "tokA=alice,tokB=bob"
 async def test_one_principals_records_and_replays_are_never_visible_to_the_other(tmp_path: Path, mode: str) -> None:
     env = upstream_env(tmp_path)
     counter = Counter(env["COUNTER_FILE"])
-    call = {"name": "record", "arguments": {"text": "same"}, "meta": key_meta("shared-key")}
+    call: dict[str, Any] = {"name": "record", "arguments": {"text": "same"}, "meta": key_meta("shared-key")}
     async with plain_http_upstream(env) as upstream:
         args = proxy_cli(["--upstream-url", upstream.url], f"sqlite:///{tmp_path}/proxy.db")
         async with serve_cli_http(args, env={**env, "MCP_DURABLE_TOKENS": TOKENS}) as proxy:
@@ -45,15 +45,15 @@ async def test_one_principals_records_and_replays_are_never_visible_to_the_other
                 alice_again = await alice.call_tool(**call)
             async with client_as(proxy.url, "tokB", mode) as bob:
                 bob_first = await bob.call_tool(**call)
-                bob_calls = json.loads((await bob.read_resource("journal://calls")).contents[0].text)  # type: ignore[union-attr]
+                bob_calls = json.loads(resource_text(await bob.read_resource("journal://calls")))
                 bob_record = json.loads(
-                    (await bob.read_resource("journal://calls/record/shared-key")).contents[0].text)  # type: ignore[union-attr]
+                    resource_text(await bob.read_resource("journal://calls/record/shared-key")))
                 with pytest.raises(Exception):  # noqa: B017 - another principal's record reads as not found
                     await bob.read_resource("journal://calls/record/shared-key?principal=alice")
     assert counter.count("record") == 2  # once per principal, never a replay across them
-    assert alice_again.meta["mcp-durable/replayed"] is True
+    assert meta_of(alice_again)["mcp-durable/replayed"] is True
     assert wire(alice_again)["content"] == wire(alice_first)["content"]
-    assert "mcp-durable/replayed" not in bob_first.meta
+    assert "mcp-durable/replayed" not in meta_of(bob_first)
     assert bob_first.structured_content["run"] != alice_first.structured_content["run"]
     # Each principal's scoped key went upstream, so a key-honouring upstream keeps them apart too.
     assert alice_first.structured_content["key"] == "alice:shared-key"
@@ -79,7 +79,7 @@ async def test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_up
         async with serve_cli_http(args, env=without) as proxy, client_as(proxy.url, "tokA", "legacy") as alice:
             refused = await alice.call_tool("plain", {"text": "x"}, meta=key_meta("k"))
     assert not ok.is_error and Counter(env["COUNTER_FILE"]).count("plain") == 1
-    assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "upstream_unavailable"
+    assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "upstream_unavailable"
     assert "up-secret" not in json.dumps(wire(refused))
     # A stdio upstream's environment: server-everything's get-env shows what the child got.
     everything = ["--upstream-command", shlex.join(package_bin(EVERYTHING))]

@@ -15,8 +15,8 @@ from mcp import Client
 
 from mcp_durable.errors import ConfigError
 from mcp_durable.journal import CallQuery, create_journal
-from tests.helpers import serve_cli_http, wire
-from tests.proxy.upstreams import PLAIN_UPSTREAM, key_meta, plain_http_upstream, proxy_cli, upstream_env
+from tests.helpers import key_meta, resource_text, serve_cli_http, wire
+from tests.proxy.upstreams import PLAIN_UPSTREAM, plain_http_upstream, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
 ERAS = ("legacy", "auto")
@@ -60,19 +60,19 @@ async def test_a_python_upstream_over_http_runs_a_durable_tool_once_per_key(tmp_
     env = upstream_env(tmp_path)
     async with plain_http_upstream(env) as upstream:
         args = proxy_cli(["--upstream-url", upstream.url], f"file://{tmp_path}/journal")
-        async with serve_cli_http(args, env=env) as proxy, Client(proxy.url, mode=mode) as client:  # type: ignore[arg-type]
+        async with serve_cli_http(args, env=env) as proxy, Client(proxy.url, mode=mode) as client:
             seen = await _durable_and_plain_calls(client, Counter(env["COUNTER_FILE"]))
-            progress: list[float] = []
+            reported: list[float] = []
 
-            async def on_progress(value: float, total: float | None, message: str | None) -> None:
-                progress.append(value)
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                reported.append(progress)
 
             done = await client.call_tool("progress", {"steps": 4}, progress_callback=on_progress)
             greeting = await client.read_resource("plain://greeting")
             prompt = await client.get_prompt("ask", {"topic": "journals"})
     _check(seen)
-    assert wire(done)["content"][0]["text"] == "done 4" and progress == [1, 2, 3, 4]
-    assert greeting.contents[0].text == "hello from the plain upstream"  # type: ignore[union-attr]
+    assert wire(done)["content"][0]["text"] == "done 4" and reported == [1, 2, 3, 4]
+    assert resource_text(greeting) == "hello from the plain upstream"
     assert prompt.messages[0].content.text == "Tell me about journals."  # type: ignore[union-attr]
 
 
@@ -83,9 +83,9 @@ async def test_serve_policies_makes_the_plain_server_durable_in_process(tmp_path
     # `record` is durable by its own annotation; the file makes `plain` pass-through explicitly.
     policies.write_text("[tools.plain]\ndurable = false\n\n[tools.record]\nretention = 3600\n")
     args = ["serve", PLAIN_UPSTREAM, "--journal", f"sqlite:///{tmp_path}/j.db", "--policies", str(policies)]
-    async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:  # type: ignore[arg-type]
+    async with serve_cli_http(args, env=env) as served, Client(served.url, mode=mode) as client:
         seen = await _durable_and_plain_calls(client, Counter(env["COUNTER_FILE"]))
-        stats = json.loads((await client.read_resource("journal://stats")).contents[0].text)  # type: ignore[union-attr]
+        stats = json.loads(resource_text(await client.read_resource("journal://stats")))
     _check(seen)
     assert stats["retention"]["by_tool"]["record"] == 3600
     journal = create_journal(f"sqlite:///{tmp_path}/j.db")
@@ -109,7 +109,7 @@ async def test_make_durable_wraps_a_plain_server_object(tmp_path: Path) -> None:
     durable = make_durable(plain, parse_policies('[tools.plain]\nkey = "caller"\n'), journal="memory://")
     counter = Counter(tmp_path / "counter")
     for mode in ERAS:
-        async with Client(durable, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(durable, mode=mode) as client:
             a = await client.call_tool("plain", {"text": "x"}, meta=key_meta(f"p-{mode}"))
             b = await client.call_tool("plain", {"text": "x"}, meta=key_meta(f"p-{mode}"))
             c = await client.call_tool("plain", {"text": "x"})  # `caller` mode: no key, not journaled

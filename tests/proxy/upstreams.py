@@ -12,7 +12,6 @@ import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from mcp_durable.proxy.upstream import UpstreamSpec
 from tests.helpers import REPO, ServedHttp, serve_cli_http
@@ -53,8 +52,4 @@ def npm_spec(package: str, env: Mapping[str, str] | None = None, args: tuple[str
 def proxy_cli(spec_args: list[str], journal: str, *extra: str) -> list[str]:
     """`mcp-durable proxy` arguments (without the transport options serve_cli_http adds)."""
     return ["proxy", *spec_args, "--journal", journal, *extra]
-
-
-def key_meta(key: str) -> dict[str, Any]:
-    return {"mcp-durable/idempotency-key": key}
 

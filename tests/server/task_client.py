@@ -22,6 +22,7 @@ from pydantic import ConfigDict, TypeAdapter
 
 from mcp_durable import KEY_META
 from mcp_durable.server.tasks import TASKS_EXTENSION
+from tests.helpers import key_meta
 
 _ANY = TypeAdapter(dict[str, Any])
 
@@ -40,7 +41,9 @@ class TaskHandle(Result):
 
 async def request(client: Client, method: str, params: dict[str, Any]) -> dict[str, Any]:
     """Send `method` with `params` and return the raw result (raises `MCPError` on an error)."""
-    result: dict[str, Any] = await client.session.send_request(Request[Any, Any](method=method, params=params), _ANY)
+    # mcp bounds the result type by BaseModel, but validates with any TypeAdapter: these tests want the raw dict.
+    result: dict[str, Any] = await client.session.send_request(  # type: ignore[type-var]
+        Request[Any, Any](method=method, params=params), _ANY)
     return result
 
 
@@ -58,7 +61,7 @@ async def _resolve(handle: TaskHandle, ctx: ClaimContext) -> CallToolResult:
     task_id = handle.task_id
     with anyio.fail_after(30):
         while True:
-            task: dict[str, Any] = await ctx.session.send_request(
+            task: dict[str, Any] = await ctx.session.send_request(  # type: ignore[type-var]  # as in `request`
                 Request[Any, Any](method="tasks/get", params={"taskId": task_id}), _ANY
             )
             if task["status"] == "completed":
@@ -79,8 +82,8 @@ class TasksClient(ClientExtension):
 
 async def call_for_task(client: Client, name: str, arguments: dict[str, Any], key: str | None = None) -> Any:
     """A 2026-07-28 `tools/call` that may answer with a task: a `TaskHandle` or a `CallToolResult`."""
-    meta = {KEY_META: key} if key is not None else None
-    return await client.session.call_tool(name, arguments, meta=meta, allow_claimed=True)  # type: ignore[call-overload]
+    meta = key_meta(key) if key is not None else None
+    return await client.session.call_tool(name, arguments, meta=meta, allow_claimed=True)
 
 
 async def create_legacy_task(

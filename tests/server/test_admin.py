@@ -13,6 +13,7 @@ from mcp import Client
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
 from mcp_durable.keys import fingerprint
+from tests.helpers import first_text, resource_text
 
 MODES = ["legacy", "auto"]
 
@@ -53,7 +54,7 @@ async def journal_with_a_call_in_doubt() -> AsyncIterator[Journal]:
 async def test_without_admin_principals_there_are_no_admin_tools(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MCP_DURABLE_ADMINS", raising=False)
     server = build(create_journal("memory://"), [], admins=())
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
         assert names == {"ship"}
         refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1", "resolution": "failed"})
@@ -64,10 +65,10 @@ async def test_without_admin_principals_there_are_no_admin_tools(mode: str, monk
 async def test_a_non_admin_local_principal_is_refused_by_the_admin_tools(mode: str) -> None:
     async with journal_with_a_call_in_doubt() as journal:
         server = build(journal, [], admins=("ops",))
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1",
                                                                  "resolution": "completed", "result": {"x": 1}})
-            assert refused.is_error and "forbidden" in refused.content[0].text  # type: ignore[union-attr]
+            assert refused.is_error and "forbidden" in first_text(refused)
             # The same machine-readable refusal as a durable call's (results.refusal)
             assert refused.meta is not None and refused.meta["mcp-durable/error"]["error"] == "forbidden"
             assert refused.meta["mcp-durable/error"]["principal"] == "local"
@@ -82,7 +83,7 @@ async def test_resolving_a_call_in_doubt_as_completed_makes_its_key_replay_the_o
     ran: list[str] = []
     async with journal_with_a_call_in_doubt() as journal:
         server = build(journal, ran, admins=("local",))
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             before = await client.call_tool("ship", {"order_id": "o-1"})
             assert before.is_error and before.meta is not None
             assert before.meta["mcp-durable/error"]["error"] == "in_doubt"
@@ -90,7 +91,7 @@ async def test_resolving_a_call_in_doubt_as_completed_makes_its_key_replay_the_o
                 "tool": "ship", "key": "o-1", "resolution": "completed", "result": {"shipped": "o-1", "by": "hand"},
                 "note": "checked the carrier"})
             assert not resolved.is_error, resolved
-            assert resolved.structured_content["state"] == "completed"  # type: ignore[index]
+            assert resolved.structured_content["state"] == "completed"
             after = await client.call_tool("ship", {"order_id": "o-1"})
         assert ran == []  # the tool never ran: the operator's verdict is replayed
         assert not after.is_error and after.structured_content == {"shipped": "o-1", "by": "hand"}
@@ -102,14 +103,14 @@ async def test_resolving_a_call_in_doubt_as_not_applied_lets_the_next_call_run(m
     ran: list[str] = []
     async with journal_with_a_call_in_doubt() as journal:
         server = build(journal, ran, admins=("local",))
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             resolved = await client.call_tool("journal_resolve",
                                               {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
-            assert not resolved.is_error and resolved.structured_content["state"] == "released"  # type: ignore[index]
+            assert not resolved.is_error and resolved.structured_content["state"] == "released"
             after = await client.call_tool("ship", {"order_id": "o-1"})
             again = await client.call_tool("journal_resolve",
                                            {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
-        assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        assert again.is_error and "not in doubt" in first_text(again)
         assert again.meta is not None and again.meta["mcp-durable/error"]["error"] == "operator_error"
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
 
@@ -119,7 +120,7 @@ async def test_purging_drops_exactly_the_records_whose_retention_ended(mode: str
     clock = Clock()
     journal = create_journal("memory://")
     server = build(journal, [], admins=("local",), clock=clock)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         await client.call_tool("ship", {"order_id": "old"})
         clock.now += 50
         await client.call_tool("ship", {"order_id": "new"})
@@ -127,7 +128,7 @@ async def test_purging_drops_exactly_the_records_whose_retention_ended(mode: str
         purged = await client.call_tool("journal_purge_expired", {})
         assert purged.structured_content == {"purged": 1}
         left = await client.read_resource("journal://calls")
-    assert '"new"' in left.contents[0].text and '"old"' not in left.contents[0].text  # type: ignore[union-attr]
+    assert '"new"' in resource_text(left) and '"old"' not in resource_text(left)
 
 
 async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(tmp_path: Any) -> None:
@@ -144,7 +145,7 @@ async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(t
     async with Client(stdio_params(target, journal=journal, env={**env, "MCP_DURABLE_ADMINS": "local"})) as client:
         assert "journal_resolve" in {t.name for t in (await client.list_tools()).tools}
         entries = await client.read_resource("journal://entries")
-        assert '"server/counting"' in entries.contents[0].text  # type: ignore[union-attr]
+        assert '"server/counting"' in resource_text(entries)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -155,21 +156,21 @@ async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_jou
     async with journal_with_a_call_in_doubt() as journal:
         identity = CallIdentity("local", "ship", "o-1")
         refused = build(journal, ran, admins=("ops",))
-        async with Client(refused, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(refused, mode=mode) as client:
             denied = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1"})
-        assert denied.is_error and "forbidden" in denied.content[0].text  # type: ignore[union-attr]
+        assert denied.is_error and "forbidden" in first_text(denied)
         assert await audit_entries(journal, identity) == []
 
         server = build(journal, ran, admins=("local",))
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             forgotten = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1",
                                                                   "note": "never shipped"})
             assert not forgotten.is_error, forgotten
-            assert forgotten.structured_content["state"] == "released"  # type: ignore[index]
+            assert forgotten.structured_content["state"] == "released"
             after = await client.call_tool("ship", {"order_id": "o-1"})
             again = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1"})
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
-        assert again.is_error and "not in doubt" in again.content[0].text  # type: ignore[union-attr]
+        assert again.is_error and "not in doubt" in first_text(again)
         record = await journal.get(identity)
         assert record is not None and record.run_id != "r"  # a new call: a new run, no step replayed
         (audit,) = await audit_entries(journal, identity)

@@ -12,7 +12,8 @@ import pytest
 
 from mcp_durable import KEY_META
 from tests.crash.crash_servers.harness import journal_url
-from tests.helpers import body_bytes, connect
+from tests.helpers import body_bytes, connect, key_meta
+from tests.server.conftest import CountingSetup
 from tests.server.servers.counting import Counter, make_server
 
 COUNTING = "tests/server/servers/counting.py:make_server"
@@ -64,7 +65,7 @@ async def test_duplicates_arriving_at_any_moment_of_a_fast_call_never_run_it_aga
 
         async def one(key: str, delay: float) -> None:
             await anyio.sleep(delay)
-            results[key].append(await client.call_tool("record", {"text": key}, meta={KEY_META: key}))
+            results[key].append(await client.call_tool("record", {"text": key}, meta=key_meta(key)))
 
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
@@ -87,17 +88,16 @@ async def test_a_hundred_concurrent_calls_over_http_run_the_tool_once(tmp_path: 
 
 
 @pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "http-auto"])
-async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(transport: str, tmp_path: Path) -> None:
-    journal = f"sqlite:///{tmp_path}/journal.db"
+async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(
+    transport: str, tmp_path: Path, counting_setup: CountingSetup
+) -> None:
     counter = Counter(tmp_path / "counter")
-    server = make_server(journal=journal, counter=counter.path) if transport.startswith("memory") else None
-    setup = {"target": COUNTING, "journal": journal, "env": {"COUNTER_FILE": str(counter.path)}, "server": server}
     arguments = {"text": "x"}
-    async with connect(transport, **setup) as client:
+    async with connect(transport, **counting_setup(transport)) as client:
         results: list[Any] = []
 
         async def first() -> None:
-            results.append(await client.call_tool("gated_short_wait", arguments, meta={KEY_META: "k"}))
+            results.append(await client.call_tool("gated_short_wait", arguments, meta=key_meta("k")))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(first)
@@ -106,7 +106,7 @@ async def test_with_a_short_wait_latecomers_get_in_progress_with_a_retry_after(t
                     await anyio.sleep(0.01)
             late = await _call_concurrently(client, 10, "gated_short_wait", arguments, "k")
             counter.open_gate()  # only now can the first call finish
-        after = await client.call_tool("gated_short_wait", arguments, meta={KEY_META: "k"})
+        after = await client.call_tool("gated_short_wait", arguments, meta=key_meta("k"))
     assert counter.count("gated_short_wait") == 1
     assert not results[0].is_error
     for result in late:

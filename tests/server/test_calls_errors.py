@@ -4,50 +4,42 @@ exception is not (the claim is released and the retry runs the tool again)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from mcp_durable import KEY_META
-from tests.helpers import body_bytes, connect
-from tests.server.servers.counting import Counter, make_server
-
-COUNTING = "tests/server/servers/counting.py:make_server"
-
-
-def _setup(transport: str, tmp_path: Path) -> dict[str, Any]:
-    journal = f"sqlite:///{tmp_path}/journal.db"
-    counter = tmp_path / "counter"
-    server = make_server(journal=journal, counter=counter) if transport.startswith("memory") else None
-    return {"target": COUNTING, "journal": journal, "env": {"COUNTER_FILE": str(counter)}, "server": server}
+from tests.helpers import body_bytes, connect, first_text, key_meta
+from tests.server.conftest import CountingSetup
+from tests.server.servers.counting import Counter
 
 
 @pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "http-auto"])
 async def test_a_tool_error_is_persisted_and_replayed_without_running_the_tool_again(
-    transport: str, tmp_path: Path
+    transport: str, tmp_path: Path, counting_setup: CountingSetup
 ) -> None:
     counter = Counter(tmp_path / "counter")
-    async with connect(transport, **_setup(transport, tmp_path)) as client:
-        first = await client.call_tool("tool_error", {"text": "a"}, meta={KEY_META: "e-1"})
-        second = await client.call_tool("tool_error", {"text": "a"}, meta={KEY_META: "e-1"})
+    async with connect(transport, **counting_setup(transport)) as client:
+        first = await client.call_tool("tool_error", {"text": "a"}, meta=key_meta("e-1"))
+        second = await client.call_tool("tool_error", {"text": "a"}, meta=key_meta("e-1"))
     assert counter.count("tool_error") == 1
     assert first.is_error and second.is_error
-    assert "declined 'a' (execution 1)" in first.content[0].text
+    assert "declined 'a' (execution 1)" in first_text(first)
     assert body_bytes(second) == body_bytes(first)
     assert first.meta is not None and first.meta["mcp-durable/key"] == "e-1"
     assert second.meta is not None and second.meta["mcp-durable/replayed"] is True
 
 
 @pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "stdio-auto"])
-async def test_an_unexpected_exception_lets_the_retry_run_the_tool_again(transport: str, tmp_path: Path) -> None:
+async def test_an_unexpected_exception_lets_the_retry_run_the_tool_again(
+    transport: str, tmp_path: Path, counting_setup: CountingSetup
+) -> None:
     counter = Counter(tmp_path / "counter")
-    async with connect(transport, **_setup(transport, tmp_path)) as client:
-        crashed = await client.call_tool("flaky", {"text": "a"}, meta={KEY_META: "f-1"})
-        retried = await client.call_tool("flaky", {"text": "a"}, meta={KEY_META: "f-1"})
-        replayed = await client.call_tool("flaky", {"text": "a"}, meta={KEY_META: "f-1"})
+    async with connect(transport, **counting_setup(transport)) as client:
+        crashed = await client.call_tool("flaky", {"text": "a"}, meta=key_meta("f-1"))
+        retried = await client.call_tool("flaky", {"text": "a"}, meta=key_meta("f-1"))
+        replayed = await client.call_tool("flaky", {"text": "a"}, meta=key_meta("f-1"))
     assert counter.count("flaky") == 2
     assert crashed.is_error
-    assert "crashed" not in crashed.content[0].text  # an unexpected exception's message is withheld
+    assert "crashed" not in first_text(crashed)  # an unexpected exception's message is withheld
     assert not retried.is_error
     assert retried.structured_content is not None and retried.structured_content["execution"] == 2
     assert retried.meta is not None and "mcp-durable/replayed" not in retried.meta

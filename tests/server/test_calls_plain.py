@@ -7,30 +7,27 @@ from pathlib import Path
 import pytest
 from mcp_types import ToolAnnotations
 
-from mcp_durable import KEY_META, DurableServer, ToolPolicy
-from tests.helpers import connect, wire
-from tests.server.servers.counting import Counter, make_server
+from mcp_durable import DurableServer, ToolPolicy
+from tests.helpers import connect, key_meta, wire
+from tests.server.conftest import CountingSetup
+from tests.server.servers.counting import Counter
 
 MEMORY = ["memory-legacy", "memory-auto"]
 
 
 @pytest.mark.parametrize("transport", MEMORY)
 async def test_a_tool_that_is_not_durable_runs_every_time_and_its_result_is_untouched(
-    transport: str, tmp_path: Path
+    transport: str, tmp_path: Path, counting_setup: CountingSetup
 ) -> None:
-    journal = f"sqlite:///{tmp_path}/journal.db"
     counter = Counter(tmp_path / "counter")
-    server = make_server(journal=journal, counter=counter.path) if transport.startswith("memory") else None
-    setup = {"target": "tests/server/servers/counting.py:make_server", "journal": journal,
-             "env": {"COUNTER_FILE": str(counter.path)}, "server": server}
-    async with connect(transport, **setup) as client:
+    async with connect(transport, **counting_setup(transport)) as client:
         results = [
-            await client.call_tool("plain", {"text": "a"}, meta={KEY_META: "same-key"}),
-            await client.call_tool("plain", {"text": "a"}, meta={KEY_META: "same-key"}),
+            await client.call_tool("plain", {"text": "a"}, meta=key_meta("same-key")),
+            await client.call_tool("plain", {"text": "a"}, meta=key_meta("same-key")),
             await client.call_tool("plain", {"text": "a"}),
         ]
     assert counter.count("plain") == 3
-    assert len({result.structured_content["run"] for result in results}) == 3  # type: ignore[index]
+    assert len({result.structured_content["run"] for result in results}) == 3
     for result in results:
         assert not result.is_error
         assert not any(name.startswith("mcp-durable/") for name in (result.meta or {}))
@@ -85,7 +82,7 @@ async def test_a_durable_tool_that_is_not_idempotent_runs_every_time_without_a_k
 
     async with connect(transport, target="", journal="", server=server) as client:
         unkeyed = [await client.call_tool("send_email", {"to": "a@x"}) for _ in range(2)]
-        keyed = [await client.call_tool("send_email", {"to": "a@x"}, meta={KEY_META: "mail-1"}) for _ in range(2)]
+        keyed = [await client.call_tool("send_email", {"to": "a@x"}, meta=key_meta("mail-1")) for _ in range(2)]
     assert len(runs) == 3
     assert [r.structured_content for r in unkeyed] == [{"sent": 1}, {"sent": 2}]
     assert all("mcp-durable/key" not in (r.meta or {}) for r in unkeyed)

@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
 
 from mcp_durable import KEY_META
-from tests.helpers import ServedHttp, body_bytes, serve_http
+from tests.helpers import ServedHttp, body_bytes, key_meta, serve_http
 from tests.helpers import client_as as _client_as
 from tests.server.servers.counting import Counter
 
@@ -31,7 +32,7 @@ async def test_two_principals_using_the_same_key_each_run_the_tool_and_get_only_
     mode: str, tmp_path: Path
 ) -> None:
     counter = Counter(tmp_path / "counter")
-    call = {"name": "whoami", "arguments": {"text": "same"}, "meta": {KEY_META: "shared-key"}}
+    call: dict[str, Any] = {"name": "whoami", "arguments": {"text": "same"}, "meta": {KEY_META: "shared-key"}}
     async with _authenticated_server(tmp_path) as served:
         async with _client_as(served.url, "tokA", mode) as alice:
             alice_first = await alice.call_tool(**call)
@@ -79,5 +80,5 @@ async def test_an_mcp_client_with_a_wrong_token_cannot_call_a_tool(tmp_path: Pat
     async with _authenticated_server(tmp_path) as served:
         with pytest.raises(Exception):  # noqa: B017 - the SDK surfaces the 401 as a connection error
             async with _client_as(served.url, "wrong", "legacy") as client:
-                await client.call_tool("whoami", {"text": "x"}, meta={KEY_META: "k"})
+                await client.call_tool("whoami", {"text": "x"}, meta=key_meta("k"))
     assert counter.count("whoami") == 0

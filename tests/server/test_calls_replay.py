@@ -12,31 +12,23 @@ from typing import Any
 
 import pytest
 
-from mcp_durable import KEY_META
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.helpers import TRANSPORTS, body_bytes, connect
-from tests.server.servers.counting import Counter, make_server
+from tests.helpers import TRANSPORTS, body_bytes, connect, key_meta, meta_of
+from tests.server.conftest import CountingSetup
+from tests.server.servers.counting import Counter
 
-COUNTING = "tests/server/servers/counting.py:make_server"
 REPLAYED = "mcp-durable/replayed"
 KEY = "mcp-durable/key"
 
 
-def _setup(transport: str, tmp_path: Path) -> dict[str, Any]:
-    journal = f"sqlite:///{tmp_path}/journal.db"
-    counter = tmp_path / "counter"
-    server = make_server(journal=journal, counter=counter) if transport.startswith("memory") else None
-    return {"target": COUNTING, "journal": journal, "env": {"COUNTER_FILE": str(counter)}, "server": server}
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_tool_called_five_times_with_one_key_runs_once_and_repeats_replay_the_first_result(
-    transport: str, tmp_path: Path
+    transport: str, tmp_path: Path, counting_setup: CountingSetup
 ) -> None:
     counter = Counter(tmp_path / "counter")
-    async with connect(transport, **_setup(transport, tmp_path)) as client:
+    async with connect(transport, **counting_setup(transport)) as client:
         results = [
-            await client.call_tool("record", {"text": "hello"}, meta={KEY_META: "order-7"}) for _ in range(5)
+            await client.call_tool("record", {"text": "hello"}, meta=key_meta("order-7")) for _ in range(5)
         ]
     assert counter.count("record") == 1
     first, repeats = results[0], results[1:]
@@ -45,17 +37,17 @@ async def test_a_tool_called_five_times_with_one_key_runs_once_and_repeats_repla
     for repeat in repeats:
         assert body_bytes(repeat) == body_bytes(first)
         assert repeat.meta is not None and repeat.meta[REPLAYED] is True
-        assert repeat.meta["mcp-durable/first-completed-at"] == first.meta["mcp-durable/first-completed-at"]  # type: ignore[index]
+        assert meta_of(repeat)["mcp-durable/first-completed-at"] == meta_of(first)["mcp-durable/first-completed-at"]
     assert first.meta is not None and REPLAYED not in first.meta
     assert all(result.meta is not None and result.meta[KEY] == "order-7" for result in results)
 
 
 @pytest.mark.parametrize("transport", ["memory-legacy", "memory-auto", "http-auto"])
 async def test_a_derived_key_is_returned_to_the_client_and_replays_identical_arguments(
-    transport: str, tmp_path: Path
+    transport: str, tmp_path: Path, counting_setup: CountingSetup
 ) -> None:
     counter = Counter(tmp_path / "counter")
-    async with connect(transport, **_setup(transport, tmp_path)) as client:
+    async with connect(transport, **counting_setup(transport)) as client:
         first = await client.call_tool("record", {"text": "same"})
         second = await client.call_tool("record", {"text": "same"})
         other = await client.call_tool("record", {"text": "different"})
@@ -71,11 +63,11 @@ async def test_the_payments_refund_moves_money_once_for_five_calls_with_one_key(
     transport: str, tmp_path: Path
 ) -> None:
     ledger = tmp_path / "ledger.db"
-    setup = {"target": "tools/payments.py", "journal": f"sqlite:///{tmp_path}/journal.db",
+    setup: dict[str, Any] = {"target": "tools/payments.py", "journal": f"sqlite:///{tmp_path}/journal.db",
              "env": {"PAYMENTS_LEDGER": str(ledger)}}
     async with connect(transport, **setup) as client:
         results = [
-            await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 1250}, meta={KEY_META: "refund-O-1"})
+            await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 1250}, meta=key_meta("refund-O-1"))
             for _ in range(5)
         ]
     provider = PaymentProvider(ledger)

@@ -9,8 +9,7 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from mcp_durable import KEY_META
-from tests.helpers import body_bytes, serve_http
+from tests.helpers import body_bytes, key_meta, serve_http
 from tests.server.servers.counting import Counter
 
 COUNTING = "tests/server/servers/counting.py:make_server"
@@ -24,10 +23,10 @@ async def test_concurrent_calls_with_one_key_through_two_server_processes_run_th
     arguments = {"text": "shared", "delay": 0.5}
 
     async def burst(url: str, mode: str, n: int) -> None:
-        async with Client(url, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(url, mode=mode) as client:
 
             async def one() -> None:
-                results.append(await client.call_tool("slow", arguments, meta={KEY_META: "two-proc"}))
+                results.append(await client.call_tool("slow", arguments, meta=key_meta("two-proc")))
 
             async with anyio.create_task_group() as tg:
                 for _ in range(n):

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, Field
 
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallState
+from tests.helpers import first_text
 
 VALIDATIONS: list[int] = []
 
@@ -35,11 +36,11 @@ async def test_arguments_are_validated_once_and_the_tool_gets_the_journaled_valu
     server.add_tool(stamp, durable=ToolPolicy(idempotent=True, key_fields=("n",)))
     async with Client(server, mode=mode) as client:
         first = await client.call_tool("stamp", {"n": 7})
-        nonce = first.content[0].text  # type: ignore[union-attr]
+        nonce = first_text(first)
         again = await client.call_tool("stamp", {"n": 7, "nonce": nonce})
         bad = await client.call_tool("stamp", {"n": "seven"})
     assert VALIDATIONS == [7, 7]  # once per call: the run, then the repeat (which replays)
-    assert again.content[0].text == nonce and (again.meta or {}).get("mcp-durable/replayed")  # type: ignore[union-attr]
+    assert first_text(again) == nonce and (again.meta or {}).get("mcp-durable/replayed")
     key = (first.meta or {})["mcp-durable/key"]
     record = await server.journal.get(CallIdentity("local", "stamp", key))
     assert record is not None and record.state == CallState.COMPLETED

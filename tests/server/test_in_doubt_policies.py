@@ -18,7 +18,7 @@ import orjson
 import pytest
 from mcp import Client
 
-from mcp_durable import KEY_META, CallIdentity, CallRecord, CallState, Journal, ToolPolicy, create_journal, keys
+from mcp_durable import CallIdentity, CallRecord, CallState, Journal, ToolPolicy, create_journal, keys
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.demo.outbox import Outbox
 from mcp_durable.errors import OperatorError
@@ -26,6 +26,7 @@ from mcp_durable.journal import CallQuery
 from mcp_durable.server import DurableServer
 from tests.crash.crash_servers.danger import make_server
 from tests.crash.crash_servers.hooks import Counter
+from tests.helpers import key_meta, meta_of
 
 MODES = ["legacy", "auto"]
 MAIL = {"to": "a@example.com", "subject": "Refund", "body": "done"}
@@ -65,7 +66,7 @@ async def test_a_call_whose_owner_died_is_run_again_with_the_same_key_under_retr
     await server.engine.start()
     await _plant(server.journal, "pay", "k1", PAY)
     async with Client(server, mode=mode) as client:
-        result = await client.call_tool("pay", PAY, meta={KEY_META: "k1"})
+        result = await client.call_tool("pay", PAY, meta=key_meta("k1"))
         record = await _state(server, "pay", "k1")
     assert not result.is_error, result
     assert counter.count("invoke pay k1") == 1
@@ -79,14 +80,14 @@ async def test_a_live_owners_call_is_not_taken_over_until_its_lease_expires(mode
     await server.engine.start()
     await _plant(server.journal, "pay", "k2", PAY, lease_in=1.0, owner="live-instance")
     async with Client(server, mode=mode) as client:
-        early = await client.call_tool("pay", PAY, meta={KEY_META: "k2"})
-        assert early.is_error and early.meta["mcp-durable/error"]["error"] == "in_progress"  # type: ignore[index]
+        early = await client.call_tool("pay", PAY, meta=key_meta("k2"))
+        assert early.is_error and meta_of(early)["mcp-durable/error"]["error"] == "in_progress"
         assert counter.count("invoke pay k2") == 0
         while True:  # the owner never renews: once its lease is over, the call is taken over
-            result = await client.call_tool("pay", PAY, meta={KEY_META: "k2"})
+            result = await client.call_tool("pay", PAY, meta=key_meta("k2"))
             if not result.is_error:
                 break
-            assert result.meta["mcp-durable/error"]["error"] == "in_progress"  # type: ignore[index]
+            assert meta_of(result)["mcp-durable/error"]["error"] == "in_progress"
             await anyio.sleep(0.05)
         assert (await _state(server, "pay", "k2")).attempts == 2
     assert counter.count("invoke pay k2") == 1
@@ -100,12 +101,12 @@ async def test_reconcile_completes_the_call_with_the_mail_the_outbox_already_sen
     await _plant(server.journal, "send_email", "m1", MAIL)
     sent = outbox.send(MAIL["to"], MAIL["subject"], MAIL["body"], key="m1")  # the crashed run's effect
     async with Client(server, mode=mode) as client:
-        result = await client.call_tool("send_email", MAIL, meta={KEY_META: "m1"})
-        replay = await client.call_tool("send_email", MAIL, meta={KEY_META: "m1"})
+        result = await client.call_tool("send_email", MAIL, meta=key_meta("m1"))
+        replay = await client.call_tool("send_email", MAIL, meta=key_meta("m1"))
     assert not result.is_error, result
     assert result.structured_content == sent.as_dict()
     assert result.meta is not None and result.meta["mcp-durable/reconciled"] is True
-    assert replay.structured_content == sent.as_dict() and replay.meta["mcp-durable/replayed"] is True  # type: ignore[index]
+    assert replay.structured_content == sent.as_dict() and meta_of(replay)["mcp-durable/replayed"] is True
     assert counter.count("invoke send_email m1") == 0 and len(outbox.mails(key="m1")) == 1
 
 
@@ -115,12 +116,12 @@ async def test_reconcile_runs_the_call_when_the_outbox_shows_no_mail(mode: str, 
     await server.engine.start()
     await _plant(server.journal, "send_email", "m2", MAIL)
     async with Client(server, mode=mode) as client:
-        result = await client.call_tool("send_email", MAIL, meta={KEY_META: "m2"})
+        result = await client.call_tool("send_email", MAIL, meta=key_meta("m2"))
         attempts = (await _state(server, "send_email", "m2")).attempts
     assert attempts == 2
     assert not result.is_error and "mcp-durable/reconciled" not in (result.meta or {})
     assert counter.count("invoke send_email m2") == 1
-    assert [m["id"] for m in Outbox(tmp_path / "outbox.db").mails(key="m2")] == [result.structured_content["id"]]  # type: ignore[index]
+    assert [m["id"] for m in Outbox(tmp_path / "outbox.db").mails(key="m2")] == [result.structured_content["id"]]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -131,13 +132,13 @@ async def test_reconcile_falls_back_to_in_doubt_while_the_outbox_cannot_answer(m
     broken = tmp_path / "outbox.db"
     broken.write_bytes(b"this is not a database" * 100)
     async with Client(server, mode=mode) as client:
-        refused = await client.call_tool("send_email", MAIL, meta={KEY_META: "m3"})
+        refused = await client.call_tool("send_email", MAIL, meta=key_meta("m3"))
         record = await _state(server, "send_email", "m3")
-        assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
+        assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "in_doubt"
         assert record.state == CallState.IN_DOUBT and "reconcile failed" in (record.error or "")
         assert counter.count("invoke send_email m3") == 0
         broken.unlink()  # the outbox answers again (and it holds no mail)
-        result = await client.call_tool("send_email", MAIL, meta={KEY_META: "m3"})
+        result = await client.call_tool("send_email", MAIL, meta=key_meta("m3"))
     assert not result.is_error, result
     assert counter.count("invoke send_email m3") == 1
 
@@ -155,14 +156,14 @@ async def test_refuse_answers_in_doubt_until_an_operator_resolves_the_call(
               "isError": resolution == "failed"}
     async with Client(server, mode=mode) as client:
         for _ in range(2):
-            refused = await client.call_tool("send_email", MAIL, meta={KEY_META: "m4"})
-            assert refused.is_error and refused.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
+            refused = await client.call_tool("send_email", MAIL, meta=key_meta("m4"))
+            assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "in_doubt"
         listed = await server.journal.list_calls(CallQuery(state=CallState.IN_DOUBT))
         assert [r.identity for r in listed] == [identity]
         payload = None if resolution == "not_applied" else orjson.dumps(stored)
         await server.engine.resolve(identity, resolution, payload=payload, note="checked the outbox")
         assert await server.journal.list_calls(CallQuery(state=CallState.IN_DOUBT)) == []
-        result = await client.call_tool("send_email", MAIL, meta={KEY_META: "m4"})
+        result = await client.call_tool("send_email", MAIL, meta=key_meta("m4"))
     if resolution == "not_applied":
         assert not result.is_error and counter.count("invoke send_email m4") == 1
     else:
@@ -177,14 +178,14 @@ async def test_a_call_retried_max_attempts_times_is_parked_until_an_operator_res
     await _plant(server.journal, "pay", "k5", PAY, attempts=server.policies["pay"].max_attempts)
     identity = CallIdentity("local", "pay", "k5")
     async with Client(server) as client:
-        parked = await client.call_tool("pay", PAY, meta={KEY_META: "k5"})
-        assert parked.is_error and parked.meta["mcp-durable/error"]["error"] == "in_doubt"  # type: ignore[index]
-        assert "parked" in parked.structured_content["message"]  # type: ignore[index]
+        parked = await client.call_tool("pay", PAY, meta=key_meta("k5"))
+        assert parked.is_error and meta_of(parked)["mcp-durable/error"]["error"] == "in_doubt"
+        assert "parked" in parked.structured_content["message"]
         record = await server.journal.get(identity)
         assert record is not None and record.state == CallState.IN_DOUBT and "parked" in (record.error or "")
         assert counter.count("invoke pay k5") == 0
         await server.engine.resolve(identity, "not_applied")
-        result = await client.call_tool("pay", PAY, meta={KEY_META: "k5"})
+        result = await client.call_tool("pay", PAY, meta=key_meta("k5"))
     assert not result.is_error and counter.count("invoke pay k5") == 1
 
 
@@ -193,7 +194,7 @@ async def test_an_operator_cannot_resolve_a_completed_call_a_missing_one_or_with
 ) -> None:
     server, _ = _setup(tmp_path, mail_policy="refuse")
     async with Client(server) as client:
-        await client.call_tool("pay", PAY, meta={KEY_META: "k6"})
+        await client.call_tool("pay", PAY, meta=key_meta("k6"))
         await _plant(server.journal, "send_email", "m6", MAIL)
         with pytest.raises(OperatorError, match="not in doubt"):
             await server.engine.resolve(CallIdentity("local", "pay", "k6"), "not_applied")
@@ -217,7 +218,7 @@ async def test_a_single_writer_journal_marks_a_previous_boots_pending_calls_in_d
     async with Client(server) as client:
         listed = await server.journal.list_calls(CallQuery(state=CallState.IN_DOUBT))
         assert [r.identity.key for r in listed] == ["k7"] and server.engine.orphans_found == 1
-        result = await client.call_tool("pay", PAY, meta={KEY_META: "k7"})
+        result = await client.call_tool("pay", PAY, meta=key_meta("k7"))
     assert not result.is_error and counter.count("invoke pay k7") == 1
 
 
@@ -265,5 +266,5 @@ async def test_two_servers_sharing_one_single_writer_journal_in_a_process_never_
             duplicate = await b.call_tool("slow", {"job": "J"})
             release.set()
         replay = await b.call_tool("slow", {"job": "J"})
-    assert duplicate.is_error and duplicate.meta["mcp-durable/error"]["error"] == "in_progress"  # type: ignore[index]
+    assert duplicate.is_error and meta_of(duplicate)["mcp-durable/error"]["error"] == "in_progress"
     assert runs == ["J"] and replay.structured_content == result["a"].structured_content

@@ -16,7 +16,7 @@ from mcp_types import ResourceUpdatedNotification
 
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.uris import record_uri
-from tests.helpers import serve_app
+from tests.helpers import request_meta, resource_text, serve_app
 
 # resources/subscribe is the 2025-11-25 mechanism under test, deprecated only for the new era.
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
@@ -37,7 +37,7 @@ def build(journal: str = "memory://") -> DurableServer:
 
 async def state_of(client: Client) -> str:
     result = await client.read_resource(URI)
-    return str(orjson.loads(result.contents[0].text)["state"])  # type: ignore[union-attr]
+    return str(orjson.loads(resource_text(result))["state"])
 
 
 async def listen_and_call(client: Client) -> set[str]:
@@ -54,8 +54,8 @@ async def listen_and_call(client: Client) -> set[str]:
 
 
 async def subscribe_and_call(client: Client, updates: list[str], arrived: anyio.Event) -> None:
-    await client.session.subscribe_resource(URI)  # type: ignore[attr-defined]
-    await client.session.subscribe_resource("journal://stats")  # type: ignore[attr-defined]
+    await client.session.subscribe_resource(URI)
+    await client.session.subscribe_resource("journal://stats")
     result = await client.call_tool("ship", {"order_id": KEY})
     assert not result.is_error
     with anyio.fail_after(WAIT):
@@ -99,8 +99,8 @@ async def test_an_unsubscribed_client_is_not_told_again() -> None:
     other = record_uri("ship", "n/2")
     async with Client(server, mode="legacy", message_handler=on_message) as client:
         await subscribe_and_call(client, updates, arrived)
-        await client.session.unsubscribe_resource("journal://stats")  # type: ignore[attr-defined]
-        await client.session.subscribe_resource(other)  # type: ignore[attr-defined]
+        await client.session.unsubscribe_resource("journal://stats")
+        await client.session.subscribe_resource(other)
         stats_before = updates.count("journal://stats")
         await client.call_tool("ship", {"order_id": "n/2"})  # changes its record and the stats, twice
         with anyio.fail_after(WAIT):
@@ -139,8 +139,8 @@ async def test_with_subscribers_in_both_eras_concurrent_duplicates_still_run_the
 
     _, _, on_message = collector()
     async with Client(server, mode="legacy", message_handler=on_message) as legacy, Client(server) as modern:
-        await legacy.session.subscribe_resource("journal://stats")  # type: ignore[attr-defined]
-        await legacy.session.subscribe_resource(URI)  # type: ignore[attr-defined]
+        await legacy.session.subscribe_resource("journal://stats")
+        await legacy.session.subscribe_resource(URI)
         async with modern.listen(resource_subscriptions=[URI, "journal://stats"]):
             results: list[Any] = []
 
@@ -171,10 +171,10 @@ async def test_a_principal_is_not_told_of_changes_to_another_principals_record_w
     updates, _, on_message = collector()
     async with Client(server, mode="legacy", message_handler=on_message) as alice, Client(server) as bob:
         for uri in (URI, fence):
-            await alice.session.subscribe_resource(uri, meta={"as": "alice"})  # type: ignore[attr-defined]
-        await bob.call_tool("ship", {"order_id": KEY}, meta={"as": "bob"})  # bob's record, same URI
-        await alice.call_tool("ship", {"order_id": KEY}, meta={"as": "alice"})  # claimed and completed
-        await alice.call_tool("ship", {"order_id": "fence"}, meta={"as": "alice"})
+            await alice.session.subscribe_resource(uri, meta=request_meta({"as": "alice"}))
+        await bob.call_tool("ship", {"order_id": KEY}, meta=request_meta({"as": "bob"}))  # bob's record, same URI
+        await alice.call_tool("ship", {"order_id": KEY}, meta=request_meta({"as": "alice"}))  # claimed and completed
+        await alice.call_tool("ship", {"order_id": "fence"}, meta=request_meta({"as": "alice"}))
         with anyio.fail_after(WAIT):
             # Announcements reach a connection in the order the changes happened: once the
             # fence's are here, any announcement of bob's earlier changes would be too.

@@ -38,7 +38,7 @@ async def test_a_rerun_from_step_3_of_a_five_step_tool_replays_steps_before_it_a
 ) -> None:
     log = Counter(tmp_path / "steps.log")
     server = make_server(f"sqlite:///{tmp_path}/journal.db", str(log.path), admins=("local",))
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         first = structured(await client.call_tool("five_steps", {"job": "J-1"}))
         refused = await client.call_tool("journal_rerun", {"tool": "five_steps", "key": "J-1", "from_step": 6})
         rerun = structured(await client.call_tool("journal_rerun", {"tool": "five_steps", "key": "J-1", "from_step": 3,
@@ -136,7 +136,7 @@ async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_re
     log = Counter(tmp_path / "steps.log")
     server = make_server(f"sqlite:///{tmp_path}/journal.db", str(log.path), admins=("local",))
     results: list[Any] = []
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         async with anyio.create_task_group() as group:
             async def held() -> None:
                 with anyio.fail_after(60):  # a bound on a hang, never a timing assertion

@@ -13,6 +13,7 @@ from mcp_types import ElicitResult
 from pydantic import BaseModel
 
 from mcp_durable import KEY_META, ConfigError, DurableServer, ToolPolicy
+from tests.helpers import key_meta, meta_of, request_meta
 
 MODES = ["legacy", "auto"]
 
@@ -50,35 +51,36 @@ async def test_a_reworded_free_text_argument_replays_and_a_changed_amount_is_sti
     server = _refunds(runs, policy)
     first_args = {"order_id": "O-1", "amount_cents": 500, "reason": "customer asked"}
     reworded = {**first_args, "reason": "the customer asked for a refund"}
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
-        first = await client.call_tool("refund", first_args, meta={KEY_META: "r-1"})
-        again = await client.call_tool("refund", reworded, meta={KEY_META: "r-1"})
-        other = await client.call_tool("refund", {**first_args, "amount_cents": 900}, meta={KEY_META: "r-1"})
+    async with Client(server, mode=mode) as client:
+        first = await client.call_tool("refund", first_args, meta=key_meta("r-1"))
+        again = await client.call_tool("refund", reworded, meta=key_meta("r-1"))
+        other = await client.call_tool("refund", {**first_args, "amount_cents": 900}, meta=key_meta("r-1"))
         # Without a caller key the derived key leaves the reason out too.
         derived = await client.call_tool("refund", {**first_args, "order_id": "O-2"})
         derived_again = await client.call_tool("refund", {**reworded, "order_id": "O-2"})
-    assert again.meta["mcp-durable/replayed"] is True and again.structured_content == first.structured_content
+    assert meta_of(again)["mcp-durable/replayed"] is True and again.structured_content == first.structured_content
     assert error_of(other) == "key_reuse"
-    assert derived_again.meta["mcp-durable/replayed"] is True
-    assert derived_again.meta["mcp-durable/key"] == derived.meta["mcp-durable/key"]
+    assert meta_of(derived_again)["mcp-durable/replayed"] is True
+    assert meta_of(derived_again)["mcp-durable/key"] == meta_of(derived)["mcp-durable/key"]
     assert runs == ["customer asked", "customer asked"]  # O-1 once, O-2 once
 
 
 async def test_without_fingerprint_fields_a_reworded_argument_is_key_reuse() -> None:
     server = _refunds([], ToolPolicy())
     async with Client(server) as client:
-        await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "a"}, meta={KEY_META: "k"})
+        await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "a"}, meta=key_meta("k"))
         reworded = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "b"},
-                                          meta={KEY_META: "k"})
+                                          meta=key_meta("k"))
     assert error_of(reworded) == "key_reuse"
 
 
 @pytest.mark.parametrize("setting", ["fingerprint_fields", "fingerprint_exclude"])
 def test_a_fingerprint_name_that_is_not_an_argument_is_refused_at_registration(setting: str) -> None:
     server = DurableServer("typo", journal="memory://")
+    fields: dict[str, Any] = {setting: ("reson",)}  # a parametrized field name, so typed loosely
     with pytest.raises(ConfigError, match="reson"):
         server.add_tool(lambda order_id, reason="": order_id, name="refund",
-                        durable=ToolPolicy(**{setting: ("reson",)}))
+                        durable=ToolPolicy(**fields))
     assert "refund" not in server.policies and server._tool_manager.get_tool("refund") is None
 
 
@@ -95,16 +97,16 @@ async def test_a_key_in_another_protocols_meta_name_is_used_after_our_own(mode: 
         runs.append(cart)
         return {"cart": cart, "run": len(runs)}
 
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
-        theirs = await client.call_tool("checkout", {"cart": "c1"}, meta={"idempotency_key": "ck-1"})
-        again = await client.call_tool("checkout", {"cart": "c1"}, meta={"idempotency_key": "ck-1"})
-        second_name = await client.call_tool("checkout", {"cart": "c1"}, meta={"idempotencyKey": "ck-1"})
+    async with Client(server, mode=mode) as client:
+        theirs = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"idempotency_key": "ck-1"}))
+        again = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"idempotency_key": "ck-1"}))
+        second_name = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"idempotencyKey": "ck-1"}))
         ours_first = await client.call_tool("checkout", {"cart": "c1"},
-                                            meta={KEY_META: "ours-1", "idempotency_key": "ck-1"})
-        none = await client.call_tool("checkout", {"cart": "c1"}, meta={"other": "ck-1"})
-    assert theirs.meta["mcp-durable/key"] == "ck-1" and again.meta["mcp-durable/replayed"] is True
-    assert second_name.meta["mcp-durable/key"] == "ck-1" and second_name.meta["mcp-durable/replayed"] is True
-    assert ours_first.meta["mcp-durable/key"] == "ours-1" and "mcp-durable/replayed" not in ours_first.meta
+                                            meta=request_meta({KEY_META: "ours-1", "idempotency_key": "ck-1"}))
+        none = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"other": "ck-1"}))
+    assert meta_of(theirs)["mcp-durable/key"] == "ck-1" and meta_of(again)["mcp-durable/replayed"] is True
+    assert meta_of(second_name)["mcp-durable/key"] == "ck-1" and meta_of(second_name)["mcp-durable/replayed"] is True
+    assert meta_of(ours_first)["mcp-durable/key"] == "ours-1" and "mcp-durable/replayed" not in meta_of(ours_first)
     assert error_of(none) == "missing_key"
     assert runs == ["c1", "c1"]
 
@@ -144,12 +146,12 @@ async def test_an_interactive_tool_never_replays_one_sessions_elicited_answer_to
     server = _booking(runs, ToolPolicy(interactive=True))
     answers = {}
     for session in ("yes from session 1", "no from session 2"):
-        async with Client(server, mode=mode, elicitation_callback=_answering(session)) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode, elicitation_callback=_answering(session)) as client:
             answers[session] = await client.call_tool("book", {"destination": "Oslo"})
     assert [a.structured_content["answer"] for a in answers.values()] == list(answers)
     assert all(not (a.meta or {}).get("mcp-durable/replayed") for a in answers.values())
     assert runs == list(answers)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         (tool,) = (await client.list_tools()).tools
     assert not (tool.annotations and tool.annotations.idempotent_hint)
 
@@ -158,11 +160,11 @@ async def test_an_interactive_tool_never_replays_one_sessions_elicited_answer_to
 async def test_an_interactive_tool_called_with_a_caller_key_is_deduplicated_under_that_key(mode: str) -> None:
     runs: list[str] = []
     server = _booking(runs, ToolPolicy(interactive=True))
-    async with Client(server, mode=mode, elicitation_callback=_answering("yes")) as client:  # type: ignore[arg-type]
-        first = await client.call_tool("book", {"destination": "Oslo"}, meta={KEY_META: "trip-1"})
-    async with Client(server, mode=mode, elicitation_callback=_answering("no")) as client:  # type: ignore[arg-type]
-        again = await client.call_tool("book", {"destination": "Oslo"}, meta={KEY_META: "trip-1"})
-    assert again.meta["mcp-durable/replayed"] is True and again.structured_content == first.structured_content
+    async with Client(server, mode=mode, elicitation_callback=_answering("yes")) as client:
+        first = await client.call_tool("book", {"destination": "Oslo"}, meta=key_meta("trip-1"))
+    async with Client(server, mode=mode, elicitation_callback=_answering("no")) as client:
+        again = await client.call_tool("book", {"destination": "Oslo"}, meta=key_meta("trip-1"))
+    assert meta_of(again)["mcp-durable/replayed"] is True and again.structured_content == first.structured_content
     assert runs == ["yes"]
 
 
@@ -172,7 +174,7 @@ async def test_without_interactive_a_derived_key_replays_the_first_sessions_answ
     runs: list[str] = []
     server = _booking(runs, ToolPolicy())
     for session in ("yes", "no"):
-        async with Client(server, mode=mode, elicitation_callback=_answering(session)) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode, elicitation_callback=_answering(session)) as client:
             last = await client.call_tool("book", {"destination": "Oslo"})
     assert last.structured_content["answer"] == "yes" and runs == ["yes"]
 

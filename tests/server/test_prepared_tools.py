@@ -4,6 +4,7 @@ repeated request not validated again. Each answers exactly as the SDK's own path
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import orjson
@@ -11,12 +12,14 @@ import pytest
 from mcp import Client
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
-from mcp_durable import KEY_META, DurableServer, ToolPolicy
+from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallState
 from mcp_durable.server.prevalidated import pure_schema
 from mcp_durable.server.results import dump_result
+from tests.helpers import key_meta
 
 IDEMPOTENT = ToolPolicy(idempotent=True)
 RUNS: list[str] = []
@@ -56,7 +59,7 @@ async def with_context(text: str, ctx: Context) -> str:
     return f"{text}:{type(ctx).__name__}:{ctx.request_id is not None}"
 
 
-TOOLS = [echo, shout, ship, declines, crashes, lies, with_context]
+TOOLS: list[Callable[..., Any]] = [echo, shout, ship, declines, crashes, lies, with_context]
 
 
 def _servers() -> tuple[DurableServer, MCPServer]:
@@ -68,8 +71,8 @@ def _servers() -> tuple[DurableServer, MCPServer]:
     return durable, plain
 
 
-def _wire(result: Any) -> dict[str, Any]:
-    body = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+def _wire(result: CallToolResult) -> dict[str, Any]:
+    body: dict[str, Any] = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     body.pop("_meta", None)
     return body
 
@@ -89,8 +92,8 @@ async def test_a_durable_tool_answers_as_the_same_tool_on_a_plain_server(
 ) -> None:
     durable, plain = _servers()
     async with Client(durable, mode=mode) as ours, Client(plain, mode=mode) as theirs:
-        first = await ours.call_tool(tool, arguments, meta={KEY_META: "k-1"})
-        again = await ours.call_tool(tool, arguments, meta={KEY_META: "k-1"})
+        first = await ours.call_tool(tool, arguments, meta=key_meta("k-1"))
+        again = await ours.call_tool(tool, arguments, meta=key_meta("k-1"))
         expected = await theirs.call_tool(tool, arguments)
     assert _wire(first) == _wire(expected)
     record = await durable.journal.get(CallIdentity("local", tool, "k-1"))

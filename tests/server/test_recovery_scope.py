@@ -4,28 +4,17 @@ principal saw the journal-wide count (other principals' activity)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import orjson
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextResourceContents
 
 from mcp_durable import DurableServer
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
 from mcp_durable.keys import fingerprint
-from tests.helpers import serve_app
-
-
-@asynccontextmanager
-async def _as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
-            yield client
+from tests.helpers import client_as, serve_app
 
 
 async def _orphan(url: str, principal: str, key: str) -> None:
@@ -60,9 +49,10 @@ async def test_recovery_shows_each_principal_its_own_in_doubt_count_and_an_admin
     seen: dict[str, Any] = {}
     async with serve_app(server.streamable_http_app(streamable_http_path="/mcp")) as base:
         for token, name in (("tok-a", "alice"), ("tok-b", "bob"), ("tok-c", "carol"), ("tok-o", "ops")):
-            async with _as(f"{base}/mcp", token, mode) as client:
+            async with client_as(f"{base}/mcp", token, mode) as client:
                 (content,) = (await client.read_resource("journal://recovery")).contents
-                seen[name] = orjson.loads(content.text)  # type: ignore[union-attr]
+                assert isinstance(content, TextResourceContents), content
+                seen[name] = orjson.loads(content.text)
     assert {name: body["calls_found_in_doubt"] for name, body in seen.items()} == {
         "alice": 2, "bob": 1, "carol": 0, "ops": 3}
     assert seen["alice"]["scope"] == "principal" and seen["ops"]["scope"] == "all"

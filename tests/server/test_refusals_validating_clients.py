@@ -25,7 +25,7 @@ from mcp import Client
 
 from mcp_durable import KEY_META
 from tests.docs.test_examples import inspector_or_skip
-from tests.helpers import serve_http
+from tests.helpers import first_text, serve_http
 from tests.node_peers import node_script, require_node_peers
 from tests.server.servers.typed import DOUBT_KEY, DOUBT_TEXT, TOOLS, make_server, seed_in_doubt
 
@@ -192,12 +192,12 @@ async def test_a_refusal_is_structured_content_only_where_the_output_schema_acce
     mode: str, tmp_path: Path
 ) -> None:
     server = make_server(journal="memory://")
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         for tool in TOOLS:
             refused = await client.call_tool(tool, {"text": "a"})
             assert refused.is_error and refused.meta is not None
             body = refused.meta["mcp-durable/error"]
             assert body["error"] == "missing_key" and body["tool"] == tool and body["message"]
             assert refused.structured_content == (body if tool == "as_dict" else None)
-            assert refused.content[0].text == f"missing_key: {body['message']}"  # type: ignore[union-attr]
+            assert first_text(refused) == f"missing_key: {body['message']}"
 

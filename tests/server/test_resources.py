@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_durable import DurableServer, ToolPolicy, keys
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
 from mcp_durable.server.redact import MASK
+from tests.helpers import meta_of, read_json
 
 MODES = ["legacy", "auto"]
 KEY = "order A/1 ?#&,"  # needs percent-encoding in a URI
@@ -45,13 +46,6 @@ def build_server(journal: str | Journal, *, admins: tuple[str, ...] = ("local",)
     return server
 
 
-async def read(client: Client, uri: str) -> Any:
-    result = await client.read_resource(uri)
-    (content,) = result.contents
-    assert content.mime_type == "application/json"
-    return orjson.loads(content.text)  # type: ignore[union-attr]
-
-
 @asynccontextmanager
 async def orphaned_journal(url: str) -> AsyncIterator[Journal]:
     """A journal holding one PENDING call of a previous boot that died (found in doubt at start)."""
@@ -71,7 +65,7 @@ async def orphaned_journal(url: str) -> AsyncIterator[Journal]:
 async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode: str) -> None:
     async with orphaned_journal("memory://") as journal:
         server = build_server(journal)
-        async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server, mode=mode) as client:
             refund_args = {"order_id": KEY, "amount_cents": 250, "card": "4111-1111"}
             first = await client.call_tool("refund", refund_args)
             again = await client.call_tool("refund", refund_args)
@@ -85,7 +79,7 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
             resources = {str(r.uri): r for r in (await client.list_resources()).resources}
             assert STATIC <= set(resources) and all(resources[u].mime_type == "application/json" for u in STATIC)
 
-            stats = await read(client, "journal://stats")
+            stats = await read_json(client, "journal://stats")
             assert stats["scope"] == "all" and stats["backend"] == "memory"
             assert stats["calls"] == 3
             assert stats["calls_by_state"] == {"completed": 1, "failed": 1, "in_doubt": 1}
@@ -93,45 +87,45 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
             assert stats["oldest_record_at"] == "1970-01-01T00:00:01Z"  # the ghost
             assert stats["retention"]["by_tool"] == {"refund": 86400.0, "decline": 86400.0}
 
-            recovery = await read(client, "journal://recovery")
+            recovery = await read_json(client, "journal://recovery")
             assert recovery["backend"] == "memory" and recovery["calls_found_in_doubt"] == 1
             assert recovery["previous_lifecycle_state"] is None and recovery["problems"] == []
             assert isinstance(recovery["start_duration_s"], float) and recovery["process_id"] == "server/shop"
 
-            listing = await read(client, "journal://calls")
+            listing = await read_json(client, "journal://calls")
             assert [(c["tool"], c["key"]) for c in listing["calls"]] == [
                 ("decline", "o-9"), ("refund", KEY), ("refund", "ghost")
             ]  # newest first
             assert listing["next_cursor"] is None
             assert listing["calls"][1]["uri"] == KEY_URI
-            only_failed = await read(client, "journal://calls?state=failed&tool=decline")
+            only_failed = await read_json(client, "journal://calls?state=failed&tool=decline")
             assert [c["key"] for c in only_failed["calls"]] == ["o-9"]
 
-            record = await read(client, KEY_URI)
+            record = await read_json(client, KEY_URI)
             assert record["state"] == "completed" and record["attempts"] == 1 and record["principal"] == "local"
             assert record["fingerprint"] == keys.fingerprint(refund_args)
             assert record["owner"] is None and record["lease_until"] is None
-            assert record["completed_at"] == first.meta["mcp-durable/first-completed-at"]  # type: ignore[index]
+            assert record["completed_at"] == meta_of(first)["mcp-durable/first-completed-at"]
             assert record["arguments"] == {**refund_args, "card": MASK}
-            assert record["result"]["structuredContent"] == {**first.structured_content, "card": MASK}  # type: ignore[dict-item]
+            assert record["result"]["structuredContent"] == {**first.structured_content, "card": MASK}
             assert "4111" not in orjson.dumps(record).decode()
-            failed = await read(client, "journal://calls/decline/o-9")
+            failed = await read_json(client, "journal://calls/decline/o-9")
             assert failed["state"] == "failed" and failed["result"]["isError"] is True
             assert "declined o-9" in failed["result"]["content"][0]["text"]
 
-            in_doubt = await read(client, "journal://in-doubt")
+            in_doubt = await read_json(client, "journal://in-doubt")
             assert in_doubt["count"] == 1 and [c["key"] for c in in_doubt["calls"]] == ["ghost"]
 
-            entries = await read(client, "journal://entries?limit=500")
+            entries = await read_json(client, "journal://entries?limit=500")
             lifecycle = [e["data"]["to"] for e in entries["entries"]
                          if e["process_id"] == "server/shop" and e["entry_type"] == "state_transition"]
             assert lifecycle == ["starting", "running"]
             seqs = [e["seq"] for e in entries["entries"]]
             assert seqs == sorted(seqs) and entries["next_after"] == seqs[-1]
-            tail = await read(client, f"journal://entries?after={seqs[0]}&limit=1")
+            tail = await read_json(client, f"journal://entries?after={seqs[0]}&limit=1")
             assert [e["seq"] for e in tail["entries"]] == [seqs[1]]
 
-            process = await read(client, "journal://processes/server%2Fshop")
+            process = await read_json(client, "journal://processes/server%2Fshop")
             assert process["process_id"] == "server/shop" and process["lifecycle_state"] == "running"
             assert process["context_state"]["orphans_in_doubt"] == 1
             assert process["context_state"]["instance_id"] == server.engine.instance_id
@@ -140,7 +134,7 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
 @pytest.mark.parametrize("mode", MODES)
 async def test_unknown_records_and_bad_parameters_are_errors_not_empty_answers(mode: str) -> None:
     server = build_server("memory://")
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         with pytest.raises(MCPError, match="Unknown resource"):
             await client.read_resource("journal://calls/refund/never-called")
         with pytest.raises(MCPError, match="Unknown resource"):
@@ -172,13 +166,13 @@ async def test_pagination_walks_a_thousand_records_newest_first_without_gaps_or_
     await journal.open()
     identities = await _fill(journal, 1000)
     server = build_server(journal, admins=())
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         seen: list[tuple[str, str]] = []
         cursor: str | None = None
         pages = 0
         while True:
             uri = "journal://calls?limit=97" + (f"&cursor={cursor}" if cursor else "")
-            page = await read(client, uri)
+            page = await read_json(client, uri)
             pages += 1
             seen.extend((c["tool"], c["key"]) for c in page["calls"])
             cursor = page["next_cursor"]
@@ -188,7 +182,7 @@ async def test_pagination_walks_a_thousand_records_newest_first_without_gaps_or_
         assert len(seen) == 1000 and len(set(seen)) == 1000
         expected = sorted(identities, key=lambda i: (1000.0 + int(i.key[2:]) // 4, i), reverse=True)
         assert seen == [(i.tool, i.key) for i in expected]
-        ships = await read(client, "journal://calls?tool=ship&limit=500")
+        ships = await read_json(client, "journal://calls?tool=ship&limit=500")
         assert len(ships["calls"]) == 334 and {c["tool"] for c in ships["calls"]} == {"ship"}
     await journal.aclose()
 
@@ -200,15 +194,15 @@ async def test_recovery_reports_what_opening_a_file_journal_found_after_a_torn_w
     except ImportError:
         pytest.skip("the file journal is not built yet")
     url = f"file://{tmp_path}/fj?durability=relaxed"
-    async with Client(build_server(url), mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(build_server(url), mode=mode) as client:
         await client.call_tool("refund", {"order_id": "before", "amount_cents": 1, "card": "4111-1111"})
     (segment,) = sorted((tmp_path / "fj").glob("seg-*.log"))
     torn = b"@0000ffff 00000000000000ff 00000000 {\"t\":\"call\""  # a frame cut off mid-write
     with segment.open("ab") as out:
         out.write(torn)
-    async with Client(build_server(url), mode=mode) as client:  # type: ignore[arg-type]
-        recovery = await read(client, "journal://recovery")
-        record = await read(client, "journal://calls/refund/before")
+    async with Client(build_server(url), mode=mode) as client:
+        recovery = await read_json(client, "journal://recovery")
+        record = await read_json(client, "journal://calls/refund/before")
     assert recovery["backend"] == "file" and recovery["bytes_truncated"] == len(torn)
     assert recovery["problems"] and recovery["truncated_to"]
     assert recovery["previous_lifecycle_state"] == "stopped" and recovery["clean_previous_stop"] is True

@@ -9,8 +9,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from mcp_durable import KEY_META
-from tests.helpers import free_port, serve_http
+from tests.helpers import first_text, free_port, key_meta, serve_http
 from tests.server.servers.counting import make_server
 
 COUNTING = "tests/server/servers/counting.py:make_server"
@@ -18,7 +17,7 @@ RESOURCES = ("journal://stats", "journal://calls", "journal://calls/record/k-1",
 
 
 async def _refusal_and_resource_errors(client: Client) -> tuple[str, list[MCPError]]:
-    refused = await client.call_tool("record", {"text": "a"}, meta={KEY_META: "k-1"})
+    refused = await client.call_tool("record", {"text": "a"}, meta=key_meta("k-1"))
     assert refused.is_error and refused.meta is not None
     assert refused.meta["mcp-durable/error"]["error"] == "journal_unavailable"
     errors = []
@@ -26,7 +25,7 @@ async def _refusal_and_resource_errors(client: Client) -> tuple[str, list[MCPErr
         with pytest.raises(MCPError) as caught:
             await client.read_resource(uri)
         errors.append(caught.value)
-    return refused.content[0].text, errors  # type: ignore[union-attr]
+    return first_text(refused), errors
 
 
 def _check(tool_text: str, errors: list[MCPError]) -> None:
@@ -44,7 +43,7 @@ async def test_resources_of_a_journal_locked_by_another_server_answer_journal_un
     journal = f"file://{tmp_path}/journal"
     env = {"COUNTER_FILE": str(tmp_path / "counter")}
     async with serve_http(COUNTING, journal=journal, env=env), serve_http(COUNTING, journal=journal, env=env) as locked:
-        async with Client(locked.url, mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(locked.url, mode=mode) as client:
             text, errors = await _refusal_and_resource_errors(client)
     assert text.startswith("journal_unavailable: ") and "locked by another writer" in text
     _check(text, errors)
@@ -57,7 +56,7 @@ async def test_resources_of_a_postgres_journal_that_is_down_answer_journal_unava
     # Nothing listens on this port: the database is down for the whole test.
     down = f"postgresql://postgres@127.0.0.1:{free_port()}/test?pool_timeout=0.5"
     server = make_server(journal=down, counter=tmp_path / "counter")
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         text, errors = await _refusal_and_resource_errors(client)
     assert text.startswith("journal_unavailable: ")
     _check(text, errors)

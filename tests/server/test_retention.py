@@ -14,6 +14,7 @@ from mcp import Client
 from mcp_durable import CallIdentity, DurableServer, ToolPolicy, current_call
 from mcp_durable.retention import RetentionSchedule
 from mcp_durable.steps import steps_process_id
+from tests.helpers import resource_text
 
 SCHEDULE = RetentionSchedule(interval=0.2, compact_garbage_ratio=0.3, compact_min_bytes=0)
 
@@ -30,7 +31,7 @@ def make(url: str, schedule: RetentionSchedule | None) -> DurableServer:
 
 
 async def stats(client: Client) -> dict[str, Any]:
-    return dict(json.loads((await client.read_resource("journal://stats")).contents[0].text))  # type: ignore[union-attr]
+    return dict(json.loads(resource_text(await client.read_resource("journal://stats"))))
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite"])

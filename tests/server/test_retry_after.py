@@ -12,7 +12,8 @@ import anyio
 import pytest
 from mcp import Client
 
-from mcp_durable import KEY_META, DurableServer, ToolPolicy
+from mcp_durable import DurableServer, ToolPolicy
+from tests.helpers import key_meta
 
 
 class Clock:
@@ -48,28 +49,28 @@ def retry_after(result: Any) -> float:
 async def test_retry_after_is_the_median_run_time_left_not_the_lease(mode: str) -> None:
     clock, started, gate = Clock(), anyio.Event(), anyio.Event()
     server = build(clock, started, gate)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         for i, seconds in enumerate([1.0, 1.0, 5.0]):  # median 1 s (one slow run does not skew it)
-            done = await client.call_tool("job", {"seconds": seconds}, meta={KEY_META: f"k-{i}"})
+            done = await client.call_tool("job", {"seconds": seconds}, meta=key_meta(f"k-{i}"))
             assert not done.is_error
         held: dict[str, Any] = {}
         async with anyio.create_task_group() as group:
 
             async def first() -> None:
                 arguments = {"seconds": 0.0, "hold": True}
-                held["result"] = await client.call_tool("job", arguments, meta={KEY_META: "k-held"})
+                held["result"] = await client.call_tool("job", arguments, meta=key_meta("k-held"))
 
             group.start_soon(first)
             await started.wait()  # the first call runs (its claim is made)
             try:  # the held call is let go whatever happens, so a failure never hangs the test
                 duplicate = {"seconds": 0.0, "hold": True}
-                answer = await client.call_tool("job", duplicate, meta={KEY_META: "k-held"})
+                answer = await client.call_tool("job", duplicate, meta=key_meta("k-held"))
                 assert retry_after(answer) == pytest.approx(1.0)  # the median, the call just started
                 clock.now += 0.75
-                answer = await client.call_tool("job", duplicate, meta={KEY_META: "k-held"})
+                answer = await client.call_tool("job", duplicate, meta=key_meta("k-held"))
                 assert retry_after(answer) == pytest.approx(0.25)
                 clock.now += 5.0  # running far longer than usual: expected soon, half the median
-                answer = await client.call_tool("job", duplicate, meta={KEY_META: "k-held"})
+                answer = await client.call_tool("job", duplicate, meta=key_meta("k-held"))
                 assert retry_after(answer) == pytest.approx(0.5)
             finally:
                 gate.set()
@@ -80,19 +81,19 @@ async def test_retry_after_is_the_median_run_time_left_not_the_lease(mode: str) 
 async def test_retry_after_without_any_run_seen_is_the_time_the_call_has_run(mode: str) -> None:
     clock, started, gate = Clock(), anyio.Event(), anyio.Event()
     server = build(clock, started, gate)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         async with anyio.create_task_group() as group:
-            group.start_soon(lambda: client.call_tool("job", {"seconds": 0.0, "hold": True}, meta={KEY_META: "k"}))
+            group.start_soon(lambda: client.call_tool("job", {"seconds": 0.0, "hold": True}, meta=key_meta("k")))
             await started.wait()
             try:
                 duplicate = {"seconds": 0.0, "hold": True}
-                answer = await client.call_tool("job", duplicate, meta={KEY_META: "k"})
+                answer = await client.call_tool("job", duplicate, meta=key_meta("k"))
                 assert retry_after(answer) == pytest.approx(0.1)  # just claimed: the floor
                 clock.now += 2.0
-                answer = await client.call_tool("job", duplicate, meta={KEY_META: "k"})
+                answer = await client.call_tool("job", duplicate, meta=key_meta("k"))
                 assert retry_after(answer) == pytest.approx(2.0)
                 clock.now += 27.0  # 29 s into a 30 s lease: bounded by what is left of it, not 29 s
-                answer = await client.call_tool("job", duplicate, meta={KEY_META: "k"})
+                answer = await client.call_tool("job", duplicate, meta=key_meta("k"))
                 assert retry_after(answer) == pytest.approx(1.0)
             finally:
                 gate.set()

@@ -4,18 +4,14 @@ both refunds, and each principal gets its own."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
-from mcp_durable import KEY_META, DurableServer, current_call
-from tests.helpers import serve_app
+from mcp_durable import DurableServer, current_call
+from tests.helpers import client_as, key_meta, serve_app
 
 
 class Provider:
@@ -27,13 +23,6 @@ class Provider:
     def refund(self, order_id: str, idempotency_key: str) -> dict[str, Any]:
         first = self.refunds.setdefault(idempotency_key, order_id)
         return {"refunded": first, "downstream_key": idempotency_key}
-
-
-@asynccontextmanager
-async def _as(url: str, token: str, mode: str) -> AsyncIterator[Any]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30.0) as http:
-        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:  # type: ignore[arg-type]
-            yield client
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -48,13 +37,13 @@ async def test_principals_and_keys_with_colons_never_share_a_downstream_key(tmp_
 
     async with serve_app(server.streamable_http_app(streamable_http_path="/mcp")) as base:
         url = f"{base}/mcp"
-        async with _as(url, "tok-a", mode) as a:
-            first = await a.call_tool("refund", {"order_id": "O-A"}, meta={KEY_META: "b:K1"})
-        async with _as(url, "tok-ab", mode) as ab:
-            second = await ab.call_tool("refund", {"order_id": "O-AB"}, meta={KEY_META: "K1"})
+        async with client_as(url, "tok-a", mode) as a:
+            first = await a.call_tool("refund", {"order_id": "O-A"}, meta=key_meta("b:K1"))
+        async with client_as(url, "tok-ab", mode) as ab:
+            second = await ab.call_tool("refund", {"order_id": "O-AB"}, meta=key_meta("K1"))
         # The `local` principal (in-memory) with the key spelling principal `a:b`'s scoped key.
-        async with Client(server, mode=mode) as local:  # type: ignore[arg-type]
-            third = await local.call_tool("refund", {"order_id": "O-LOCAL"}, meta={KEY_META: "a:b:K1"})
+        async with Client(server, mode=mode) as local:
+            third = await local.call_tool("refund", {"order_id": "O-LOCAL"}, meta=key_meta("a:b:K1"))
     assert first.structured_content is not None and second.structured_content is not None
     # Before the fix both were `a:b:K1`: the second principal got the first one's refund back.
     assert second.structured_content["refunded"] == "O-AB"

@@ -8,9 +8,8 @@ from pathlib import Path
 import anyio
 from mcp import Client
 
-from mcp_durable import KEY_META
 from mcp_durable.journal import CallIdentity, CallState, create_journal
-from tests.helpers import serve_http
+from tests.helpers import key_meta, serve_http
 
 TARGET = "tests/server/servers/own_journal.py"
 
@@ -22,7 +21,7 @@ async def test_serve_journal_renews_leases_on_the_given_journal_not_the_modules_
     identity = CallIdentity("local", "held", "k-1")
     async with serve_http(TARGET, journal=given, env=env) as served, Client(served.url) as client:
         async with anyio.create_task_group() as group:
-            group.start_soon(lambda: client.call_tool("held", {"text": "a"}, meta={KEY_META: "k-1"}))
+            group.start_soon(lambda: client.call_tool("held", {"text": "a"}, meta=key_meta("k-1")))
             journal = create_journal(given)
             await journal.open()
             try:

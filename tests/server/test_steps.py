@@ -15,6 +15,7 @@ from mcp import Client
 from mcp_durable import DurableServer, ToolPolicy, current_call
 from mcp_durable.demo.warehouse import Warehouse
 from tests.crash.crash_servers.hooks import Counter
+from tests.helpers import meta_of
 
 MODES = ["legacy", "auto"]
 
@@ -63,7 +64,7 @@ async def test_a_re_execution_replays_the_completed_steps_and_resumes_at_the_fir
         "results": ["reserve-done", "charge-done", "notify-done"], "replayed": 1, "run": 2, "attempt": 2,
     }
     assert [events.count(n) for n in ("reserve", "charge", "notify")] == [1, 2, 1]
-    assert replay.structured_content == result.structured_content and replay.meta["mcp-durable/replayed"] is True  # type: ignore[index]
+    assert replay.structured_content == result.structured_content and meta_of(replay)["mcp-durable/replayed"] is True
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -76,7 +77,7 @@ async def test_a_step_named_differently_from_the_journal_at_the_same_position_is
         (tmp_path / "names").write_text("pack")  # the code changed: step 0 is now another step
         result = await client.call_tool("three_steps", {"job": "J"})
     assert result.is_error and result.structured_content is not None
-    assert result.meta["mcp-durable/error"]["error"] == "determinism_error"
+    assert meta_of(result)["mcp-durable/error"]["error"] == "determinism_error"
     assert "reserve" in result.structured_content["message"] and "pack" in result.structured_content["message"]
     assert events.count("pack") == 0, "nothing ran past the mismatch"
 

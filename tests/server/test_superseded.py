@@ -18,6 +18,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable import DurableServer, ToolPolicy
+from tests.helpers import meta_of
 
 LEASE = 5.0
 
@@ -57,7 +58,7 @@ async def test_the_run_that_lost_the_record_is_marked_superseded_not_replayed(
     paused = _server("A", url, gates, time.time)
     taker = _server("B", url, gates, lambda: time.time() + 1000.0)  # A's lease has run out for B
     answers: dict[str, Any] = {}
-    async with Client(paused, mode=mode) as a, Client(taker, mode=mode) as b:  # type: ignore[arg-type]
+    async with Client(paused, mode=mode) as a, Client(taker, mode=mode) as b:
 
         async def call(name: str, client: Any) -> None:
             answers[name] = await client.call_tool("work", {"job": "j-1"})
@@ -82,6 +83,6 @@ async def test_the_run_that_lost_the_record_is_marked_superseded_not_replayed(
     assert lost.meta["mcp-durable/superseded"] is True
     assert lost.structured_content == recorded.structured_content and not lost.is_error
     # A later repeat is an ordinary replay of the recorded outcome.
-    async with Client(taker, mode=mode) as b:  # type: ignore[arg-type]
+    async with Client(taker, mode=mode) as b:
         again = await b.call_tool("work", {"job": "j-1"})
-    assert again.meta["mcp-durable/replayed"] is True and again.structured_content == recorded.structured_content
+    assert meta_of(again)["mcp-durable/replayed"] is True and again.structured_content == recorded.structured_content

@@ -20,6 +20,7 @@ from mcp_types import CallToolResult
 from mcp_durable import DurableServer
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.server.tasks import RELATED_TASK, TASK_NOT_FOUND
+from tests.helpers import resource_text
 from tests.server.servers.counting import Counter
 from tests.server.servers.tasks import make_server
 from tests.server.task_client import (
@@ -222,8 +223,8 @@ async def test_journal_resources_and_the_cli_show_which_calls_are_tasks_and_thei
         task_id = (await create_legacy_task(client, "refund", {"order_id": "O-7", "amount_cents": 1}))["task"]["taskId"]
         await poll_until_terminal(client, task_id)
         await client.call_tool("echo", {"text": "plain"})
-        listing = json.loads((await client.read_resource("journal://calls")).contents[0].text)  # type: ignore[union-attr]
-        record = json.loads((await client.read_resource("journal://calls/refund/O-7")).contents[0].text)  # type: ignore[union-attr]
+        listing = json.loads(resource_text(await client.read_resource("journal://calls")))
+        record = json.loads(resource_text(await client.read_resource("journal://calls/refund/O-7")))
     await fx.server.aclose()
     by_tool = {c["tool"]: c for c in listing["calls"]}
     assert by_tool["refund"]["task"] is True and by_tool["refund"]["task_status"] == "completed"

@@ -29,7 +29,7 @@ async def _client_as(url: str, token: str, mode: str) -> AsyncIterator[Client]:
     extensions = [TasksClient()] if mode == "auto" else None
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http:
         transport = streamable_http_client(url, http_client=http)
-        async with Client(transport, mode=mode, extensions=extensions) as client:  # type: ignore[arg-type]
+        async with Client(transport, mode=mode, extensions=extensions) as client:
             yield client
 
 

@@ -24,12 +24,13 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from mcp_durable import KEY_META, DurableServer, ToolPolicy, current_call
+from mcp_durable import DurableServer, ToolPolicy, current_call
 from mcp_durable.journal import CallQuery
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.model import CallIdentity, CallRecord, CallState
 from mcp_durable.keys import canonical_json, fingerprint
 from mcp_durable.telemetry import Telemetry
+from tests.helpers import key_meta
 
 MODES = ["legacy", "auto"]
 EXPORTER = InMemorySpanExporter()
@@ -149,7 +150,7 @@ async def test_a_run_and_its_replay_mark_the_sdk_span_with_child_spans_for_claim
 ) -> None:
     reader = InMemoryMetricReader()
     server, _, _ = make_server(tmp_path, reader)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         first = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500})
         again = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 500})
     assert not first.is_error and not again.is_error
@@ -177,7 +178,7 @@ async def test_a_duplicate_that_latched_on_to_a_running_call_is_marked_waited(
     reader = InMemoryMetricReader()
     server, journal, release = make_server(tmp_path, reader)
     results: list[Any] = []
-    async with Client(server, mode=mode) as client, anyio.create_task_group() as group:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client, anyio.create_task_group() as group:
         async def call() -> None:
             results.append(await client.call_tool("slow", {"order_id": "O-2"}))
 
@@ -203,13 +204,13 @@ async def test_an_in_doubt_call_and_refusals_carry_their_codes_and_the_gauge_cou
 ) -> None:
     reader = InMemoryMetricReader()
     server, journal, _ = make_server(tmp_path, reader)
-    async with Client(server, mode=mode) as client:  # type: ignore[arg-type]
+    async with Client(server, mode=mode) as client:
         await orphan(journal, "ship", {"order_id": "O-3"}, "O-3")
         doubted = await client.call_tool("ship", {"order_id": "O-3"})
         refused_again = await client.call_tool("ship", {"order_id": "O-3"})
         missing = await client.call_tool("email", {"to": "a@example.com"})
-        await client.call_tool("refund", {"order_id": "O-4", "amount_cents": 1}, meta={KEY_META: "k-1"})
-        reused = await client.call_tool("refund", {"order_id": "O-5", "amount_cents": 2}, meta={KEY_META: "k-1"})
+        await client.call_tool("refund", {"order_id": "O-4", "amount_cents": 1}, meta=key_meta("k-1"))
+        reused = await client.call_tool("refund", {"order_id": "O-5", "amount_cents": 2}, meta=key_meta("k-1"))
         [gauge] = points(reader, "mcp_durable.calls.in_doubt")
         assert gauge.value == 1
     assert doubted.is_error and refused_again.is_error and missing.is_error and reused.is_error

@@ -46,8 +46,8 @@ def _imports(tree: ast.AST, type_checking: bool) -> list[ast.Import | ast.Import
 
     def visit(node: ast.AST) -> None:
         if not type_checking and isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
+            for branch in node.orelse:
+                visit(branch)
             return
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)

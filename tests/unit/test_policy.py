@@ -36,6 +36,7 @@ def test_the_heartbeat_renews_the_lease_three_times_per_lease() -> None:
 
 
 def test_sequences_are_stored_as_tuples_and_a_single_name_as_one_field() -> None:
+    # A list or a bare name where a tuple is declared, as untyped callers and TOML pass them.
     assert ToolPolicy(key_fields=["order_id", "line"]).key_fields == ("order_id", "line")  # type: ignore[arg-type]
     assert ToolPolicy(key_fields="order_id").key_fields == ("order_id",)  # type: ignore[arg-type]
     assert ToolPolicy(sensitive=["card"]).sensitive == ("card",)  # type: ignore[arg-type]
@@ -44,7 +45,7 @@ def test_sequences_are_stored_as_tuples_and_a_single_name_as_one_field() -> None
 
 def test_a_policy_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
-        ToolPolicy().wait = 1.0  # type: ignore[misc]
+        ToolPolicy().wait = 1.0  # type: ignore[misc]  # the assignment that must fail
 
 
 def test_retention_none_keeps_records_forever_and_zero_wait_is_allowed() -> None:
@@ -86,7 +87,7 @@ def test_as_policy_normalises_the_durable_argument() -> None:
     assert as_policy(True) == ToolPolicy()
     custom = ToolPolicy(wait=1.0)
     assert as_policy(custom) is custom
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError):  # wrong types on purpose: what an untyped caller may pass
         as_policy("yes")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         as_policy({"wait": 1})  # type: ignore[arg-type]
@@ -96,6 +97,7 @@ def test_as_policy_normalises_the_durable_argument() -> None:
 
 
 def test_fingerprint_names_and_key_meta_names_are_stored_as_tuples() -> None:
+    # A list or a bare name where a tuple is declared, as untyped callers and TOML pass them.
     assert ToolPolicy(fingerprint_fields="order_id").fingerprint_fields == ("order_id",)  # type: ignore[arg-type]
     assert ToolPolicy(fingerprint_exclude=["reason"]).fingerprint_exclude == ("reason",)  # type: ignore[arg-type]
     assert ToolPolicy(key_meta="idempotency_key").key_meta == ("idempotency_key",)  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -22,11 +23,12 @@ def full_record() -> CallRecord:
 @pytest.mark.parametrize("name", [n for n in FIELDS if n != "version"])
 def test_evolve_changes_one_field_bumps_the_version_and_keeps_every_other(name: str) -> None:
     record, marker = full_record(), object()
-    evolved = record.evolve(**{name: marker})
+    change: dict[str, Any] = {name: marker}  # a parametrized field name, so typed loosely
+    evolved = record.evolve(**change)
     for other in FIELDS:
         expected = marker if other == name else record.version + 1 if other == "version" else getattr(record, other)
         assert getattr(evolved, other) is expected or getattr(evolved, other) == expected, other
-    assert evolved == dataclasses.replace(record, version=record.version + 1, **{name: marker})
+    assert evolved == dataclasses.replace(record, version=record.version + 1, **change)
 
 
 def test_evolve_refuses_unknown_fields_and_the_version() -> None:

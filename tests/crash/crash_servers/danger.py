@@ -27,6 +27,8 @@ from typing import Any
 # Served by path, this file's folder is on sys.path but the repository root is not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
+from mcp.types import CallToolResult  # noqa: E402
+
 import tools.mailer as mailer  # noqa: E402
 from mcp_durable import CallIdentity, CallState, DurableServer, ToolPolicy, current_call  # noqa: E402
 from mcp_durable.demo.ledger import PaymentProvider  # noqa: E402
@@ -120,7 +122,9 @@ def make_server(
         assert registered is not None
         payload = None
         if result is not None:
-            payload = dump_result(registered.fn_metadata.convert_result(result))
+            converted = registered.fn_metadata.convert_result(result)
+            assert isinstance(converted, CallToolResult)  # a plain result, never an input request
+            payload = dump_result(converted)
         record = await server.engine.resolve(CallIdentity("local", tool, key), resolution, payload=payload,
                                              note="crash test operator")
         return {"state": record.state.value, "attempts": record.attempts}

@@ -18,18 +18,9 @@ import anyio
 from mcp import Client, MCPError
 from mcp_types import CallToolResult
 
-from mcp_durable import KEY_META
-from tests.helpers import stdio_params
+from tests.helpers import key_meta, stdio_params
 
 CALL_TIMEOUT = 60.0
-
-
-def file_journal_available() -> bool:
-    try:
-        import mcp_durable.journal.file  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def journal_url(kind: str, tmp: os.PathLike[str] | str) -> str:
@@ -88,7 +79,7 @@ class StdioServer:
     async def call(self, tool: str, arguments: dict[str, Any], key: str | None = None) -> CallToolResult | None:
         """The result, or None if the server died during the call (it is then stopped)."""
         assert self.client is not None, "start() first"
-        meta = {KEY_META: key} if key is not None else None
+        meta = key_meta(key) if key is not None else None
         try:
             with anyio.fail_after(CALL_TIMEOUT):
                 return await self.client.call_tool(tool, arguments, meta=meta)

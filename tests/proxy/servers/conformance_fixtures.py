@@ -140,7 +140,7 @@ def test_prompt_with_arguments(arg1: str, arg2: str) -> str:
     return f"Prompt with arguments: arg1='{arg1}', arg2='{arg2}'"
 
 
-@server.completion()
+@server.completion()  # type: ignore[untyped-decorator,no-untyped-call]  # mcp leaves this decorator untyped
 async def complete(ref: Any, argument: Any, context: Any) -> Completion | None:
     if isinstance(ref, PromptReference) and ref.name == "test_prompt_with_arguments":
         values = [v for v in ("paris", "park", "lisbon") if v.startswith(argument.value)]
