@@ -103,7 +103,8 @@ class KeyReuseError(_OfCall):
         super().__init__(
             f"idempotency key {key!r} of tool {tool!r} was already used with different arguments; "
             "use a new key for a new operation",
-            tool=tool, key=key,
+            tool=tool,
+            key=key,
         )
 
 
@@ -130,7 +131,9 @@ class InDoubtError(_OfCall):
             f"call of tool {tool!r} with key {key!r} is in doubt after {attempts} attempt(s){why}: "
             "its side effect may or may not have happened; an operator must resolve it "
             "(mcp-durable journal resolve)",
-            tool=tool, key=key, attempts=attempts,
+            tool=tool,
+            key=key,
+            attempts=attempts,
         )
 
 
@@ -144,8 +147,10 @@ class NonFiniteArgumentError(_OfTool):
 
     def __init__(self, tool: str, argument: str) -> None:
         why = "it cannot be fingerprinted or journaled; send a finite number"
-        message = (f"argument {argument} of tool {tool!r} is not a finite number (NaN, Infinity, or too large "
-                   f"for a 64-bit float): {why}")
+        message = (
+            f"argument {argument} of tool {tool!r} is not a finite number (NaN, Infinity, or too large "
+            f"for a 64-bit float): {why}"
+        )
         super().__init__(message, tool=tool, argument=argument)
 
 
@@ -160,12 +165,15 @@ class ArgumentsTooDeepError(_OfTool):
         super().__init__(
             f"the arguments of tool {tool!r} nest objects and arrays more than {limit} levels deep "
             f"(the arguments object is level 1); the limit is {limit} (max_argument_depth)",
-            tool=tool, limit=limit,
+            tool=tool,
+            limit=limit,
         )
 
 
 class DeterminismError(DurableError):
     """A durable step's name differs from the journal's step at the same position."""
+
+    code = "determinism_error"
 
     def __init__(self, step_index: int, expected: str, got: str) -> None:
         super().__init__(
