@@ -93,16 +93,14 @@ async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[floa
     pairs = settings.pick(4, 8)
     fresh = fresh_arguments(itertools.count(1))
     async with AsyncExitStack() as stack:
-        urls = [
-            await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind]))
-            for server in ("durable", "console")
-        ]
+        urls = [await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind]))
+                for server in ("durable", "console")]
         sides = [[await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)] for url in urls]
         for clients in sides:
             await _rate(clients, fresh, 2 * CLIENTS)  # warm-up
         rates: list[list[float]] = [[], []]
         for pair in range(pairs):
-            for side in (0, 1) if pair % 2 == 0 else (1, 0):
+            for side in ((0, 1) if pair % 2 == 0 else (1, 0)):
                 rates[side].append(await _rate(sides[side], fresh, total))
     ratios = [b / a for a, b in zip(rates[0], rates[1], strict=True)]
     return median(rates[0]), median(rates[1]), ratios
@@ -142,14 +140,10 @@ async def run(settings: Settings) -> CaseResult:
         table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain))
         bar = TARGET_RATIOS.get(name)
         if kind == "miss" and bar is not None:
-            result.targets.append(
-                Target(
-                    f"HTTP miss at {CLIENTS} clients ≥ {bar}× plain [{name}]",
-                    f"≥ {bar:.2f}x",
-                    f"{ratio(value / plain)} ({rate(value)} vs {rate(plain)})",
-                    value / plain >= bar,
-                )
-            )
+            result.targets.append(Target(
+                f"HTTP miss at {CLIENTS} clients ≥ {bar}× plain [{name}]", f"≥ {bar:.2f}x",
+                f"{ratio(value / plain)} ({rate(value)} vs {rate(plain)})", value / plain >= bar,
+            ))
     # The console mounted and nobody looking, against the same server without it (the first journal).
     first = next(iter(urls), None)
     if first is not None:

@@ -29,9 +29,8 @@ TARGET_CONCURRENCY = 64
 TARGET_RATIOS = {"memory": 0.85, "file": 0.70, "sqlite": 0.40, "postgres": 0.50}
 
 
-async def _burst(
-    call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], callers: int, total: int
-) -> float:
+async def _burst(call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], callers: int,
+                 total: int) -> float:
     """Calls per second of `total` calls made by `callers` concurrent tasks."""
     remaining = total
 
@@ -56,9 +55,8 @@ async def run(settings: Settings) -> CaseResult:
     gc_meters: dict[str, GcMeter] = {}  # at the target concurrency, per variant
     gc_time: dict[str, float] = {}
 
-    async def measure(
-        key: str, callers: int, call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], total: int
-    ) -> None:
+    async def measure(key: str, callers: int, call: Callable[..., Awaitable[Any]],
+                      args: Callable[[], dict[str, int]], total: int) -> None:
         if callers != TARGET_CONCURRENCY:
             rates.setdefault((callers, key), []).append(await _burst(call, args, callers, total))
             return
@@ -99,27 +97,21 @@ async def run(settings: Settings) -> CaseResult:
     if gc_meters:
         shares = ", ".join(
             f"{name} {gc_meters[name].seconds / gc_time[name]:.0%} ({gc_meters[name].full} full)"
-            for name in ["plain", *names]
-            if name in gc_meters
+            for name in ["plain", *names] if name in gc_meters
         )
         table.notes.append(
             f"share of the run the garbage collector took at {TARGET_CONCURRENCY} callers (full collections): "
             f"{shares}. Durable calls wait for their fsync with their request state alive, so more of it "
             "reaches the oldest generation and whole-heap collections come more often."
         )
-
     def plain_of(callers: int, name: str) -> float:
         return median(rates[(callers, f"plain:{name}")])
 
     for callers in CONCURRENCY:
         all_plain = median([r for n in names for r in rates[(callers, f"plain:{n}")]])
         durable = [median(rates[(callers, n)]) for n in names]
-        table.add(
-            callers,
-            rate(all_plain),
-            *[rate(r) for r in durable],
-            *[ratio(r / plain_of(callers, n)) for r, n in zip(durable, names, strict=True)],
-        )
+        table.add(callers, rate(all_plain), *[rate(r) for r in durable],
+                  *[ratio(r / plain_of(callers, n)) for r, n in zip(durable, names, strict=True)])
     result.tables.append(table)
     # Every journal has its bar (issue 15): memory measures the engine's own cost, the others
     # add their storage (group commit on file and SQLite, batched statements on Postgres).
@@ -127,12 +119,9 @@ async def run(settings: Settings) -> CaseResult:
         bar = TARGET_RATIOS[name]
         plain_rate = plain_of(TARGET_CONCURRENCY, name)
         r = median(rates[(TARGET_CONCURRENCY, name)]) / plain_rate
-        result.targets.append(
-            Target(
-                f"Miss throughput at {TARGET_CONCURRENCY} callers ≥ {bar}× plain [{name}]",
-                f"≥ {bar:.2f}x",
-                f"{ratio(r)} ({rate(median(rates[(TARGET_CONCURRENCY, name)]))} vs {rate(plain_rate)})",
-                r >= bar,
-            )
-        )
+        result.targets.append(Target(
+            f"Miss throughput at {TARGET_CONCURRENCY} callers ≥ {bar}× plain [{name}]",
+            f"≥ {bar:.2f}x", f"{ratio(r)} ({rate(median(rates[(TARGET_CONCURRENCY, name)]))} "
+            f"vs {rate(plain_rate)})", r >= bar,
+        ))
     return result

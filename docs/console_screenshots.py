@@ -28,15 +28,8 @@ from mcp_durable.keys import fingerprint
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = Path(os.environ.get("MCP_DURABLE_SCREENSHOTS", ROOT / "docs" / "img"))  # tests write elsewhere
 CHROMIUM = os.environ.get("MCP_DURABLE_CHROMIUM", "/usr/bin/chromium")
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
 TOKENS = {"alice": "demo-alice", "bob": "demo-bob", "ops": "demo-ops"}
 
 
@@ -60,19 +53,9 @@ async def leave_in_doubt(journal_url: str) -> None:
     await journal.open()
     now = time.time() - 1800
     arguments = {"order_id": "A-1013", "sku": "SKU-7"}
-    ghost = CallRecord(
-        CallIdentity("alice", "ship_order", "A-1013"),
-        fingerprint(arguments),
-        CallState.PENDING,
-        1,
-        "run-lost",
-        1,
-        now,
-        now,
-        owner="replica-gone",
-        lease_until=now + 30,
-        arguments=b'{"order_id":"A-1013","sku":"SKU-7"}',
-    )
+    ghost = CallRecord(CallIdentity("alice", "ship_order", "A-1013"), fingerprint(arguments), CallState.PENDING, 1,
+                       "run-lost", 1, now, now, owner="replica-gone", lease_until=now + 30,
+                       arguments=b'{"order_id":"A-1013","sku":"SKU-7"}')
     await journal.claim(ghost, now)
     await journal.aclose()
 
@@ -85,29 +68,10 @@ async def main() -> None:
         journal = f"sqlite:///{tmp}/journal.db"
         await leave_in_doubt(journal)
         port = free_port()
-        env = {
-            **os.environ,
-            "MCP_DURABLE_TOKENS": ",".join(f"{t}={p}" for p, t in TOKENS.items()),
-            "MCP_DURABLE_ADMINS": "ops",
-            "WAREHOUSE_DB": f"{tmp}/warehouse.db",
-        }
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mcp_durable.cli",
-                "serve",
-                "tools/shipping.py",
-                "--transport",
-                "http",
-                "--port",
-                str(port),
-                "--journal",
-                journal,
-            ],
-            cwd=ROOT,
-            env=env,
-        )
+        env = {**os.environ, "MCP_DURABLE_TOKENS": ",".join(f"{t}={p}" for p, t in TOKENS.items()),
+               "MCP_DURABLE_ADMINS": "ops", "WAREHOUSE_DB": f"{tmp}/warehouse.db"}
+        server = subprocess.Popen([sys.executable, "-m", "mcp_durable.cli", "serve", "tools/shipping.py", "--transport",
+                                   "http", "--port", str(port), "--journal", journal], cwd=ROOT, env=env)
         try:
             for _ in range(600):
                 try:

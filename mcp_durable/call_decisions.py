@@ -41,37 +41,23 @@ FINALS_MAX_RESULT = 16 * 1024  # larger results are read from the journal on eve
 
 def replayed(record: CallRecord) -> CallOutcome:
     """The answer to a repeat of a final record's key: its stored result, marked replayed."""
-    return CallOutcome(
-        record.identity.key,
-        None,
-        record.result,
-        replayed=True,
-        first_completed_at=record.completed_at,
-        attempt=record.attempts,
-    )
+    return CallOutcome(record.identity.key, None, record.result, replayed=True,
+                       first_completed_at=record.completed_at, attempt=record.attempts)
 
 
 def superseded(record: CallRecord) -> CallOutcome:
     """The recorded outcome, for a run whose own outcome lost the record to another (see `CallOutcome`).
 
-    owner A ── claims ── runs … paused past its lease …………………… finishes ── swap fails ─▶ superseded
-    owner B ─────────────────── takes over ── runs ── records ──┘
+        owner A ── claims ── runs … paused past its lease …………………… finishes ── swap fails ─▶ superseded
+        owner B ─────────────────── takes over ── runs ── records ──┘
     """
     logger.warning(
         "call %s/%s ran here but another outcome was recorded first (the lease was taken over or an "
-        "operator resolved it); answering with the recorded one",
-        record.identity.tool,
-        record.identity.key,
+        "operator resolved it); answering with the recorded one", record.identity.tool, record.identity.key,
     )
-    return CallOutcome(
-        record.identity.key,
-        None,
-        record.result,
-        replayed=False,
-        first_completed_at=record.completed_at,
-        attempt=record.attempts,
-        superseded=True,
-    )
+    return CallOutcome(record.identity.key, None, record.result, replayed=False,
+                       first_completed_at=record.completed_at, attempt=record.attempts,
+                       superseded=True)
 
 
 class CallDecisions(EngineState):
@@ -100,28 +86,14 @@ class CallDecisions(EngineState):
         self._finals[record.identity] = (record, replayed(record))
 
     def _fresh(
-        self,
-        identity: CallIdentity,
-        fingerprint: str,
-        args_json: bytes,
-        policy: ToolPolicy,
-        now: float,
+        self, identity: CallIdentity, fingerprint: str, args_json: bytes, policy: ToolPolicy, now: float,
         task_id: str | None = None,
     ) -> CallRecord:
         """A new PENDING record of this instance: what a claim inserts."""
         return CallRecord(
-            identity=identity,
-            fingerprint=fingerprint,
-            state=CallState.PENDING,
-            version=1,
-            run_id=os.urandom(16).hex(),
-            attempts=1,
-            created_at=now,
-            updated_at=now,
-            owner=self.instance_id,
-            lease_until=now + policy.lease,
-            arguments=args_json,
-            task_id=task_id,
+            identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1,
+            run_id=os.urandom(16).hex(), attempts=1, created_at=now, updated_at=now,
+            owner=self.instance_id, lease_until=now + policy.lease, arguments=args_json, task_id=task_id,
         )
 
     async def _decide(
@@ -181,13 +153,8 @@ class CallDecisions(EngineState):
         # record over is a plain call, no longer that task.
         task_id = None if record.state == CallState.RELEASED else record.task_id
         claimed = record.evolve(
-            state=CallState.PENDING,
-            owner=self.instance_id,
-            lease_until=now + policy.lease,
-            attempts=record.attempts + 1,
-            updated_at=now,
-            expires_at=None,
-            task_id=task_id,
+            state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
+            attempts=record.attempts + 1, updated_at=now, expires_at=None, task_id=task_id,
         )
         with self.owners.holding(record.identity):  # before the swap is sent, until the outcome lands
             with observe.span("durable.claim", take_over=True):
@@ -216,13 +183,8 @@ class CallDecisions(EngineState):
         assert policy.reconcile is not None and encode is not None
         now = self.clock()
         # Own the record first, so only one process reconciles (and maybe runs) it.
-        claimed = record.evolve(
-            state=CallState.PENDING,
-            owner=self.instance_id,
-            lease_until=now + policy.lease,
-            updated_at=now,
-            expires_at=None,
-        )
+        claimed = record.evolve(state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
+                                updated_at=now, expires_at=None)
         with self.owners.holding(record.identity):  # before the swap is sent, until the outcome lands
             return await self._reconcile_owned(record, claimed, policy, run, encode)
 
@@ -243,20 +205,11 @@ class CallDecisions(EngineState):
                 found = await policy.reconcile(identity.key, arguments)
         except Exception as exc:
             # The downstream system cannot answer: fall back to refuse (never guess).
-            back = claimed.evolve(
-                state=CallState.IN_DOUBT,
-                owner=None,
-                lease_until=None,
-                updated_at=self.clock(),
-                error=f"{RECONCILE_FAILED}: {type(exc).__name__}: {exc}"[:500],
-            )
+            back = claimed.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=self.clock(),
+                                  error=f"{RECONCILE_FAILED}: {type(exc).__name__}: {exc}"[:500])
             await self._swap(claimed, back)
-            raise InDoubtError(
-                identity.tool,
-                identity.key,
-                record.attempts,
-                f"the reconcile hook could not tell: {type(exc).__name__}: {exc}",
-            ) from exc
+            raise InDoubtError(identity.tool, identity.key, record.attempts,
+                               f"the reconcile hook could not tell: {type(exc).__name__}: {exc}") from exc
         finally:
             unbind(token)
         if isinstance(found, NotApplied):
@@ -271,12 +224,6 @@ class CallDecisions(EngineState):
         done, ours = await self._persist(claimed, policy, outcome)
         if not ours:
             return superseded(done)
-        return CallOutcome(
-            identity.key,
-            outcome.value,
-            outcome.payload,
-            replayed=False,
-            first_completed_at=done.completed_at,
-            reconciled=True,
-            attempt=done.attempts,
-        )
+        return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                           first_completed_at=done.completed_at, reconciled=True,
+                           attempt=done.attempts)

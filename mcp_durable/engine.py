@@ -160,12 +160,7 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
         return await self._act(identity, operators.Forget(note=note, by=by))
 
     async def cancel(
-        self,
-        identity: CallIdentity,
-        *,
-        by: str = "",
-        note: str = "",
-        retention: float | None = DEFAULT_RETENTION,
+        self, identity: CallIdentity, *, by: str = "", note: str = "", retention: float | None = DEFAULT_RETENTION,
     ) -> CallRecord:
         """Cancel a running (or in-doubt) call: it is never resumed.
 
@@ -183,12 +178,7 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
         return cancelled
 
     async def rerun(
-        self,
-        identity: CallIdentity,
-        *,
-        from_step: int | None = None,
-        by: str = "",
-        note: str = "",
+        self, identity: CallIdentity, *, from_step: int | None = None, by: str = "", note: str = "",
         retention: float | None = DEFAULT_RETENTION,
     ) -> CallRecord:
         """Re-run a completed or failed call under a new attempt, optionally from durable step `from_step`.
@@ -302,14 +292,8 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
         """Run the tool for a record this instance owns; persist before returning. Shielded by callers,
         who hold the identity (`LiveOwners.holding`) from before their claim was sent until this returns."""
         identity = record.identity
-        call = DurableCall(
-            identity,
-            record.run_id,
-            record.attempts,
-            self.journal,
-            self.clock,
-            await load_steps(self.journal, record.run_id) if record.attempts > 1 else [],
-        )
+        call = DurableCall(identity, record.run_id, record.attempts, self.journal, self.clock,
+                           await load_steps(self.journal, record.run_id) if record.attempts > 1 else [])
         token = bind(call)
         failure: BaseException | None = None
         began = self.clock()
@@ -340,41 +324,27 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
             reason = "interim result" if not outcome.final else "tool error (released by policy)"
             with anyio.CancelScope(shield=True):
                 await self._release(record, policy, reason)
-            return CallOutcome(
-                identity.key,
-                outcome.value,
-                outcome.payload,
-                replayed=False,
-                first_completed_at=None,
-                attempt=record.attempts,
-            )
+            return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                               first_completed_at=None, attempt=record.attempts)
         done, ours = await self._persist(record, policy, outcome)
         if not ours:
             return superseded(done)  # resolved or taken over meanwhile: the journal's answer stands
-        return CallOutcome(
-            identity.key,
-            outcome.value,
-            outcome.payload,
-            replayed=False,
-            first_completed_at=done.completed_at,
-            attempt=record.attempts,
-        )
+        return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
+                           first_completed_at=done.completed_at, attempt=record.attempts)
 
     def _lease_kept(self, identity: CallIdentity, policy: ToolPolicy) -> AbstractAsyncContextManager[None]:
         kept: AbstractAsyncContextManager[None] = self.leases.kept(identity, policy)
         return kept
 
-    async def _persist(self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome) -> tuple[CallRecord, bool]:
+    async def _persist(
+        self, record: CallRecord, policy: ToolPolicy, outcome: ToolOutcome
+    ) -> tuple[CallRecord, bool]:
         """Persist the outcome of a run this instance owns; returns the final record and whether
         it is ours (False: an operator resolved the call meanwhile, and their result stands)."""
         now = self.clock()
         done = record.evolve(
             state=CallState.FAILED if outcome.is_error else CallState.COMPLETED,
-            owner=None,
-            lease_until=None,
-            completed_at=now,
-            updated_at=now,
-            result=outcome.payload,
+            owner=None, lease_until=None, completed_at=now, updated_at=now, result=outcome.payload,
             expires_at=None if policy.retention is None else now + policy.retention,
         )
         with observe.span("durable.persist", state=done.state.value):
@@ -389,18 +359,16 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
             # Our claim was taken over (our lease was lost) but the effect happened: record it,
             # as its owner, over whatever non-final state the record is in now.
             if current is None or not await self.journal.swap(current.version, _rebase(done, current)):
-                raise InDoubtError(
-                    record.identity.tool, record.identity.key, record.attempts, "the call's claim was lost while it ran"
-                )
+                raise InDoubtError(record.identity.tool, record.identity.key, record.attempts,
+                                   "the call's claim was lost while it ran")
             done = _rebase(done, current)
         await self.notify_changed(done)
         return done, True
 
     async def _doubt(self, record: CallRecord, reason: str) -> None:
         now = self.clock()
-        doubted = record.evolve(
-            state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now, error=reason[:500]
-        )
+        doubted = record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now,
+                                error=reason[:500])
         with anyio.CancelScope(shield=True):
             try:
                 if await self.journal.swap(record.version, doubted):
@@ -423,11 +391,7 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
     async def _release(self, record: CallRecord, policy: ToolPolicy, reason: str) -> None:
         now = self.clock()
         released = record.evolve(
-            state=CallState.RELEASED,
-            owner=None,
-            lease_until=None,
-            updated_at=now,
-            error=reason,
+            state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=reason,
             expires_at=None if policy.retention is None else now + policy.retention,
         )
         if await self.journal.swap(record.version, released):
@@ -435,12 +399,8 @@ class Engine(Lifecycle, CallDecisions, TaskRuns):
             return
         # A task id attached meanwhile (`submit`) bumped the version: release what is still ours.
         current = await self.journal.get(record.identity)
-        if (
-            current is not None
-            and current.state == CallState.PENDING
-            and current.owner == self.instance_id
-            and current.run_id == record.run_id
-        ):
+        if (current is not None and current.state == CallState.PENDING and current.owner == self.instance_id
+                and current.run_id == record.run_id):
             rebased = _rebase(released, current)
             if await self.journal.swap(current.version, rebased):
                 await self.notify_changed(rebased)

@@ -108,12 +108,7 @@ class EngineState:
         def _remember(self, record: CallRecord) -> None: ...
 
         def _fresh(
-            self,
-            identity: CallIdentity,
-            fingerprint: str,
-            args_json: bytes,
-            policy: ToolPolicy,
-            now: float,
+            self, identity: CallIdentity, fingerprint: str, args_json: bytes, policy: ToolPolicy, now: float,
             task_id: str | None = None,
         ) -> CallRecord: ...
 

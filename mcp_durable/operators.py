@@ -122,9 +122,8 @@ class Rerun(Verdict):
         return "rerun" if self.from_step is None else f"rerun from step {self.from_step}"
 
 
-def judge(
-    record: CallRecord | None, identity: CallIdentity, verdict: Verdict, now: float, *, owner_alive: bool
-) -> CallRecord:
+def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, now: float, *,
+          owner_alive: bool) -> CallRecord:
     """The successor of `record` (the current record of `identity`, None if there is none) under
     `verdict`, at `now`; `owner_alive` tells whether a PENDING record's owner may still run it.
 
@@ -140,111 +139,60 @@ def judge(
     suffix = verdict._suffix()
     if isinstance(verdict, Cancel):
         if state not in (CallState.PENDING, CallState.IN_DOUBT):
-            raise OperatorError(
-                f"call {identity.tool}/{identity.key} is {state.value}: only a running or "
-                "in-doubt call can be cancelled"
-            )
-        return record.evolve(
-            state=CallState.RELEASED,
-            owner=None,
-            lease_until=None,
-            updated_at=now,
-            expires_at=_expiry(now, verdict.retention),
-            error=f"{OPERATOR_CANCELLED}{suffix}"[:500],
-        )
+            raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}: only a running or "
+                                "in-doubt call can be cancelled")
+        return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
+                             expires_at=_expiry(now, verdict.retention), error=f"{OPERATOR_CANCELLED}{suffix}"[:500])
     if isinstance(verdict, Rerun):
         if not state.is_final:
-            raise OperatorError(
-                f"call {identity.tool}/{identity.key} is {state.value}: only a completed or "
-                "failed call can be re-run (resolve or forget one in doubt)"
-            )
+            raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}: only a completed or "
+                                "failed call can be re-run (resolve or forget one in doubt)")
         since = "" if verdict.from_step is None else f" from step {verdict.from_step}"
         # A new run each time it is judged: a swap lost to another change must not leave the
         # steps the engine copied for this attempt in the run the next attempt copies into.
-        return record.evolve(
-            state=CallState.RELEASED,
-            run_id=os.urandom(16).hex(),
-            owner=None,
-            lease_until=None,
-            result=None,
-            completed_at=None,
-            updated_at=now,
-            expires_at=_expiry(now, verdict.retention),
-            error=f"re-run requested by an operator{since}{suffix}",
-        )
+        return record.evolve(state=CallState.RELEASED, run_id=os.urandom(16).hex(), owner=None, lease_until=None,
+                             result=None, completed_at=None, updated_at=now,
+                             expires_at=_expiry(now, verdict.retention),
+                             error=f"re-run requested by an operator{since}{suffix}")
     dead_pending = state == CallState.PENDING and not owner_alive
     if state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
         raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}, not in doubt")
     if isinstance(verdict, Forget):
-        return record.evolve(
-            state=CallState.RELEASED,
-            owner=None,
-            lease_until=None,
-            updated_at=now,
-            expires_at=now,
-            error=f"forgotten by an operator{suffix}",
-        )
+        return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
+                             expires_at=now, error=f"forgotten by an operator{suffix}")
     assert isinstance(verdict, Resolve)
     expires = _expiry(now, verdict.retention)
     if verdict.resolution == "not_applied":
-        return record.evolve(
-            state=CallState.RELEASED,
-            owner=None,
-            lease_until=None,
-            updated_at=now,
-            error=f"resolved not applied by an operator{suffix}",
-            expires_at=expires,
-        )
+        return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
+                             error=f"resolved not applied by an operator{suffix}", expires_at=expires)
     final = CallState.COMPLETED if verdict.resolution == "completed" else CallState.FAILED
-    return record.evolve(
-        state=final,
-        owner=None,
-        lease_until=None,
-        updated_at=now,
-        completed_at=now,
-        result=verdict.payload,
-        expires_at=expires,
-        error=f"resolved {verdict.resolution} by an operator{suffix}",
-    )
+    return record.evolve(state=final, owner=None, lease_until=None, updated_at=now, completed_at=now,
+                         result=verdict.payload, expires_at=expires,
+                         error=f"resolved {verdict.resolution} by an operator{suffix}")
 
 
 def steps_kept(record: CallRecord, from_step: int, steps: Sequence[JournalEntry]) -> Sequence[JournalEntry]:
     """The durable steps (`steps`, those `record`'s run journaled) a re-run from `from_step` replays:
     the first `from_step`. Raises `OperatorError` for a `from_step` beyond them."""
     if not 0 <= from_step <= len(steps):
-        raise OperatorError(
-            f"call {record.identity.tool}/{record.identity.key} journaled {len(steps)} step(s): "
-            f"from_step must be 0 … {len(steps)}, not {from_step}"
-        )
+        raise OperatorError(f"call {record.identity.tool}/{record.identity.key} journaled {len(steps)} step(s): "
+                            f"from_step must be 0 … {len(steps)}, not {from_step}")
     return steps[:from_step]
 
 
 def audit_entry(before: CallRecord, after: CallRecord, verdict: Verdict) -> dict[str, Any]:
     """The data of the audit entry (`AUDIT_ENTRY` of `AUDIT_PROCESS`) for `verdict` moving `before` to `after`."""
     i = before.identity
-    return {
-        "action": verdict.action,
-        "principal": i.principal,
-        "tool": i.tool,
-        "key": i.key,
-        "run_id": before.run_id,
-        "from": before.state.value,
-        "to": after.state.value,
-        "by": verdict.by or "operator",
-        "note": verdict.note,
-    }
+    return {"action": verdict.action, "principal": i.principal, "tool": i.tool, "key": i.key,
+            "run_id": before.run_id, "from": before.state.value, "to": after.state.value,
+            "by": verdict.by or "operator", "note": verdict.note}
 
 
 async def audit_entries(journal: Journal, identity: CallIdentity) -> list[JournalEntry]:
     """The audit entries of operator actions on the call `identity`, oldest first."""
     entries = await journal.entries(process_id=AUDIT_PROCESS)
-    return [
-        e
-        for e in entries
-        if e.entry_type == AUDIT_ENTRY
-        and (e.data.get("principal"), e.data.get("tool"), e.data.get("key"))
-        == (identity.principal, identity.tool, identity.key)
-    ]
+    return [e for e in entries if e.entry_type == AUDIT_ENTRY and (e.data.get("principal"), e.data.get("tool"),
+            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]
 
 
 def _expiry(now: float, retention: float | None) -> float | None:

@@ -102,10 +102,8 @@ class ToolPolicy:
         if not (self.wait >= 0 and self.lease > 0):  # written so NaN fails too
             raise ConfigError("wait must be >= 0 and lease > 0 seconds")
         if self.tool_errors not in ("persist", "release") or self.exceptions not in ("persist", "release"):
-            raise ConfigError(
-                f"tool_errors and exceptions must be 'persist' or 'release', "
-                f"not {self.tool_errors!r} / {self.exceptions!r}"
-            )
+            raise ConfigError(f"tool_errors and exceptions must be 'persist' or 'release', "
+                              f"not {self.tool_errors!r} / {self.exceptions!r}")
         if self.key_argument is not None and (not isinstance(self.key_argument, str) or not self.key_argument):
             raise ConfigError(f"key_argument must be an argument name, not {self.key_argument!r}")
         if (self.key_fn is not None and not callable(self.key_fn)) or (

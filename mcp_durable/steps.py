@@ -149,3 +149,4 @@ def bind(call: DurableCall | None) -> Any:
 
 def unbind(token: Any) -> None:
     _current.reset(token)
+

@@ -135,13 +135,8 @@ class TaskRuns(EngineState):
             if record.state == CallState.RELEASED and not is_cancelled(record):
                 # Released without a result: its task (if any) is over; run it again as a new one.
                 again = record.evolve(
-                    state=CallState.PENDING,
-                    owner=self.instance_id,
-                    lease_until=now + policy.lease,
-                    attempts=record.attempts + 1,
-                    updated_at=now,
-                    expires_at=None,
-                    error=None,
+                    state=CallState.PENDING, owner=self.instance_id, lease_until=now + policy.lease,
+                    attempts=record.attempts + 1, updated_at=now, expires_at=None, error=None,
                     task_id=new_task_id(),
                 )
                 started = await self._start_task_run(record, again, policy, run)
@@ -231,11 +226,7 @@ class TaskRuns(EngineState):
                 return record, False
             now = self.clock()
             cancelled = record.evolve(
-                state=CallState.RELEASED,
-                owner=None,
-                lease_until=None,
-                updated_at=now,
-                error=CANCELLED_REASON,
+                state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now, error=CANCELLED_REASON,
                 expires_at=None if retention is None else now + retention,
             )
             if await self._swap(record, cancelled):

@@ -50,8 +50,7 @@ OPERATOR_CANCELLED = "cancelled by an operator"
 def is_cancelled(record: CallRecord) -> bool:
     """A record released by a cancel: the task's requestor's, or an operator's."""
     return record.state == CallState.RELEASED and (
-        record.error == CANCELLED_REASON or (record.error or "").startswith(OPERATOR_CANCELLED)
-    )
+        record.error == CANCELLED_REASON or (record.error or "").startswith(OPERATOR_CANCELLED))
 
 
 def is_operator_cancelled(record: CallRecord) -> bool:

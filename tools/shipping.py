@@ -25,9 +25,13 @@ server = DurableServer("shipping", instructions="Ship an order once, resuming af
 async def ship_order(order_id: str, sku: str = "SKU-1") -> dict[str, Any]:
     """Reserve one unit of `sku`, buy a shipping label and notify the customer, once per order."""
     call = current_call()
-    reservation = await call.step("reserve stock", warehouse.reserve, order_id, sku, key=call.step_key("reserve stock"))
+    reservation = await call.step(
+        "reserve stock", warehouse.reserve, order_id, sku, key=call.step_key("reserve stock")
+    )
     tracking = await call.step("buy label", warehouse.buy_label, order_id, key=call.step_key("buy label"))
-    notification = await call.step("notify", warehouse.notify, order_id, tracking, key=call.step_key("notify"))
+    notification = await call.step(
+        "notify", warehouse.notify, order_id, tracking, key=call.step_key("notify")
+    )
     return {"order_id": order_id, "reservation": reservation, "tracking": tracking, "notification": notification}
 
 

@@ -31,6 +31,8 @@ _STATES = frozenset(state.value for state in CallState)
 _PAGE_MESSAGE = re.compile(r"\bpage (\d+)", re.IGNORECASE)
 
 
+
+
 async def verify_url(url: str, progress: Progress | None = None) -> VerifyReport:
     """Verify the journal at `url`: every record (and, for files, every frame and checksum)."""
     scheme = url.split(":", 1)[0].lower()

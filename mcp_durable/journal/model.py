@@ -75,22 +75,11 @@ class CallRecord:
             raise TypeError(f"CallRecord.evolve() cannot change {sorted(changes.keys() - _EVOLVABLE)}")
         c, get = self, changes.get
         return CallRecord(
-            get("identity", c.identity),
-            get("fingerprint", c.fingerprint),
-            get("state", c.state),
-            c.version + 1,
-            get("run_id", c.run_id),
-            get("attempts", c.attempts),
-            get("created_at", c.created_at),
-            get("updated_at", c.updated_at),
-            get("owner", c.owner),
-            get("lease_until", c.lease_until),
-            get("completed_at", c.completed_at),
-            get("expires_at", c.expires_at),
-            get("result", c.result),
-            get("error", c.error),
-            get("arguments", c.arguments),
-            get("task_id", c.task_id),
+            get("identity", c.identity), get("fingerprint", c.fingerprint), get("state", c.state), c.version + 1,
+            get("run_id", c.run_id), get("attempts", c.attempts), get("created_at", c.created_at),
+            get("updated_at", c.updated_at), get("owner", c.owner), get("lease_until", c.lease_until),
+            get("completed_at", c.completed_at), get("expires_at", c.expires_at), get("result", c.result),
+            get("error", c.error), get("arguments", c.arguments), get("task_id", c.task_id),
         )
 
     def is_expired(self, now: float) -> bool:

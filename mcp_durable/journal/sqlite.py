@@ -95,16 +95,8 @@ class SQLiteJournal:
 
     single_writer = False
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        synchronous: str = "FULL",
-        poll_interval: float = 0.02,
-        busy_timeout: float = 5.0,
-        url: str | None = None,
-        single_writer: bool = False,
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", poll_interval: float = 0.02,
+                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:
         self.path = Path(path)
         self.single_writer = single_writer
         self._lock: WriterLock | None = None
@@ -139,11 +131,8 @@ class SQLiteJournal:
         make_dirs(self.path.parent, 0o700)
         # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
         # same arguments and results) the database file's mode, not 0600.
-        for path, flags in (
-            (self.path, os.O_RDWR | os.O_CREAT),
-            (Path(f"{self.path}-wal"), os.O_RDWR),
-            (Path(f"{self.path}-shm"), os.O_RDWR),
-        ):
+        for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
+                            (Path(f"{self.path}-shm"), os.O_RDWR)):
             try:
                 os.close(os.open(path, flags, 0o600))
                 os.chmod(path, 0o600)
@@ -160,16 +149,12 @@ class SQLiteJournal:
         # A database of schema 1 (no `task_id`) then gains the column, and every database the
         # tasks' index and its schema version, each step atomic on its own.
         try:
-            conn.executescript(
-                f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
-                f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;"
-            )
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
+                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")
             if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
                 conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
-            conn.executescript(
-                f"BEGIN IMMEDIATE;\n{_TASKS_INDEX};\n"
-                f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;"
-            )
+            conn.executescript(f"BEGIN IMMEDIATE;\n{_TASKS_INDEX};\n"
+                               f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;")
         except BaseException:
             conn.close()  # rolls the transaction back
             raise

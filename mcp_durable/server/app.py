@@ -86,8 +86,6 @@ class ToolOptions(TypedDict, total=False):
     icons: Sequence[Any] | None
     meta: dict[str, Any] | None
     structured_output: bool | None
-
-
 logger = logging.getLogger(__name__)
 
 
@@ -201,13 +199,8 @@ class DurableServer(MCPServer[Any]):
         self.recovery: BackgroundRecovery | None = None
         if check_interval("reconcile_interval", reconcile_interval) is not None:
             assert reconcile_interval is not None
-            self.recovery = BackgroundRecovery(
-                self.engine,
-                self.policies,
-                self.result_encoder,
-                reconcile_interval,
-                after_pass=self._after_recovery_pass,
-            )
+            self.recovery = BackgroundRecovery(self.engine, self.policies, self.result_encoder, reconcile_interval,
+                                               after_pass=self._after_recovery_pass)
         # Expired records, their steps and old lifecycle entries purged on a schedule (retention.py).
         self.retention: BackgroundRetention | None = None
         if retention_schedule is not None:
@@ -232,13 +225,8 @@ class DurableServer(MCPServer[Any]):
         """The `journal://…` resources (server/resources.py), every read scoped by principal."""
         views = JournalResources(self, lambda: maintenance_body(self.retention, self.recovery))
         for resource in journal_resources(views):
-            register = self.resource(
-                resource.uri,
-                name=resource.name,
-                mime_type=JSON,
-                description=resource.read.__doc__,
-                security=resource.security,
-            )
+            register = self.resource(resource.uri, name=resource.name, mime_type=JSON,
+                                     description=resource.read.__doc__, security=resource.security)
             register(answering_durable_errors(resource.read))
         install_read_context(self._lowlevel_server)
         return views
@@ -251,9 +239,8 @@ class DurableServer(MCPServer[Any]):
         lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, notifier.subscribe)
         lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, notifier.unsubscribe)
         if lowlevel.get_request_handler("subscriptions/listen") is not None:  # None: `subscriptions=False`
-            lowlevel.add_request_handler(
-                "subscriptions/listen", SubscriptionsListenRequestParams, notifier.listen_handler()
-            )
+            lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams,
+                                         notifier.listen_handler())
         if isinstance(self._subscriptions, ScopedSubscriptionBus):  # e.g. PgSubscriptionBus: across replicas
             notifier.forward_across(self._subscriptions)
         return notifier
@@ -281,7 +268,8 @@ class DurableServer(MCPServer[Any]):
             # Serve anyway (full disk, read-only directory, locked database): every durable call
             # retries the start and is refused with `journal_unavailable` until it succeeds, so
             # the fault clears without a restart.
-            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), display_url(str(exc)))
+            logger.warning("journal %s unavailable at start: %s",
+                           display_url(self.journal.url), display_url(str(exc)))
         else:
             if self.telemetry is not None and self._lifespan_users == 0:
                 await self.telemetry.start(self.journal)
@@ -309,11 +297,8 @@ class DurableServer(MCPServer[Any]):
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning(
-                        "journal %s: the stop could not be journaled: %s",
-                        display_url(self.journal.url),
-                        display_url(str(exc)),
-                    )
+                    logger.warning("journal %s: the stop could not be journaled: %s",
+                                   display_url(self.journal.url), display_url(str(exc)))
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -341,14 +326,8 @@ class DurableServer(MCPServer[Any]):
             base = annotations or ToolAnnotations()
             annotations = base.model_copy(update={"idempotent_hint": True})
         super().add_tool(
-            fn,
-            name=name,
-            title=title,
-            description=description,
-            annotations=annotations,
-            icons=list(icons) if icons is not None else None,
-            meta=meta,
-            structured_output=structured_output,
+            fn, name=name, title=title, description=description, annotations=annotations,
+            icons=list(icons) if icons is not None else None, meta=meta, structured_output=structured_output,
         )
         tool_name = name or fn.__name__
         if policy is not None:
@@ -442,9 +421,8 @@ class DurableServer(MCPServer[Any]):
         except DurableError as exc:
             return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
         run = self._runner(name, arguments, context, policy, model, prepared)
-        result = await self.run_durable(
-            name, policy, validated, canonical, context, run, prepared.encode, fingerprint=fingerprint
-        )
+        result = await self.run_durable(name, policy, validated, canonical, context, run, prepared.encode,
+                                        fingerprint=fingerprint)
         if memo_key is not None and known is None and result.meta and result.meta.get(META_REPLAYED) is True:
             # Remembered once a request is repeated (a retry): first calls do not fill the memo.
             prepared.remember(memo_key, (validated, canonical, fingerprint))
@@ -497,9 +475,8 @@ class DurableServer(MCPServer[Any]):
                     result, payload = await prepared.run(prepared.one_level(model), called_with)
                 else:
                     # What the SDK hands the function (`prevalidated`); made only when the tool runs.
-                    token = (
-                        None if model is None else prevalidated.validated_as(arguments, model.model_dump_one_level())
-                    )
+                    token = None if model is None else prevalidated.validated_as(arguments,
+                                                                                 model.model_dump_one_level())
                     result = await MCPServer.call_tool(self, name, arguments, context)
             except UnexpectedToolError as exc:
                 if policy.exceptions != "persist":
@@ -542,9 +519,8 @@ class DurableServer(MCPServer[Any]):
         final = result  # narrowed to CallToolResult, for the closure
         made = payload
         try:
-            payload = limits.result_payload(
-                name, lambda: made if made is not None else dump_result(final), self.max_result_bytes
-            )
+            payload = limits.result_payload(name, lambda: made if made is not None else dump_result(final),
+                                            self.max_result_bytes)
         except limits.LimitExceeded as exc:
             if policy.exceptions != "persist":
                 raise  # the engine releases the claim; answered in run_durable
@@ -575,38 +551,21 @@ class DurableServer(MCPServer[Any]):
         """
         principal = self.principal_of(context)
         if self.telemetry is None:
-            return await self._run_durable(
-                name, policy, arguments, canonical, context, run, encode, principal, None, fingerprint
-            )
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None,
+                                           fingerprint)
         with self.telemetry.call(name, principal) as observed:
-            return await self._run_durable(
-                name, policy, arguments, canonical, context, run, encode, principal, observed, fingerprint
-            )
+            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal,
+                                           observed, fingerprint)
 
     async def _run_durable(
-        self,
-        name: str,
-        policy: ToolPolicy,
-        arguments: dict[str, Any],
-        canonical: bytes,
-        context: Context[Any, Any] | None,
-        run: Runner,
-        encode: Encoder | None,
-        principal: str,
-        observed: ObservedCall | None,
-        fingerprint: str | None,
+        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes,
+        context: Context[Any, Any] | None, run: Runner, encode: Encoder | None, principal: str,
+        observed: ObservedCall | None, fingerprint: str | None,
     ) -> CallToolResult | InputRequiredResult:
         try:
             outcome = await self.engine.execute(
-                tool=name,
-                policy=policy,
-                arguments=arguments,
-                meta=_request_meta(context),
-                run=run,
-                encode=encode,
-                principal=principal,
-                canonical=canonical,
-                fingerprint=fingerprint,
+                tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
+                principal=principal, canonical=canonical, fingerprint=fingerprint,
             )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             if observed is not None:
@@ -645,14 +604,9 @@ class DurableServer(MCPServer[Any]):
         assert tool is not None
         model, validated, canonical = self._validated(tool, name, arguments)
         return await self.engine.submit(
-            tool=name,
-            policy=policy,
-            arguments=validated,
-            meta=_request_meta(context),
-            run=self._runner(name, arguments, None, policy, model),
-            encode=_encoder(tool),
-            principal=self.principal_of(context),
-            canonical=canonical,
+            tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
+            run=self._runner(name, arguments, None, policy, model), encode=_encoder(tool),
+            principal=self.principal_of(context), canonical=canonical,
         )
 
     async def _submit_requested_task(
@@ -717,8 +671,7 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
         logger.warning(
             "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
             "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
-            name,
-            ", ".join(sorted(resolved)),
+            name, ", ".join(sorted(resolved)),
         )
 
 

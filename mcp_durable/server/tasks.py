@@ -92,11 +92,8 @@ def _not_found() -> MCPError:
 def _journal_unavailable(exc: JournalError) -> MCPError:
     # The journal's own message names paths or hosts: it goes to the server's log, not to callers.
     logger.warning("a task request found the journal unavailable: %s", exc)
-    return MCPError(
-        code=INTERNAL_ERROR,
-        message="journal_unavailable: the journal cannot be used right now",
-        data={"error": "journal_unavailable"},
-    )
+    return MCPError(code=INTERNAL_ERROR, message="journal_unavailable: the journal cannot be used right now",
+                    data={"error": "journal_unavailable"})
 
 
 #: Submits a task-creating call of a durable tool for the request being served: `submit(name,
@@ -312,10 +309,8 @@ class TaskProtocol:
         meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
         principal = self._principal(ctx)
         records = {t: r for t in dict.fromkeys(wanted) if (r := await self.host.engine.task(principal, t))}
-        ack = wire.Notification(
-            method="notifications/subscriptions/acknowledged",
-            params={"notifications": {"taskIds": list(records)}, "_meta": meta},
-        )
+        ack = wire.Notification(method="notifications/subscriptions/acknowledged",
+                            params={"notifications": {"taskIds": list(records)}, "_meta": meta})
         await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
         sent: dict[str, tuple[str, float]] = {}
         while True:
@@ -355,16 +350,8 @@ class TaskProtocol:
             record = await self._settle(record, policy.task_after)
         if record.state.is_final and policy.task_support == "optional":
             # Finished within `task_after`: the plain result, as a call without tasks gets it.
-            return answer(
-                CallOutcome(
-                    record.identity.key,
-                    None,
-                    record.result,
-                    replayed=finished_before,
-                    first_completed_at=record.completed_at,
-                    attempt=record.attempts,
-                )
-            )
+            return answer(CallOutcome(record.identity.key, None, record.result, replayed=finished_before,
+                                      first_completed_at=record.completed_at, attempt=record.attempts))
         return {"resultType": "task", **self.modern_task(record, detailed=False)}
 
     async def _settle(self, record: CallRecord, seconds: float) -> CallRecord:

@@ -32,29 +32,12 @@ anyio.run(main)
 """
 
 
-def call(
-    key: str,
-    version: int,
-    state: CallState,
-    *,
-    expires_at: float | None = None,
-    result: bytes | None = None,
-    lease: float = 30,
-) -> CallRecord:
+def call(key: str, version: int, state: CallState, *, expires_at: float | None = None,
+         result: bytes | None = None, lease: float = 30) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key),
-        fingerprint="f",
-        state=state,
-        version=version,
-        run_id=f"run-{key}",
-        attempts=1,
-        created_at=T0,
-        updated_at=T0,
-        owner="A",
-        lease_until=T0 + lease,
-        result=result,
-        expires_at=expires_at,
-        arguments=b'{"order":"%s"}' % key.encode(),
+        identity=CallIdentity("local", "refund", key), fingerprint="f", state=state, version=version,
+        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + lease,
+        result=result, expires_at=expires_at, arguments=b'{"order":"%s"}' % key.encode(),
     )
 
 
@@ -145,9 +128,7 @@ async def test_a_crash_at_any_phase_of_compaction_leaves_every_live_record(tmp_p
     segments_before = sorted(p.name for p in path.glob("seg-*.log"))
     child = subprocess.run(
         [sys.executable, "-c", COMPACT_CHILD, str(path), str(SEGMENT), str(T0 + 50), phase],
-        cwd=ROOT,
-        capture_output=True,
-        timeout=120,
+        cwd=ROOT, capture_output=True, timeout=120,
     )
     assert child.returncode == -9, child.stderr.decode()
     on_disk = sorted(p.name for p in path.glob("seg-*.log"))

@@ -23,17 +23,9 @@ T0 = 1_700_000_000.0
 
 def pending(key: str, owner: str = "A", created: float = T0) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key),
-        fingerprint="f",
-        state=CallState.PENDING,
-        version=1,
-        run_id=f"run-{key}",
-        attempts=1,
-        created_at=created,
-        updated_at=created,
-        owner=owner,
-        lease_until=created + 30,
-        arguments=b'{"a":1}',
+        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
+        run_id=f"run-{key}", attempts=1, created_at=created, updated_at=created, owner=owner,
+        lease_until=created + 30, arguments=b'{"a":1}',
     )
 
 
@@ -154,10 +146,8 @@ async def test_batch_statements_find_rows_by_key_whatever_the_table_size(journal
     statements = {
         "claim": (journal._claim_many_sql, (rows_json(records),)),
         "swap": (journal._swap_many_sql, (rows_json(done, [1] * len(done)),)),
-        "get": (
-            journal._get_many_sql,
-            ([i.principal for i in identities], [i.tool for i in identities], [i.key for i in identities]),
-        ),
+        "get": (journal._get_many_sql, ([i.principal for i in identities], [i.tool for i in identities],
+                                        [i.key for i in identities])),
     }
     async with journal._connection() as conn:
         for name, (sql, params) in statements.items():
@@ -166,7 +156,8 @@ async def test_batch_statements_find_rows_by_key_whatever_the_table_size(journal
             assert "Seq Scan on calls" not in plan and "calls_pkey" in plan, (name, plan)
 
 
-async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(journal: PostgresJournal) -> None:
+async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(
+        journal: PostgresJournal) -> None:
     # One caller: each claim is a statement of its own (the single-row one).
     before = (journal._claims.batches, journal._claims.items)
     for i in range(3):

@@ -21,18 +21,8 @@ OWNER = "me"
 async def claimed(journal: object, key: str) -> CallIdentity:
     now = time.time()
     identity = CallIdentity("local", "long", key)
-    record = CallRecord(
-        identity=identity,
-        fingerprint="f",
-        state=CallState.PENDING,
-        version=1,
-        run_id=key,
-        attempts=1,
-        created_at=now,
-        updated_at=now,
-        owner=OWNER,
-        lease_until=now,
-    )
+    record = CallRecord(identity=identity, fingerprint="f", state=CallState.PENDING, version=1, run_id=key,
+                        attempts=1, created_at=now, updated_at=now, owner=OWNER, lease_until=now)
     won, _ = await journal.claim(record, now)  # type: ignore[attr-defined]
     assert won
     return identity

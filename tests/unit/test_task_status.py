@@ -10,18 +10,9 @@ from mcp_durable.tasks import CANCELLED_REASON, new_task_id, task_view
 
 
 def record(state: CallState, *, error: str | None = None, attempts: int = 1) -> CallRecord:
-    return CallRecord(
-        identity=CallIdentity("local", "t", "k"),
-        fingerprint="f",
-        state=state,
-        version=1,
-        run_id="r",
-        attempts=attempts,
-        created_at=1.0,
-        updated_at=1.0,
-        error=error,
-        task_id="task",
-    )
+    return CallRecord(identity=CallIdentity("local", "t", "k"), fingerprint="f", state=state, version=1,
+                      run_id="r", attempts=attempts, created_at=1.0, updated_at=1.0, error=error,
+                      task_id="task")
 
 
 RETRY, REFUSE = ToolPolicy(in_doubt="retry"), ToolPolicy(in_doubt="refuse")
@@ -42,9 +33,8 @@ RETRY, REFUSE = ToolPolicy(in_doubt="retry"), ToolPolicy(in_doubt="refuse")
         (record(CallState.RELEASED, error="ValueError: boom"), RETRY, "failed", False),
     ],
 )
-def test_a_tasks_status_follows_its_record(
-    row: CallRecord, policy: ToolPolicy | None, status: str, is_error_result: bool
-) -> None:
+def test_a_tasks_status_follows_its_record(row: CallRecord, policy: ToolPolicy | None, status: str,
+                                           is_error_result: bool) -> None:
     view = task_view(row, policy)
     assert (view.status, view.is_error_result) == (status, is_error_result)
     assert view.terminal == (status in ("completed", "failed", "cancelled"))

@@ -67,9 +67,8 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
         mapping: dict[int, int] = getattr(entries, name)
         sections.append((f"entry.{name}.keys", "Q", array("Q", mapping.keys()).tobytes()))
         sections.append((f"entry.{name}.values", "Q", array("Q", mapping.values()).tobytes()))
-    tasks = [
-        [principal, task_id, f"{h:032x}", tool, key] for (principal, task_id), (h, tool, key) in calls.tasks.items()
-    ]
+    tasks = [[principal, task_id, f"{h:032x}", tool, key]
+             for (principal, task_id), (h, tool, key) in calls.tasks.items()]
     return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names), tasks)
 
 
@@ -79,16 +78,10 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
     for _, _, blob in data.sections:
         crc = zlib.crc32(blob, crc)
     header = {
-        "format": FORMAT,
-        "seq": data.seq,
-        "segments": [segment_name(n) for n in data.segments],
-        "end": data.end,
-        "byteorder": sys.byteorder,
-        "crc": crc,
+        "format": FORMAT, "seq": data.seq, "segments": [segment_name(n) for n in data.segments],
+        "end": data.end, "byteorder": sys.byteorder, "crc": crc,
         "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
-        "tools": data.tools,
-        "principals": data.principals,
-        "tasks": data.tasks,
+        "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
     write_synced(tmp, [orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)])

@@ -52,14 +52,8 @@ class Batcher(Generic[I, O]):
     in that item's caller. At most `max_items` items share a batch.
     """
 
-    def __init__(
-        self,
-        run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]],
-        *,
-        slots: int,
-        max_items: int = 256,
-        run_one: Callable[[I], Awaitable[O]] | None = None,
-    ) -> None:
+    def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
+                 max_items: int = 256, run_one: Callable[[I], Awaitable[O]] | None = None) -> None:
         self._run_batch = run_batch
         self._run_one = run_one
         self._slots = anyio.Semaphore(slots)

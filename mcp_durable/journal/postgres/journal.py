@@ -67,33 +67,14 @@ Row = tuple[Any, ...]
 _MUTABLE = [c.strip() for c in _COLUMNS.split(",")][3:]
 _IDENTITY = "principal = %s AND tool = %s AND key = %s"
 #: The Postgres type of each column (in `_COLUMNS` order), for the JSON rows of a batch.
-_TYPES = (
-    "text",
-    "text",
-    "text",
-    "text",
-    "text",
-    "bigint",
-    "text",
-    "integer",
-    "float8",
-    "float8",
-    "text",
-    "float8",
-    "float8",
-    "float8",
-    "bytea",
-    "text",
-    "bytea",
-    "text",
-)
+_TYPES = ("text", "text", "text", "text", "text", "bigint", "text", "integer", "float8", "float8", "text", "float8",
+          "float8", "float8", "bytea", "text", "bytea", "text")
 _NAMES = tuple(c.strip() for c in _COLUMNS.split(","))
 _BYTES = tuple(i for i, t in enumerate(_TYPES) if t == "bytea")
 #: The columns of a batch's rows read from the JSON parameter (bytes arrive as base64 text).
 _RECORDSET = ", ".join(f"{n} {'text' if t == 'bytea' else t}" for n, t in zip(_NAMES, _TYPES, strict=True))
-_DECODED = ", ".join(
-    f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.{n}" for n, t in zip(_NAMES, _TYPES, strict=True)
-)
+_DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.{n}"
+                     for n, t in zip(_NAMES, _TYPES, strict=True))
 #: Batches of one kind (claims, swaps, reads) in flight at once, per journal: measured at 64
 #: callers against 1, 2, 4 and 8 (see docs/performance.md); the rest of the pool serves renewals,
 #: listings and entries.
@@ -122,17 +103,13 @@ def _broken_by_an_item(exc: JournalError) -> bool:
     cause = exc.__cause__
     if isinstance(cause, UnicodeEncodeError):
         return True
-    return isinstance(cause, psycopg.Error) and not isinstance(
-        cause, (psycopg.OperationalError, psycopg.InterfaceError)
-    )
+    return isinstance(cause, psycopg.Error) and not isinstance(cause, (psycopg.OperationalError,
+                                                                       psycopg.InterfaceError))
 
 
 #: A statement the database rolled back whole to break a deadlock or a serialisation conflict.
-_ROLLED_BACK = (
-    psycopg.errors.DeadlockDetected,
-    psycopg.errors.SerializationFailure,
-    psycopg.errors.TransactionRollback,
-)
+_ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+                psycopg.errors.TransactionRollback)
 
 
 def _lock_order(record: CallRecord) -> tuple[str, str, str]:
@@ -235,14 +212,11 @@ class PostgresJournal:
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
-            self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one
-        )
+            self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one)
         self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
-            self._swap_batch, slots=BATCH_SLOTS, run_one=self._swap_one
-        )
+            self._swap_batch, slots=BATCH_SLOTS, run_one=self._swap_one)
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
-            self._get_batch, slots=BATCH_SLOTS, run_one=self._get_one
-        )
+            self._get_batch, slots=BATCH_SLOTS, run_one=self._get_one)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresJournal:
@@ -327,11 +301,7 @@ class PostgresJournal:
         given = conninfo_to_dict(s.conninfo).get("options") or ""
         options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)} {_PLANNER}".strip()
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
-            s.conninfo,
-            min_size=s.pool_min,
-            max_size=s.pool_max,
-            timeout=s.pool_timeout,
-            open=False,
+            s.conninfo, min_size=s.pool_min, max_size=s.pool_max, timeout=s.pool_timeout, open=False,
             # Give up a failing reconnection after a second instead of backing off for minutes:
             # the next call that needs a connection starts a fresh attempt at once, so the
             # pool is back within about a second of the database.
@@ -394,9 +364,8 @@ class PostgresJournal:
             # Ask for a NOTIFY: mark the record watched, if it is still the version we read.
             # If it is not, it changed since: return at once and let the caller re-read.
             try:
-                marked = await self._rowcount(
-                    self._watch_sql, (identity.principal, identity.tool, identity.key, seen[0])
-                )
+                marked = await self._rowcount(self._watch_sql, (identity.principal, identity.tool, identity.key,
+                                                                seen[0]))
             except JournalError:
                 marked = 1  # the database is away: fall back to re-reading below
             if marked == 0:
@@ -512,10 +481,8 @@ class PostgresJournal:
 
     async def _get_batch(self, identities: list[CallIdentity]) -> list[tuple[CallRecord, bool] | None | _Alone]:
         unique = list(dict.fromkeys(identities))
-        rows = await self._batch_rows(
-            self._get_many_sql,
-            lambda: ([i.principal for i in unique], [i.tool for i in unique], [i.key for i in unique]),
-        )
+        rows = await self._batch_rows(self._get_many_sql, lambda: ([i.principal for i in unique],
+                                                                   [i.tool for i in unique], [i.key for i in unique]))
         if rows is None:
             return [ALONE] * len(identities)
         found: dict[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = {}
@@ -550,24 +517,19 @@ class PostgresJournal:
             if first.setdefault(record.identity, index) == index:
                 sent.append((version, record))
         sent.sort(key=lambda item: _lock_order(item[1]))
-        rows = await self._batch_rows(
-            self._swap_many_sql, lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),)
-        )
+        rows = await self._batch_rows(self._swap_many_sql,
+                                      lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
         if rows is None:
             return [ALONE] * len(items)
         swapped = {CallIdentity(*row) for row in rows}
-        return [
-            record.identity in swapped if first[record.identity] == index else ALONE
-            for index, (_, record) in enumerate(items)
-        ]
+        return [record.identity in swapped if first[record.identity] == index else ALONE
+                for index, (_, record) in enumerate(items)]
 
     async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
         expected_version, record = item
         i = record.identity
-        return (
-            await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key, expected_version))
-            == 1
-        )
+        return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
+                                                     expected_version)) == 1
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         count = await self._rowcount(
@@ -598,14 +560,8 @@ class PostgresJournal:
             )
             row = await cur.fetchone()
         assert row is not None
-        return JournalStats(
-            "postgres",
-            {k: int(v) for k, v in by_state},
-            {k: int(v) for k, v in by_tool},
-            int(row[0]),
-            int(row[2]),
-            row[1],
-        )
+        return JournalStats("postgres", {k: int(v) for k, v in by_state}, {k: int(v) for k, v in by_tool},
+                            int(row[0]), int(row[2]), row[1])
 
     # -- process entries --------------------------------------------------------------------------
 
@@ -639,9 +595,8 @@ class PostgresJournal:
             return 0
         if before_seq is None:
             return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s)", (names,))
-        return await self._rowcount(
-            f"DELETE FROM {self._entries} WHERE process_id = ANY(%s) AND seq < %s", (names, before_seq)
-        )
+        return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s) AND seq < %s",
+                                    (names, before_seq))
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._fetchone(
