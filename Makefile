@@ -25,7 +25,7 @@ $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then npm ci --prefix tests/node --no-audit --no-fund --loglevel=error && touch $@; else echo "npm not found: tests that drive npm MCP peers will skip"; fi
 
 test: $(STAMP) $(NODE_STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=20
 
 # The benchmarks also measure the peers (case 9: DBOS, Powertools + Redis): their extra.
 BENCH_STAMP := $(VENV)/.bench-stamp
