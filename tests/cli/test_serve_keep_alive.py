@@ -21,12 +21,23 @@ CLIENT_IDLE_REUSE = 6.0
 
 
 async def _answer(stream: anyio.abc.ByteStream) -> bytes:
-    """One request's answer on a kept-alive connection (its status line suffices), or b'' if closed."""
+    """One request's whole answer on a kept-alive connection (status line, headers and the
+    `Content-Length` body, however the server's segments split them), or b'' if it was closed.
+    Reading the answer whole matters: a body left unread would be taken for the next answer."""
     await stream.send(b"GET /no-such-page HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = b""
     try:
-        return await stream.receive()
+        while b"\r\n\r\n" not in answer:
+            answer += await stream.receive()
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lengths = [int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")]
+        length = lengths[0] if lengths else 0
+        while len(body) < length:
+            body += await stream.receive()
     except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionResetError):
         return b""
+    return answer
 
 
 async def test_a_connection_idle_as_long_as_a_client_reuses_one_is_still_answered(tmp_path: Path) -> None:
