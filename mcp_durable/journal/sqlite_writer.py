@@ -58,6 +58,7 @@ import anyio
 import anyio.to_thread
 
 from .. import observe
+from .turns import no_task_ready
 
 T = TypeVar("T")
 
@@ -174,9 +175,13 @@ class SQLiteWriter:
         # Gathered, not queued at once: every task that runs in this turn of the loop adds its op,
         # and the next turn hands them all over together. Queued one by one, the first op of a
         # burst woke the idle thread and went alone, the rest waiting for the next batch.
-        if not self._gathered:
-            loop.call_soon(self._hand_over)
+        gathering = not self._gathered
         self._gathered.append(_Op(body, write, future))
+        if gathering:
+            if no_task_ready():
+                self._hand_over()  # nobody could add an op in this turn: hand over now (turns.py)
+            else:
+                loop.call_soon(self._hand_over)
         # Not cancellable once queued, as a call to a worker thread is not: the op runs (and its
         # batch commits) whatever the caller does, so its caller must learn how it ended.
         with anyio.CancelScope(shield=True):

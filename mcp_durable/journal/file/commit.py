@@ -3,9 +3,10 @@
 A writer encodes its frame and appends it to the open batch in the event loop (no I/O, no
 await, so the position it gets is exact and the index can be updated at once), then waits for
 the batch. Whoever finds no flush running leads: it lets every task that is ready run once (so
-their frames join the batch), takes the batch, writes and syncs it, and wakes everyone. Frames
-arriving meanwhile gather in the next batch, whose first waiter leads the next flush. Nobody
-returns before the flush of its own frame:
+their frames join the batch; skipped when none is ready, `turns.let_ready_tasks_join`), takes
+the batch, writes and syncs it, and wakes everyone. Frames arriving meanwhile gather in the
+next batch, whose first waiter leads the next flush. Nobody returns before the flush of its own
+frame:
 
     writer A  ──add──wait─────────────[flush 1: A]──────────▶ returns
     writer B  ─────────add──wait──────────────────[flush 2: B C]──▶ returns
@@ -30,12 +31,12 @@ from __future__ import annotations
 import time
 
 import anyio
-import anyio.lowlevel
 import anyio.to_thread
 
 from ... import observe
 from ...errors import JournalError
 from ..fsync import sync_data
+from ..turns import let_ready_tasks_join
 from .writer import SegmentWriter
 
 #: Flushes are inline (in the event loop) while their moving average is under this; a thread
@@ -119,7 +120,7 @@ class GroupCommit:
                 while self.flushing is not None:
                     await self.flushing.signal.wait()
                 # Let every task that is ready now run once first: their frames join this batch.
-                await anyio.lowlevel.checkpoint()
+                await let_ready_tasks_join()
             except BaseException:
                 batch.led = False  # cancelled before leading: wake the others to elect another
                 signal, batch.signal = batch.signal, anyio.Event()

@@ -13,7 +13,8 @@ each caller its own result (or exception). Items arriving meanwhile open the nex
 A batch that closes with a single item — calls made one at a time — is sent by `run_one(item)`
 when given: a single-row statement, with no JSON array to build and parse and no batch plan.
 Such an item still takes the batching turn (one pass of the event loop, so that calls made
-together keep sharing a statement); it just does not pay for a batch's shape.
+together keep sharing a statement) when another task is ready to run; it just does not pay for
+a batch's shape (`turns.let_ready_tasks_join`: the turn is skipped when no task could join).
 
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
@@ -28,9 +29,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 import anyio
-import anyio.lowlevel
 
 from ... import observe
+from ..turns import let_ready_tasks_join
 
 I = TypeVar("I")  # noqa: E741 - an item
 O = TypeVar("O")  # noqa: E741 - its outcome
@@ -87,27 +88,37 @@ class Batcher(Generic[I, O]):
 
     async def _lead(self, batch: _Batch[I, O]) -> None:
         # Every task that is ready now runs once first: their items join this batch.
-        await anyio.lowlevel.checkpoint()
-        async with self._slots:
-            self._close(batch)
-            self.batches += 1
-            self.items += len(batch.items)
-            began = time.perf_counter()
-            try:
-                outcomes: Sequence[O | BaseException]
-                if len(batch.items) == 1 and self._run_one is not None:
-                    outcomes = [await self._run_one(batch.items[0])]
-                else:
-                    outcomes = await self._run_batch(batch.items)
-                observe.journal_committed("postgres", time.perf_counter() - began, len(batch.items))
-                if len(outcomes) != len(batch.items):
-                    raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")
-            except BaseException as exc:  # noqa: BLE001 - every item of the batch fails with it
-                outcomes = [exc] * len(batch.items)
-            for future, outcome in zip(batch.futures, outcomes, strict=True):
-                if future.done():
-                    continue
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
+        await let_ready_tasks_join()
+        # A free slot is taken without the turn `Semaphore.acquire` always yields.
+        try:
+            self._slots.acquire_nowait()
+        except anyio.WouldBlock:
+            await self._slots.acquire()
+        try:
+            await self._run(batch)
+        finally:
+            self._slots.release()
+
+    async def _run(self, batch: _Batch[I, O]) -> None:
+        self._close(batch)
+        self.batches += 1
+        self.items += len(batch.items)
+        began = time.perf_counter()
+        try:
+            outcomes: Sequence[O | BaseException]
+            if len(batch.items) == 1 and self._run_one is not None:
+                outcomes = [await self._run_one(batch.items[0])]
+            else:
+                outcomes = await self._run_batch(batch.items)
+            observe.journal_committed("postgres", time.perf_counter() - began, len(batch.items))
+            if len(outcomes) != len(batch.items):
+                raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")
+        except BaseException as exc:  # noqa: BLE001 - every item of the batch fails with it
+            outcomes = [exc] * len(batch.items)
+        for future, outcome in zip(batch.futures, outcomes, strict=True):
+            if future.done():
+                continue
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
