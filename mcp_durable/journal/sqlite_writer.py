@@ -24,8 +24,9 @@ Atomicity per call, as with one transaction per call:
 Ops submitted during one turn of the event loop are handed over together at the next turn (one
 queue put): handed over one by one, the first op of a burst woke the idle thread and went
 alone, and at 64 concurrent MCP calls batches held ~8 writes instead of ~60 (CPU per call,
-fsync's kernel time included, 544 -> 337 µs). Results reach the loop with one
-`call_soon_threadsafe` per batch.
+fsync's kernel time included, 544 -> 337 µs). An op submitted while no other task is ready to
+run is handed over at once instead: nobody could add one in that turn (`turns.no_task_ready`).
+Results reach the loop with one `call_soon_threadsafe` per batch.
 
 Inline commits: when the ops of a turn find the thread idle (nothing handed to it unanswered)
 and recent commits were fast (a moving average under `INLINE_COMMIT_S`, as the file journal
@@ -173,8 +174,9 @@ class SQLiteWriter:
             return await anyio.to_thread.run_sync(waited.result)  # not cancellable either
         future: asyncio.Future[T] = loop.create_future()
         # Gathered, not queued at once: every task that runs in this turn of the loop adds its op,
-        # and the next turn hands them all over together. Queued one by one, the first op of a
-        # burst woke the idle thread and went alone, the rest waiting for the next batch.
+        # and the next turn hands them all over together (or this one, when no other task is
+        # ready). Queued one by one, the first op of a burst woke the idle thread and went
+        # alone, the rest waiting for the next batch.
         gathering = not self._gathered
         self._gathered.append(_Op(body, write, future))
         if gathering:

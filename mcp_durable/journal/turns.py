@@ -8,9 +8,9 @@ then the result). On asyncio the loop's queue of ready callbacks says whether an
 in that turn; when it is empty, nobody can join the batch and the turn is skipped.
 
 The SQLite writer hands a lone op over at once for the same reason (`no_task_ready`), instead of
-at the next turn. A task woken by I/O in the turn (a new request on a socket) could not join either: it is far
-from its own write. Other event loops (trio, uvloop) have no such queue to look at and always
-take the turn.
+at the next turn. A task woken by I/O in the turn (a new request on a socket) could not join
+either: it is far from its own write. Other event loops (trio, uvloop) have no such queue to
+look at and always take the turn.
 """
 
 from __future__ import annotations

@@ -230,6 +230,30 @@ async def test_a_lone_write_on_an_idle_writer_commits_inline_and_durably(tmp_pat
         await journal.aclose()
 
 
+async def test_a_lone_write_is_handed_over_and_committed_without_a_turn_of_the_event_loop(tmp_path: Path) -> None:
+    # With no other task ready, nobody could add an op in this turn (journal/turns.py): the op is
+    # handed over at once, committed inline, and the claim returns without suspending.
+    journal = SQLiteJournal(tmp_path / "j.db")
+    await journal.open()
+    writer = journal._writer
+    assert writer is not None
+    try:
+        writer.commit_s = 0.0
+        await anyio.sleep(0)  # start from a quiet loop
+        claim = journal.claim(pending("alone"), T0)
+        try:
+            claim.send(None)
+        except StopIteration as finished:
+            won, _ = finished.value
+        else:
+            claim.close()
+            pytest.fail("the lone claim waited for a turn of the event loop")
+        assert won
+        assert await journal.get(pending("alone").identity) is not None
+    finally:
+        await journal.aclose()
+
+
 async def test_an_inline_commit_never_waits_for_another_process_on_the_event_loop(tmp_path: Path) -> None:
     path = tmp_path / "j.db"
     journal = SQLiteJournal(path, busy_timeout=30)
