@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -17,6 +17,7 @@ import pytest
 from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState
 from mcp_durable.journal.sqlite import SQLiteJournal
+from mcp_durable.journal.sqlite_writer import SQLiteWriter
 
 T0 = 1_700_000_000.0
 
@@ -209,49 +210,54 @@ async def test_calls_made_as_the_journal_closes_are_answered_never_left_waiting(
         await reopened.aclose()
 
 
-async def test_a_lone_write_on_an_idle_writer_commits_inline_and_durably(tmp_path: Path) -> None:
+@pytest.fixture
+async def fast_writer_journal(tmp_path: Path) -> AsyncIterator[tuple[SQLiteJournal, SQLiteWriter]]:
+    """An open journal whose idle writer has seen fast commits (as on a quiet disk): its next
+    lone write is eligible to commit inline, on the event loop's thread."""
     journal = SQLiteJournal(tmp_path / "j.db")
     await journal.open()
     writer = journal._writer
     assert writer is not None
+    writer.commit_s = 0.0
     try:
-        writer.commit_s = 0.0  # recent commits fast, as on a quiet disk
-        inline = writer.inline_batches
-        won, record = await journal.claim(pending("alone"), T0)
-        assert won
-        assert writer.inline_batches == inline + 1
-        # Committed, not merely written: another connection (another process) reads it.
-        other = sqlite3.connect(tmp_path / "j.db")
-        try:
-            assert other.execute("SELECT owner FROM calls WHERE key='alone'").fetchone() == ("A",)
-        finally:
-            other.close()
+        yield journal, writer
     finally:
         await journal.aclose()
 
 
-async def test_a_lone_write_is_handed_over_and_committed_without_a_turn_of_the_event_loop(tmp_path: Path) -> None:
+async def test_a_lone_write_on_an_idle_writer_commits_inline_and_durably(
+    tmp_path: Path, fast_writer_journal: tuple[SQLiteJournal, SQLiteWriter]
+) -> None:
+    journal, writer = fast_writer_journal
+    inline = writer.inline_batches
+    won, record = await journal.claim(pending("alone"), T0)
+    assert won
+    assert writer.inline_batches == inline + 1
+    # Committed, not merely written: another connection (another process) reads it.
+    other = sqlite3.connect(tmp_path / "j.db")
+    try:
+        assert other.execute("SELECT owner FROM calls WHERE key='alone'").fetchone() == ("A",)
+    finally:
+        other.close()
+
+
+async def test_a_lone_write_is_handed_over_and_committed_without_a_turn_of_the_event_loop(
+    fast_writer_journal: tuple[SQLiteJournal, SQLiteWriter],
+) -> None:
     # With no other task ready, nobody could add an op in this turn (journal/turns.py): the op is
     # handed over at once, committed inline, and the claim returns without suspending.
-    journal = SQLiteJournal(tmp_path / "j.db")
-    await journal.open()
-    writer = journal._writer
-    assert writer is not None
+    journal, _ = fast_writer_journal
+    await anyio.sleep(0)  # start from a quiet loop
+    claim = journal.claim(pending("alone"), T0)
     try:
-        writer.commit_s = 0.0
-        await anyio.sleep(0)  # start from a quiet loop
-        claim = journal.claim(pending("alone"), T0)
-        try:
-            claim.send(None)
-        except StopIteration as finished:
-            won, _ = finished.value
-        else:
-            claim.close()
-            pytest.fail("the lone claim waited for a turn of the event loop")
-        assert won
-        assert await journal.get(pending("alone").identity) is not None
-    finally:
-        await journal.aclose()
+        claim.send(None)
+    except StopIteration as finished:
+        won, _ = finished.value
+    else:
+        claim.close()
+        pytest.fail("the lone claim waited for a turn of the event loop")
+    assert won
+    assert await journal.get(pending("alone").identity) is not None
 
 
 async def test_an_inline_commit_never_waits_for_another_process_on_the_event_loop(tmp_path: Path) -> None:
