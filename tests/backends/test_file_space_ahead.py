@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mcp_durable.journal.file import FileJournal, verify
 from mcp_durable.journal.file.writer import PREALLOCATE, data_end
+from tests.helpers import finished_without_suspending
 
 SEGMENT = "seg-00000001.log"
 
@@ -154,14 +155,8 @@ async def test_a_lone_append_with_fast_flushes_is_synced_without_a_turn_of_the_e
         group.flush_s = 0.0  # recent flushes fast: inline
         await anyio.sleep(0)  # start from a quiet loop
         durable_before = group.durable_seq
-        write = journal.append("p", "context_update", {"i": 1}, 1.0)
-        try:
-            write.send(None)
-        except StopIteration:
-            pass
-        else:
-            write.close()
-            raise AssertionError("the lone append waited for a turn of the event loop")
+        finished, _ = finished_without_suspending(journal.append("p", "context_update", {"i": 1}, 1.0))
+        assert finished, "the lone append waited for a turn of the event loop"
         assert group.durable_seq == durable_before + 1
         assert [e.data["i"] for e in await journal.entries()] == [0, 1]
     finally:

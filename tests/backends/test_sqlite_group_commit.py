@@ -18,6 +18,7 @@ from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState
 from mcp_durable.journal.sqlite import SQLiteJournal
 from mcp_durable.journal.sqlite_writer import SQLiteWriter
+from tests.helpers import finished_without_suspending
 
 T0 = 1_700_000_000.0
 
@@ -248,14 +249,9 @@ async def test_a_lone_write_is_handed_over_and_committed_without_a_turn_of_the_e
     # handed over at once, committed inline, and the claim returns without suspending.
     journal, _ = fast_writer_journal
     await anyio.sleep(0)  # start from a quiet loop
-    claim = journal.claim(pending("alone"), T0)
-    try:
-        claim.send(None)
-    except StopIteration as finished:
-        won, _ = finished.value
-    else:
-        claim.close()
-        pytest.fail("the lone claim waited for a turn of the event loop")
+    finished, outcome = finished_without_suspending(journal.claim(pending("alone"), T0))
+    assert finished, "the lone claim waited for a turn of the event loop"
+    won, _ = outcome
     assert won
     assert await journal.get(pending("alone").identity) is not None
 

@@ -5,28 +5,16 @@ and still gathers items submitted together."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from typing import Any
 
 from mcp_durable.journal.postgres.batch import Batcher
 from mcp_durable.journal.turns import let_ready_tasks_join, no_task_ready
-
-
-def _finished_without_suspending(coroutine: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
-    """Step `coroutine` once by hand: (True, its value) if it finished without giving the event
-    loop a turn, else (False, None) (it is then closed)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        return True, stop.value
-    coroutine.close()
-    return False, None
+from tests.helpers import finished_without_suspending
 
 
 async def test_no_turn_is_taken_when_no_task_is_ready() -> None:
     await asyncio.sleep(0)  # start from a quiet loop
     assert no_task_ready()
-    assert _finished_without_suspending(let_ready_tasks_join()) == (True, None)
+    assert finished_without_suspending(let_ready_tasks_join()) == (True, None)
 
 
 async def test_a_ready_task_runs_before_the_batch_closes() -> None:
@@ -55,7 +43,7 @@ async def test_a_lone_item_is_sent_alone_without_a_turn_and_items_submitted_toge
 
     batcher: Batcher[int, int] = Batcher(run_batch, slots=2, run_one=run_one)
     await asyncio.sleep(0)
-    assert _finished_without_suspending(batcher.submit(1)) == (True, 10)  # no turn of the loop
+    assert finished_without_suspending(batcher.submit(1)) == (True, 10)  # no turn of the loop
     results = await asyncio.gather(*(batcher.submit(n) for n in (2, 3, 4)))
     assert results == [20, 30, 40]
     assert batches == [[1], [2, 3, 4]]
