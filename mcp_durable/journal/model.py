@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class CallState(str, Enum):
@@ -27,9 +27,14 @@ class CallState(str, Enum):
         return self in (CallState.COMPLETED, CallState.FAILED)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class CallIdentity:
-    """The identity of a durable call: `(principal, tool, key)`. Never flattened into a string."""
+class CallIdentity(NamedTuple):
+    """The identity of a durable call: `(principal, tool, key)`. Never flattened into a string.
+
+    A named tuple rather than a frozen dataclass: it is a dict key on every step of every call
+    (~15 lookups per miss), and a tuple's hash and equality run in C where a dataclass's
+    generated `__hash__` builds a tuple in Python each time (4x slower, timed). Immutable and
+    ordered as before; like any tuple it also equals a plain `(principal, tool, key)`.
+    """
 
     principal: str
     tool: str
