@@ -82,7 +82,10 @@ class EngineState:
         # call, which is what triggers the interpreter's full (whole-heap) collections.
         for listener in self.listeners:
             try:
-                await listener(record)
+                # A synchronous listener (ours are) costs no coroutine: two changes per call.
+                pending = listener(record)
+                if pending is not None:
+                    await pending
             except Exception:  # noqa: BLE001 - best effort, logged
                 logger.exception("a journal change listener failed")
 

@@ -53,7 +53,9 @@ Runner = Callable[[DurableCall | None], Awaitable[ToolOutcome]]
 #: Turns a reconcile hook's found result into the outcome to persist and answer.
 Encoder = Callable[[Any], ToolOutcome]
 #: Hears of every change of a record (resources, notifications, telemetry): `Engine.listeners`.
-ChangeListener = Callable[[CallRecord], Awaitable[None]]
+#: Synchronous (returns None) or a coroutine function; the engine awaits what it returns, if anything.
+#: Ours are synchronous: a listener runs between a claim and the tool's run, on every call.
+ChangeListener = Callable[[CallRecord], Awaitable[None] | None]
 #: Resumes a task record in the background (set by the MCP face, which can run its tool).
 TaskResumer = Callable[[CallRecord], Awaitable[None]]
 

@@ -109,7 +109,7 @@ class Telemetry:
             self._detach()
             self._detach = None
 
-    async def _record_changed(self, record: CallRecord) -> None:
+    def _record_changed(self, record: CallRecord) -> None:
         if record.state == CallState.IN_DOUBT:
             self.in_doubt.add(record.identity)
         else:

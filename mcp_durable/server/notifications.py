@@ -220,7 +220,7 @@ class JournalNotifier:
 
     # -- the engine listener ------------------------------------------------------------------------
 
-    async def on_change(self, record: CallRecord) -> None:
+    def on_change(self, record: CallRecord) -> None:
         """Called by the engine after every record change; never raises into the call, never yields.
 
         The engine calls its listeners between a claim and the run of the tool; a listener that

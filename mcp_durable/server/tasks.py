@@ -208,8 +208,10 @@ class TaskProtocol:
                 del self._watchers[next(iter(self._watchers))]
             self._watchers[(record.identity.principal, record.task_id)] = ctx.session
 
-    async def on_change(self, record: CallRecord) -> None:
-        """Engine listener: `notifications/tasks/status` to the legacy session that created the task."""
+    def on_change(self, record: CallRecord) -> None:
+        """Engine listener: `notifications/tasks/status` to the legacy session that created the task.
+
+        Synchronous: it never yields between a claim and the run; the send goes to a task."""
         if record.task_id is None or not self._watchers:
             return
         watcher = (record.identity.principal, record.task_id)

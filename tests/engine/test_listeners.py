@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 import anyio
+import pytest
 
 from mcp_durable import Engine, ToolOutcome, ToolPolicy
 from mcp_durable.journal import CallRecord, CallState, create_journal
@@ -47,4 +50,21 @@ async def test_a_failing_listener_does_not_fail_or_strand_the_call() -> None:
     assert len(await _run_concurrently(engine, 5)) == 1
     records = await engine.journal.list_calls()
     assert [r.state for r in records] == [CallState.COMPLETED]
+    await engine.aclose()
+
+
+async def test_a_synchronous_listener_hears_the_claim_and_the_result_with_no_failure_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = Engine(create_journal("memory://"))
+    heard: list[CallState] = []
+
+    def listener(record: CallRecord) -> None:  # no coroutine: what the engine's own listeners are
+        heard.append(record.state)
+
+    engine.listeners.append(listener)
+    with caplog.at_level(logging.ERROR):
+        assert len(await _run_concurrently(engine, 3)) == 1
+    assert heard == [CallState.PENDING, CallState.COMPLETED]
+    assert not [r for r in caplog.records if "listener failed" in r.getMessage()]
     await engine.aclose()
