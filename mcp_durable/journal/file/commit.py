@@ -54,7 +54,22 @@ class Batch:
         self.last_seq = 0
         self.finished = False
         self.led = False  # a waiter has taken the job of flushing this batch
-        self.signal = anyio.Event()  # set when finished, or when its leader gave up
+        #: Set when finished, or when its leader gave up. Made by the first waiter that sleeps on
+        #: it (`waited`): a writer alone leads its own batch and never does, and an event costs
+        #: more to make than the rest of its append.
+        self.signal: anyio.Event | None = None
+
+    def waited(self) -> anyio.Event:
+        """The batch's signal, to sleep on."""
+        if self.signal is None:
+            self.signal = anyio.Event()
+        return self.signal
+
+    def wake(self) -> None:
+        """Wake whoever sleeps on the signal; later sleepers get a new one."""
+        signal, self.signal = self.signal, None
+        if signal is not None:
+            signal.set()
 
 
 class GroupCommit:
@@ -113,18 +128,17 @@ class GroupCommit:
         while not batch.finished:
             self.check()
             if batch.led:
-                await batch.signal.wait()
+                await batch.waited().wait()
                 continue
             batch.led = True
             try:
                 while self.flushing is not None:
-                    await self.flushing.signal.wait()
+                    await self.flushing.waited().wait()
                 # Let every task that is ready now run once first: their frames join this batch.
                 await let_ready_tasks_join()
             except BaseException:
                 batch.led = False  # cancelled before leading: wake the others to elect another
-                signal, batch.signal = batch.signal, anyio.Event()
-                signal.set()
+                batch.wake()
                 raise
             await self._lead(batch)
         self.check()
@@ -157,7 +171,7 @@ class GroupCommit:
         finally:
             batch.finished = True
             self.flushing = None
-            batch.signal.set()
+            batch.wake()
 
     def _write(self, batch: Batch) -> None:
         began = time.perf_counter()
