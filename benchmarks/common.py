@@ -276,12 +276,14 @@ class GcMeter:
 
     Not a figure to judge, a diagnosis: durable calls wait for fsync with their whole request
     state alive, so more of it survives into the older generations, and full collections (which
-    walk every object of the process) come more often. Counts `seconds` and `full` collections.
+    walk every object of the process) come more often. Counts `seconds`, `full` collections and
+    `collections` per generation (young, middle, full).
     """
 
     def __init__(self) -> None:
         self.seconds = 0.0
         self.full = 0
+        self.collections = [0, 0, 0]
         self._started: float | None = None
         self._inside = False
 
@@ -292,7 +294,9 @@ class GcMeter:
             self._started = time.perf_counter()
         elif self._started is not None:
             self.seconds += time.perf_counter() - self._started
-            self.full += info.get("generation") == 2
+            generation = info.get("generation", 0)
+            self.full += generation == 2
+            self.collections[generation] += 1
             self._started = None
 
     def __enter__(self) -> GcMeter:

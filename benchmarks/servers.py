@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import CallToolResult, InputRequiredResult
 
@@ -56,6 +57,30 @@ class MetaServer(MCPServer):
 def plain_server_with_meta() -> MCPServer:
     server = MetaServer("bench-plain-meta", log_level="WARNING")
     server.add_tool(noop, name=TOOL)
+    return server
+
+
+#: How long the waiting tool of case 2's control awaits: about one journal sync on this machine.
+WAIT_S = 0.0003
+
+
+async def waiting_noop(n: int) -> str:
+    """Awaits `WAIT_S` (as a tool doing I/O would), then returns "ok"."""
+    await anyio.sleep(WAIT_S)
+    return "ok"
+
+
+def plain_waiting_server() -> MCPServer:
+    """The plain server with a tool that awaits `WAIT_S` (registered as `TOOL`)."""
+    server = MCPServer("bench-plain-waiting", log_level="WARNING")
+    server.add_tool(waiting_noop, name=TOOL)
+    return server
+
+
+def durable_waiting_server(journal: str) -> DurableServer:
+    """The durable server with the same waiting tool."""
+    server = DurableServer("bench-durable-waiting", journal=journal, log_level="WARNING")
+    server.add_tool(waiting_noop, name=TOOL, durable=ToolPolicy(idempotent=True))
     return server
 
 
