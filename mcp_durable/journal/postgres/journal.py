@@ -75,10 +75,13 @@ _BYTES = tuple(i for i, t in enumerate(_TYPES) if t == "bytea")
 _RECORDSET = ", ".join(f"{n} {'text' if t == 'bytea' else t}" for n, t in zip(_NAMES, _TYPES, strict=True))
 _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.{n}"
                      for n, t in zip(_NAMES, _TYPES, strict=True))
-#: Batches of one kind (claims, swaps, reads) in flight at once, per journal: measured at 64
-#: callers against 1, 2, 4 and 8 (see docs/performance.md); the rest of the pool serves renewals,
-#: listings and entries.
-BATCH_SLOTS = 2
+#: Batches of one kind (claims, swaps, reads) in flight at once, per journal. One: the calls
+#: that arrive while a batch commits gather into the next, so statements and commits per call
+#: fall where requests arrive spread out (over HTTP, 16 clients: 2.9 calls per statement against
+#: 1.8 with two in flight, a third less Postgres CPU per call); where callers move in step (the
+#: in-memory client) batches are full either way. Measured in docs/performance.md. The rest of
+#: the pool serves renewals, listings and entries.
+BATCH_SLOTS = 1
 #: The journal's sessions join a batch to `calls` row by row through the primary key, never by
 #: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
 #: default) and, while the table is small, prefers a hash join over a sequential scan; psycopg
