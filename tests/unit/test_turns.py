@@ -18,6 +18,18 @@ async def test_no_turn_is_taken_when_no_task_is_ready() -> None:
     assert finished_without_suspending(let_ready_tasks_join()) == (True, None)
 
 
+async def test_a_cancelled_callback_in_the_ready_queue_is_no_task_that_could_join() -> None:
+    """What psycopg leaves after each statement: the socket's reader callback, queued by the
+    selector and then cancelled by `remove_reader`; the loop drops it unrun."""
+    await asyncio.sleep(0)
+    asyncio.get_running_loop().call_soon(lambda: None).cancel()
+    assert no_task_ready()
+    assert finished_without_suspending(let_ready_tasks_join()) == (True, None)
+    asyncio.get_running_loop().call_soon(lambda: None)  # a live one still counts
+    assert not no_task_ready()
+    await asyncio.sleep(0)
+
+
 async def test_a_ready_task_runs_before_the_batch_closes() -> None:
     joined: list[str] = []
 
