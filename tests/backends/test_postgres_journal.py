@@ -271,6 +271,33 @@ async def test_connections_the_server_drops_give_journal_errors_then_recover(sch
         await journal.aclose()
 
 
+async def test_claims_and_completions_made_one_at_a_time_keep_one_connection_each(schema_url: str) -> None:
+    """`lane.py`: a batcher keeps its connection between statements instead of a pool checkout
+    each, and gives it back when the journal closes (no connection of the journal stays open)."""
+    app = f"mcpd_{uuid.uuid4().hex[:10]}"
+    journal = await opened(f"{schema_url}&application_name={app}")
+    try:
+        assert journal._pool is not None
+        before = journal._pool.get_stats().get("requests_num", 0)
+        for n in range(20):
+            won, claimed = await journal.claim(pending(f"k{n}"), T0)
+            assert won
+            done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
+            assert await journal.swap(claimed.version, done)
+        taken = journal._pool.get_stats().get("requests_num", 0) - before
+        assert taken <= 2, taken  # one connection for the claims, one for the completions (was 40)
+        stored = await journal.get(CallIdentity("local", "refund", "k19"))
+        assert stored is not None and stored.state == CallState.COMPLETED
+    finally:
+        await journal.aclose()
+    with psycopg.connect(postgres_or_skip(), autocommit=True) as admin, anyio.fail_after(10):
+        while True:
+            row = admin.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone()
+            if row is not None and row[0] == 0:
+                break
+            await anyio.sleep(0.05)
+
+
 async def test_the_statement_timeout_joins_the_options_the_url_gives(schema_url: str) -> None:
     journal = await opened(schema_url + "&statement_timeout=0.5&options=-c%20application_name%3Dmcpd_opts")
     try:

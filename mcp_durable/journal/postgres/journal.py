@@ -58,6 +58,7 @@ from ..sql_rows import call_row as _params
 from ..sql_rows import listing_clause
 from ..sql_rows import process_entry as _entry
 from .batch import Batcher
+from .lane import Lane
 from .listener import Listener
 from .schema import migrate, quote_ident
 from .settings import PostgresSettings
@@ -214,6 +215,8 @@ class PostgresJournal:
             f"WHERE {on_identity} AND c.version = v.expected RETURNING c.principal, c.tool, c.key"
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
+        # Each kind of batch keeps its connection between statements (`lane.py`).
+        self._lanes = {"claims": Lane(), "swaps": Lane(), "gets": Lane()}
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
             self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one)
         self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
@@ -228,14 +231,24 @@ class PostgresJournal:
     # -- plumbing ---------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
-        """A pooled connection; every driver failure becomes `JournalError` (cause attached)."""
+    async def _connection(self, lane: Lane | None = None) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
+        """A pooled connection (`lane`'s, when given and free); every driver failure becomes
+        `JournalError` (cause attached)."""
         pool = self._pool
         if pool is None:
             raise JournalError(f"journal {self.settings.schema!r} is not open")
         try:
-            async with pool.connection() as conn:
-                yield conn
+            if lane is None or lane.busy:
+                async with pool.connection() as conn:
+                    yield conn
+            else:
+                conn = await lane.acquire(pool)
+                failed = True
+                try:
+                    yield conn
+                    failed = False
+                finally:
+                    await lane.release(pool, failed=failed)
         except psycopg_pool.PoolTimeout as exc:
             self._check_pool()
             raise JournalError(
@@ -261,22 +274,24 @@ class PostgresJournal:
 
         self._check_task = asyncio.get_running_loop().create_task(check(self._pool))
 
-    async def _fetchone(self, sql: str, params: tuple[Any, ...]) -> Row | None:
-        async with self._connection() as conn:
+    async def _fetchone(self, sql: str, params: tuple[Any, ...], lane: Lane | None = None) -> Row | None:
+        async with self._connection(lane) as conn:
             cur = await conn.execute(sql, params)
             return await cur.fetchone()
 
-    async def _fetchall(self, sql: str, params: tuple[Any, ...] | list[Any] = ()) -> list[Row]:
-        async with self._connection() as conn:
+    async def _fetchall(
+        self, sql: str, params: tuple[Any, ...] | list[Any] = (), lane: Lane | None = None
+    ) -> list[Row]:
+        async with self._connection(lane) as conn:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
-    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]]) -> list[Row] | None:
+    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]], lane: Lane) -> list[Row] | None:
         """The rows a batch statement returns, or None when one of its items broke it (a text JSON
         or the database cannot carry, e.g. a lone surrogate or a NUL): the caller then answers
         ALONE for every item, each is decided by itself, and only the culprit fails."""
         try:
-            return await self._fetchall(sql, params())
+            return await self._fetchall(sql, params(), lane)
         except orjson.JSONEncodeError:
             return None
         except JournalError as exc:
@@ -287,8 +302,8 @@ class PostgresJournal:
                 return None
             raise
 
-    async def _rowcount(self, sql: str, params: tuple[Any, ...]) -> int:
-        async with self._connection() as conn:
+    async def _rowcount(self, sql: str, params: tuple[Any, ...], lane: Lane | None = None) -> int:
+        async with self._connection(lane) as conn:
             cur = await conn.execute(sql, params)
             return cur.rowcount
 
@@ -323,6 +338,7 @@ class PostgresJournal:
             await pool.close()
             raise
         self._pool = pool
+        self._lanes = {kind: Lane() for kind in self._lanes}  # a journal opened again after a close
         self._listener = Listener(s.conninfo, s.channel, self._on_notify, self._on_listen_state)
         self._listener.start()
         # Not fatal if slow: waiters poll until the LISTEN is up.
@@ -339,6 +355,8 @@ class PostgresJournal:
         if listener is not None:
             await listener.aclose()
         if pool is not None:
+            for lane in self._lanes.values():
+                await lane.close(pool)
             await pool.close()
         self._signals.notify_all()
 
@@ -442,7 +460,7 @@ class PostgresJournal:
             if first.setdefault(record.identity, index) == index:
                 sent.append(record)
         sent.sort(key=_lock_order)
-        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),))
+        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),), self._lanes["claims"])
         if rows is None:
             return [ALONE] * len(records)
         found: dict[CallIdentity, tuple[bool, CallRecord | None, bool]] = {}
@@ -464,7 +482,8 @@ class PostgresJournal:
     async def _claim_one(self, record: CallRecord) -> tuple[bool, CallRecord, bool] | _Alone:
         """`_claim_batch` for a lone record, in a single-row statement."""
         i = record.identity
-        rows = await self._fetchall(self._claim_one_sql, (*_params(record), i.principal, i.tool, i.key))
+        rows = await self._fetchall(self._claim_one_sql, (*_params(record), i.principal, i.tool, i.key),
+                                    self._lanes["claims"])
         if not rows:
             return ALONE  # lost to a claim committed after the statement's snapshot
         if rows[0][0]:
@@ -485,7 +504,8 @@ class PostgresJournal:
     async def _get_batch(self, identities: list[CallIdentity]) -> list[tuple[CallRecord, bool] | None | _Alone]:
         unique = list(dict.fromkeys(identities))
         rows = await self._batch_rows(self._get_many_sql, lambda: ([i.principal for i in unique],
-                                                                   [i.tool for i in unique], [i.key for i in unique]))
+                                                                   [i.tool for i in unique], [i.key for i in unique]),
+                                      self._lanes["gets"])
         if rows is None:
             return [ALONE] * len(identities)
         found: dict[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = {}
@@ -495,7 +515,8 @@ class PostgresJournal:
         return [found.get(identity) for identity in identities]
 
     async def _get_one(self, identity: CallIdentity) -> tuple[CallRecord, bool] | None:
-        row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key))
+        row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key),
+                                   self._lanes["gets"])
         return None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
@@ -521,7 +542,8 @@ class PostgresJournal:
                 sent.append((version, record))
         sent.sort(key=lambda item: _lock_order(item[1]))
         rows = await self._batch_rows(self._swap_many_sql,
-                                      lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),))
+                                      lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),),
+                                      self._lanes["swaps"])
         if rows is None:
             return [ALONE] * len(items)
         swapped = {CallIdentity(*row) for row in rows}
@@ -532,7 +554,7 @@ class PostgresJournal:
         expected_version, record = item
         i = record.identity
         return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
-                                                     expected_version)) == 1
+                                                     expected_version), self._lanes["swaps"]) == 1
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         count = await self._rowcount(
