@@ -142,6 +142,10 @@ def _rows_json(records: list[CallRecord], expected: list[int] | None = None) -> 
     return orjson.dumps(rows).decode()
 
 
+#: What runs a statement: a pooled connection, or a lane's cursor (`execute` returns the cursor).
+_Executes = psycopg.AsyncConnection[Row] | psycopg.AsyncCursor[Row]
+
+
 class PostgresJournal:
     """A `Journal` in a Postgres schema, shared by every replica that opens the same URL."""
 
@@ -231,9 +235,10 @@ class PostgresJournal:
     # -- plumbing ---------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _connection(self, lane: Lane | None = None) -> AsyncIterator[psycopg.AsyncConnection[Row]]:
-        """A pooled connection (`lane`'s, when given and free); every driver failure becomes
-        `JournalError` (cause attached)."""
+    async def _connection(self, lane: Lane | None = None) -> AsyncIterator[_Executes]:
+        """A pooled connection, or `lane`'s cursor when a free lane is given (either `execute`s a
+        statement and returns the cursor to read); every driver failure becomes `JournalError`
+        (cause attached)."""
         pool = self._pool
         if pool is None:
             raise JournalError(f"journal {self.settings.schema!r} is not open")
@@ -242,10 +247,10 @@ class PostgresJournal:
                 async with pool.connection() as conn:
                     yield conn
             else:
-                conn = await lane.acquire(pool)
+                cursor = await lane.acquire(pool)
                 failed = True
                 try:
-                    yield conn
+                    yield cursor
                     failed = False
                 finally:
                     await lane.release(pool, failed=failed)
