@@ -298,6 +298,24 @@ async def test_claims_and_completions_made_one_at_a_time_keep_one_connection_eac
             await anyio.sleep(0.05)
 
 
+async def test_a_pool_of_one_connection_still_serves_claims_completions_and_reads(schema_url: str) -> None:
+    """Below `LANES_MIN_POOL` no batcher keeps a connection: with `pool_max=1` a lane holding the
+    only one would leave the completions waiting for the pool until `pool_timeout`."""
+    journal = await opened(f"{schema_url}&pool_min=1&pool_max=1&pool_timeout=1")
+    try:
+        with anyio.fail_after(10):
+            for n in range(5):
+                won, claimed = await journal.claim(pending(f"k{n}"), T0)
+                assert won
+                done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
+                assert await journal.swap(claimed.version, done)
+                stored = await journal.get(claimed.identity)
+                assert stored is not None and stored.state == CallState.COMPLETED
+                assert await journal.list_calls(CallQuery(limit=10))
+    finally:
+        await journal.aclose()
+
+
 async def test_the_statement_timeout_joins_the_options_the_url_gives(schema_url: str) -> None:
     journal = await opened(schema_url + "&statement_timeout=0.5&options=-c%20application_name%3Dmcpd_opts")
     try:

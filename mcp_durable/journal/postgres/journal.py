@@ -83,6 +83,10 @@ _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.
 #: in-memory client) batches are full either way. Measured in docs/performance.md. The rest of
 #: the pool serves renewals, listings and entries.
 BATCH_SLOTS = 1
+#: The batchers that keep a connection between statements (`lane.py`), and the smallest pool
+#: that has them: three kept, at least two left for renewals, listings, entries and reads alone.
+_LANES = ("claims", "swaps", "gets")
+LANES_MIN_POOL = 5
 #: The journal's sessions join a batch to `calls` row by row through the primary key, never by
 #: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
 #: default) and, while the table is small, prefers a hash join over a sequential scan; psycopg
@@ -227,8 +231,9 @@ class PostgresJournal:
             f"WHERE {on_identity} AND c.version = v.expected RETURNING c.principal, c.tool, c.key"
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
-        # Each kind of batch keeps its connection between statements (`lane.py`).
-        self._lanes = {"claims": Lane(), "swaps": Lane(), "gets": Lane()}
+        # Each kind of batch keeps its connection between statements (`lane.py`), when the pool
+        # is large enough to leave others for renewals, listings and entries (`open`).
+        self._lanes: dict[str, Lane | None] = dict.fromkeys(_LANES)
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
             self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one)
         self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
@@ -299,7 +304,9 @@ class PostgresJournal:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
-    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]], lane: Lane) -> list[Row] | None:
+    async def _batch_rows(
+        self, sql: str, params: Callable[[], tuple[Any, ...]], lane: Lane | None
+    ) -> list[Row] | None:
         """The rows a batch statement returns, or None when one of its items broke it (a text JSON
         or the database cannot carry, e.g. a lone surrogate or a NUL): the caller then answers
         ALONE for every item, each is decided by itself, and only the culprit fails."""
@@ -351,7 +358,9 @@ class PostgresJournal:
             await pool.close()
             raise
         self._pool = pool
-        self._lanes = {kind: Lane() for kind in self._lanes}  # a journal opened again after a close
+        # New lanes (a journal may be opened again after a close); none on a pool too small to
+        # keep three connections out of it and still serve everything else.
+        self._lanes = {kind: Lane() if s.pool_max >= LANES_MIN_POOL else None for kind in _LANES}
         self._listener = Listener(s.conninfo, s.channel, self._on_notify, self._on_listen_state)
         self._listener.start()
         # Not fatal if slow: waiters poll until the LISTEN is up.
@@ -369,7 +378,8 @@ class PostgresJournal:
             await listener.aclose()
         if pool is not None:
             for lane in self._lanes.values():
-                await lane.close(pool)
+                if lane is not None:
+                    await lane.close(pool)
             await pool.close()
         self._signals.notify_all()
 

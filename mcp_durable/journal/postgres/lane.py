@@ -11,7 +11,9 @@ It gives the connection back to the pool — which resets it, or discards a brok
 opens another — after any failure, when the journal closes, and at least every `HOLD_S` seconds
 (so the pool's `max_lifetime` and `drain` still reach it). A lane in use by one statement is
 `busy`; a second user meanwhile (only possible with more than one batch in flight) takes a
-connection from the pool as usual, so a lane never runs two statements at once.
+connection from the pool as usual, so a lane never runs two statements at once. The journal
+keeps lanes only on a pool of at least `LANES_MIN_POOL` connections (journal.py): on a smaller
+one, three connections held out of it would leave renewals and listings waiting for the pool.
 """
 
 from __future__ import annotations
