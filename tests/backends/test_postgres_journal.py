@@ -21,6 +21,7 @@ import pytest
 from mcp_durable.errors import ConfigError, JournalError
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, create_journal
 from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
+from mcp_durable.journal.postgres import lane as lane_module
 from mcp_durable.journal.postgres.schema import LATEST, MIGRATIONS
 from tests.backends.pg_cluster import scratch_schema
 from tests.conftest import postgres_or_skip
@@ -296,6 +297,28 @@ async def test_claims_and_completions_made_one_at_a_time_keep_one_connection_eac
             if row is not None and row[0] == 0:
                 break
             await anyio.sleep(0.05)
+
+
+async def test_a_lane_held_past_its_time_goes_back_to_the_pool_and_the_next_statement_takes_another(
+    schema_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What happens every `HOLD_S` seconds in a long-running server, made to happen every statement."""
+    monkeypatch.setattr(lane_module, "HOLD_S", 0.0)
+    journal = await opened(schema_url)
+    try:
+        assert journal._pool is not None
+        before = journal._pool.get_stats().get("requests_num", 0)
+        for n in range(5):
+            won, claimed = await journal.claim(pending(f"k{n}"), T0)
+            assert won
+            done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
+            assert await journal.swap(claimed.version, done)
+        assert journal._pool.get_stats().get("requests_num", 0) - before >= 10  # one checkout per statement
+        assert all(lane is not None and lane.conn is None for lane in journal._lanes.values())
+        stored = await journal.get(CallIdentity("local", "refund", "k4"))
+        assert stored is not None and stored.state == CallState.COMPLETED
+    finally:
+        await journal.aclose()
 
 
 async def test_a_pool_of_one_connection_still_serves_claims_completions_and_reads(schema_url: str) -> None:
