@@ -44,6 +44,21 @@ def schema_url() -> Iterator[str]:
         yield url
 
 
+async def claim_and_complete(journal: PostgresJournal, key: str) -> CallRecord:
+    """Claim a new call under `key` (it must win) and complete it; the claimed record."""
+    won, claimed = await journal.claim(pending(key), T0)
+    assert won
+    done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
+    assert await journal.swap(claimed.version, done)
+    return claimed
+
+
+def pool_checkouts(journal: PostgresJournal) -> int:
+    """Connections taken from the journal's pool so far."""
+    assert journal._pool is not None
+    return int(journal._pool.get_stats().get("requests_num", 0))
+
+
 async def opened(url: str) -> PostgresJournal:
     journal = create_journal(url)
     assert isinstance(journal, PostgresJournal)
@@ -278,14 +293,10 @@ async def test_claims_and_completions_made_one_at_a_time_keep_one_connection_eac
     app = f"mcpd_{uuid.uuid4().hex[:10]}"
     journal = await opened(f"{schema_url}&application_name={app}")
     try:
-        assert journal._pool is not None
-        before = journal._pool.get_stats().get("requests_num", 0)
+        before = pool_checkouts(journal)
         for n in range(20):
-            won, claimed = await journal.claim(pending(f"k{n}"), T0)
-            assert won
-            done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
-            assert await journal.swap(claimed.version, done)
-        taken = journal._pool.get_stats().get("requests_num", 0) - before
+            await claim_and_complete(journal, f"k{n}")
+        taken = pool_checkouts(journal) - before
         assert taken <= 2, taken  # one connection for the claims, one for the completions (was 40)
         stored = await journal.get(CallIdentity("local", "refund", "k19"))
         assert stored is not None and stored.state == CallState.COMPLETED
@@ -306,14 +317,10 @@ async def test_a_lane_held_past_its_time_goes_back_to_the_pool_and_the_next_stat
     monkeypatch.setattr(lane_module, "HOLD_S", 0.0)
     journal = await opened(schema_url)
     try:
-        assert journal._pool is not None
-        before = journal._pool.get_stats().get("requests_num", 0)
+        before = pool_checkouts(journal)
         for n in range(5):
-            won, claimed = await journal.claim(pending(f"k{n}"), T0)
-            assert won
-            done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
-            assert await journal.swap(claimed.version, done)
-        assert journal._pool.get_stats().get("requests_num", 0) - before >= 10  # one checkout per statement
+            await claim_and_complete(journal, f"k{n}")
+        assert pool_checkouts(journal) - before >= 10  # one checkout per statement
         assert all(lane is not None and lane.conn is None for lane in journal._lanes.values())
         stored = await journal.get(CallIdentity("local", "refund", "k4"))
         assert stored is not None and stored.state == CallState.COMPLETED
@@ -328,10 +335,7 @@ async def test_a_pool_of_one_connection_still_serves_claims_completions_and_read
     try:
         with anyio.fail_after(10):
             for n in range(5):
-                won, claimed = await journal.claim(pending(f"k{n}"), T0)
-                assert won
-                done = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=b"{}")
-                assert await journal.swap(claimed.version, done)
+                claimed = await claim_and_complete(journal, f"k{n}")
                 stored = await journal.get(claimed.identity)
                 assert stored is not None and stored.state == CallState.COMPLETED
                 assert await journal.list_calls(CallQuery(limit=10))
