@@ -14,6 +14,7 @@ import gc
 import itertools
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
 
 import anyio
@@ -156,8 +157,8 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
     rates: dict[int, list[float]] = {}
     meters = [GcMeter() for _ in variants]
     seconds = [0.0] * len(variants)
-    async with Client(variants[0][2]) as a, Client(variants[1][2]) as b, Client(variants[2][2]) as c:
-        clients = [a, b, c]
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(Client(server)) for _, _, server, _ in variants]
         for client, (_, _, _, args) in zip(clients, variants, strict=True):
             await _burst(client.call_tool, args, 8, 32)  # warm-up
         for _ in range(reps):
