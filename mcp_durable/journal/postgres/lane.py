@@ -31,16 +31,23 @@ HOLD_S = 60.0
 
 
 class Lane:
-    """The connection of one batcher (see the module docstring)."""
+    """The connection of one batcher (see the module docstring).
 
-    __slots__ = ("conn", "cursor", "busy", "closed", "_taken_at")
+    The lane holds the cursor alone; its connection is the cursor's, so the two are taken and
+    given back together and cannot disagree."""
+
+    __slots__ = ("cursor", "busy", "closed", "_taken_at")
 
     def __init__(self) -> None:
-        self.conn: psycopg.AsyncConnection[Any] | None = None
         self.cursor: psycopg.AsyncCursor[Any] | None = None
         self.busy = False
         self.closed = False
         self._taken_at = 0.0
+
+    @property
+    def conn(self) -> psycopg.AsyncConnection[Any] | None:
+        """The connection the lane holds (None: none now)."""
+        return None if self.cursor is None else self.cursor.connection
 
     async def acquire(self, pool: psycopg_pool.AsyncConnectionPool[Any]) -> psycopg.AsyncCursor[Any]:
         """The lane's cursor (on a connection taken from `pool` if it holds none); the lane is busy
@@ -49,7 +56,7 @@ class Lane:
         cursor = self.cursor
         if cursor is None:
             try:
-                conn = self.conn = await pool.getconn()
+                conn = await pool.getconn()
             except BaseException:
                 self.busy = False
                 raise
@@ -65,13 +72,14 @@ class Lane:
             return
         if (failed or self.closed or time.monotonic() - self._taken_at > HOLD_S
                 or conn.pgconn.transaction_status != TransactionStatus.IDLE):
-            self.conn = self.cursor = None
+            self.cursor = None
             with anyio.CancelScope(shield=True):  # handed back whole, even by a cancelled caller
                 await pool.putconn(conn)  # reset or discarded by the pool; closed if the pool is
 
     async def close(self, pool: psycopg_pool.AsyncConnectionPool[Any]) -> None:
         """The journal closes: an idle lane gives its connection back now, a busy one after its statement."""
         self.closed = True
-        if not self.busy and self.conn is not None:
-            conn, self.conn, self.cursor = self.conn, None, None
+        conn = self.conn
+        if not self.busy and conn is not None:
+            self.cursor = None
             await pool.putconn(conn)
