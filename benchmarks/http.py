@@ -130,15 +130,13 @@ async def run(settings: Settings) -> CaseResult:
                 clients = await _clients(stack, url)
                 for args in variants.values():
                     await _rate(clients, args, 2 * CLIENTS)  # warm-up (and the replayed call's first run)
+                sides = [("plain", plain_clients, lambda: {"n": 1})]
+                sides += [(kind, clients, args) for kind, args in variants.items()]
                 for rep in range(reps):
                     # plain first in even repetitions, last in odd ones: a drift of the machine's
                     # speed within a repetition falls on both sides alike
-                    if rep % 2 == 0:
-                        rates.setdefault("plain", []).append(await _rate(plain_clients, lambda: {"n": 1}, total))
-                    for kind, args in variants.items():
-                        rates.setdefault(kind, []).append(await _rate(clients, args, total))
-                    if rep % 2 == 1:
-                        rates.setdefault("plain", []).append(await _rate(plain_clients, lambda: {"n": 1}, total))
+                    for kind, side, args in sides if rep % 2 == 0 else sides[1:] + sides[:1]:
+                        rates.setdefault(kind, []).append(await _rate(side, args, total))
             plain_all.extend(rates["plain"])
             for kind in variants:
                 rows.append((name, kind, median(rates[kind]), median(rates["plain"])))
