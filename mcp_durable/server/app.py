@@ -40,7 +40,6 @@ from pydantic import ValidationError
 from .. import config, keys, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
-from ..heap import freeze_startup_heap
 from ..journal import CallRecord, Journal, create_journal, display_url
 from ..policy import ToolPolicy, as_policy
 from ..recovery import BackgroundRecovery, ReconcilePass
@@ -119,9 +118,7 @@ class DurableServer(MCPServer[Any]):
     (server/lookup.py). `reconcile_interval` (60 s; None: off) reconciles in-doubt calls of
     `reconcile` tools in the background (recovery.py); `retention_schedule` (None: off) purges
     expired records, their steps and old lifecycle entries, and compacts the file journal,
-    every `interval` (retention.py). `freeze_heap` (default on): at the first start in a
-    process, collect once and `gc.freeze()` what is alive, so the collector's full collections
-    stop walking the imports' objects (heap.py); False leaves the collector alone.
+    every `interval` (retention.py).
     """
 
     def __init__(
@@ -142,7 +139,6 @@ class DurableServer(MCPServer[Any]):
         lookup_tool: bool = False,
         reconcile_interval: float | None = DEFAULT_RECONCILE_INTERVAL,
         retention_schedule: RetentionSchedule | None = DEFAULT_RETENTION_SCHEDULE,
-        freeze_heap: bool = True,
         **kwargs: Any,
     ) -> None:
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
@@ -152,8 +148,6 @@ class DurableServer(MCPServer[Any]):
             kwargs.update(token_auth_kwargs(tokens))
         self._user_lifespan = lifespan
         self._lifespan_users = 0
-        #: Freeze the heap the process has when this server first starts (heap.py), once per process.
-        self.freeze_heap = freeze_heap
         if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
             # serverInfo.version: the server's own when given, else this package's (not "").
             from ..version import __version__
@@ -280,10 +274,6 @@ class DurableServer(MCPServer[Any]):
             if self.telemetry is not None and self._lifespan_users == 0:
                 await self.telemetry.start(self.journal)
         self._lifespan_users += 1
-        if self.freeze_heap and self._lifespan_users == 1:
-            # Started: what the process holds now (imports, the journal's pool) lives as long as
-            # it does; the collector stops walking it (heap.py). Once per process.
-            freeze_startup_heap()
         try:
             # Background work (recovery) runs while the first user of the lifespan is inside it.
             async with anyio.create_task_group() as background:
