@@ -204,3 +204,58 @@ async def test_two_processes_claiming_the_same_keys_in_opposite_orders_never_dea
 
 async def _claim_into(won: list[bool], journal: Journal, record: CallRecord, now: float) -> None:
     won.append((await journal.claim(record, now))[0])
+
+
+async def test_a_wave_of_callers_goes_out_as_full_statements_side_by_side(journal: PostgresJournal) -> None:
+    # 64 callers in step: each round's claims fill two statements of BATCH_MAX_ITEMS (32) items,
+    # the second run beside the first (a slot kept for full batches), not one of 64 or 64 of one.
+    from mcp_durable.journal.postgres.journal import BATCH_MAX_ITEMS
+
+    assert BATCH_MAX_ITEMS == 32
+    before = (journal._claims.items, journal._claims.batches, journal._claims.beside)
+
+    async def caller(n: int) -> None:
+        for i in range(5):
+            won, record = await journal.claim(pending(f"w{n}-{i}"), T0)
+            assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
+
+    async with anyio.create_task_group() as group:
+        for n in range(64):
+            group.start_soon(caller, n)
+    assert (journal._claims.items - before[0], journal._claims.batches - before[1]) == (320, 10)
+    assert journal._claims.beside - before[2] >= 3  # most rounds' second statement went out beside the first
+
+
+@pytest.mark.parametrize(("items", "most_side_by_side", "sizes"), [
+    (8, 2, [4, 4]),  # two full batches: the second runs beside the first
+    (6, 1, [4, 2]),  # the second is not full: it waits for the batch slot
+    (12, 2, [4, 4, 4]),  # a third full batch waits for a slot to free
+])
+async def test_only_full_batches_take_the_slot_kept_for_them(items: int, most_side_by_side: int,
+                                                             sizes: list[int]) -> None:
+    from mcp_durable.journal.postgres.batch import Batcher
+
+    running = 0
+    most = 0
+    seen: list[int] = []
+
+    async def run_batch(batch: list[int]) -> list[int]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        seen.append(len(batch))
+        await anyio.sleep(0.05)  # a statement in flight: every other batch has formed by now
+        running -= 1
+        return [item * 10 for item in batch]
+
+    batcher: Batcher[int, int] = Batcher(run_batch, slots=1, max_items=4, full_slots=1)
+    answers: dict[int, int] = {}
+
+    async def submit(item: int) -> None:
+        answers[item] = await batcher.submit(item)
+
+    async with anyio.create_task_group() as group:
+        for item in range(items):
+            group.start_soon(submit, item)
+    assert answers == {item: item * 10 for item in range(items)}
+    assert (most, seen, batcher.beside) == (most_side_by_side, sizes, most_side_by_side - 1)

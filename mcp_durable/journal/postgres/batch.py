@@ -6,6 +6,14 @@ lets every task that is ready run once (their items join), waits for a free slot
 and runs `run_batch(items)` — one multi-row statement, one round trip, one commit — and hands
 each caller its own result (or exception). Items arriving meanwhile open the next batch.
 
+A batch holds at most `max_items` items; the next item opens the next batch. A batch that is
+full when its leader looks for a slot need not wait behind one in flight: up to `full_slots`
+more slots serve full batches only. Where many callers move in step (a wave of 64 calls that
+all finished their previous step together), the wave then goes out as two statements side by
+side instead of one long one during which the whole process waits with nothing to do; where
+requests arrive spread out, batches are never full and one stays in flight, so statements per
+call do not grow (docs/performance.md, "Waves of callers and full batches").
+
     claim A ─┐                                                        ┌─▶ A: won
     claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
     claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
@@ -50,19 +58,24 @@ class Batcher(Generic[I, O]):
     """Gathers concurrent items into batches run by `run_batch` (see the module docstring).
 
     `run_batch(items)` returns one outcome per item, in order: a value, or an exception to raise
-    in that item's caller. At most `max_items` items share a batch.
+    in that item's caller. At most `max_items` items share a batch; `full_slots` more slots
+    serve only batches that are full.
     """
 
     def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
-                 max_items: int = 256, run_one: Callable[[I], Awaitable[O]] | None = None) -> None:
+                 max_items: int = 256, full_slots: int = 0,
+                 run_one: Callable[[I], Awaitable[O]] | None = None) -> None:
         self._run_batch = run_batch
         self._run_one = run_one
         self._slots = anyio.Semaphore(slots)
+        self._full_slots = anyio.Semaphore(full_slots) if full_slots > 0 else None
         self._max_items = max_items
         self._open: _Batch[I, O] | None = None
         #: Batches run and items in them (for tests and measurements: items / batches = batch size).
         self.batches = 0
         self.items = 0
+        #: Of those, the batches run on a slot kept for full batches (beside another in flight).
+        self.beside = 0
 
     async def submit(self, item: I) -> O:
         batch = self._open
@@ -89,15 +102,31 @@ class Batcher(Generic[I, O]):
     async def _lead(self, batch: _Batch[I, O]) -> None:
         # Every task that is ready now runs once first: their items join this batch.
         await let_ready_tasks_join()
-        # A free slot is taken without the turn `Semaphore.acquire` always yields.
-        try:
-            self._slots.acquire_nowait()
-        except anyio.WouldBlock:
+        slot = self._take_slot_now(batch)
+        if slot is None:
             await self._slots.acquire()
+            slot = self._slots
         try:
             await self._run(batch)
         finally:
-            self._slots.release()
+            slot.release()
+
+    def _take_slot_now(self, batch: _Batch[I, O]) -> anyio.Semaphore | None:
+        """A slot free now (without the turn `Semaphore.acquire` always yields): a batch slot, or
+        for a full batch one of the slots kept for full batches; None when `batch` must wait."""
+        try:
+            self._slots.acquire_nowait()
+            return self._slots
+        except anyio.WouldBlock:
+            pass
+        if self._full_slots is not None and len(batch.items) >= self._max_items:
+            try:
+                self._full_slots.acquire_nowait()
+                self.beside += 1
+                return self._full_slots
+            except anyio.WouldBlock:
+                pass
+        return None
 
     async def _run(self, batch: _Batch[I, O]) -> None:
         self._close(batch)

@@ -83,9 +83,20 @@ _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.
 #: in-memory client) batches are full either way. Measured in docs/performance.md. The rest of
 #: the pool serves renewals, listings and entries.
 BATCH_SLOTS = 1
+#: At most this many items share a statement, and a full batch may run beside the one in flight
+#: (`FULL_BATCH_SLOTS` more slots, for full batches only: batch.py). A wave of callers moving in
+#: step (64 in process) then goes out as two statements of ~700 µs of database time side by side
+#: instead of one of ~1.3 ms during which the whole process waits: 12% of a 64-caller run idle
+#: before, 1% after, misses/s +11–34% at 48–128 callers (docs/performance.md, "Waves of callers
+#: and full batches"). Requests spread out (HTTP, 16 clients: ~3 calls per statement) never fill
+#: a batch, so there one stays in flight as before.
+BATCH_MAX_ITEMS = 32
+FULL_BATCH_SLOTS = 1
 #: The batchers that keep a connection between statements (`lane.py`), and the smallest pool
 #: that has them: three kept, at least two left for renewals, listings, entries and reads alone.
 _LANES = ("claims", "swaps", "gets")
+#: How each batcher of the journal batches (above).
+_BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
 LANES_MIN_POOL = 5
 #: The journal's sessions join a batch to `calls` row by row through the primary key, never by
 #: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
@@ -235,11 +246,11 @@ class PostgresJournal:
         # is large enough to leave others for renewals, listings and entries (`open`).
         self._lanes: dict[str, Lane | None] = dict.fromkeys(_LANES)
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
-            self._claim_batch, slots=BATCH_SLOTS, run_one=self._claim_one)
+            self._claim_batch, **_BATCHING, run_one=self._claim_one)
         self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
-            self._swap_batch, slots=BATCH_SLOTS, run_one=self._swap_one)
+            self._swap_batch, **_BATCHING, run_one=self._swap_one)
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
-            self._get_batch, slots=BATCH_SLOTS, run_one=self._get_one)
+            self._get_batch, **_BATCHING, run_one=self._get_one)
 
     @classmethod
     def from_url(cls, url: str) -> PostgresJournal:
