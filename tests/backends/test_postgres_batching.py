@@ -166,16 +166,21 @@ async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alo
     assert (journal._claims.batches - before[0], journal._claims.items - before[1]) == (3, 3)
     # Sixteen callers in step stay in step: one claim statement and one swap statement per round.
     before = (journal._claims.batches, journal._claims.items)
+    await _callers_in_step(journal, "c", callers=16, rounds=10)
+    assert (journal._claims.items - before[1], journal._claims.batches - before[0]) == (160, 10)
+
+
+async def _callers_in_step(journal: PostgresJournal, prefix: str, *, callers: int, rounds: int) -> None:
+    """`callers` tasks, each claiming and completing `rounds` new identities one after another."""
 
     async def caller(n: int) -> None:
-        for i in range(10):
-            won, record = await journal.claim(pending(f"c{n}-{i}"), T0)
+        for i in range(rounds):
+            won, record = await journal.claim(pending(f"{prefix}{n}-{i}"), T0)
             assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
 
     async with anyio.create_task_group() as group:
-        for n in range(16):
+        for n in range(callers):
             group.start_soon(caller, n)
-    assert (journal._claims.items - before[1], journal._claims.batches - before[0]) == (160, 10)
 
 
 async def test_two_processes_claiming_the_same_keys_in_opposite_orders_never_deadlock() -> None:
@@ -213,15 +218,7 @@ async def test_a_wave_of_callers_goes_out_as_full_statements_side_by_side(journa
 
     assert BATCH_MAX_ITEMS == 32
     before = (journal._claims.items, journal._claims.batches, journal._claims.beside)
-
-    async def caller(n: int) -> None:
-        for i in range(5):
-            won, record = await journal.claim(pending(f"w{n}-{i}"), T0)
-            assert won and await journal.swap(1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
-
-    async with anyio.create_task_group() as group:
-        for n in range(64):
-            group.start_soon(caller, n)
+    await _callers_in_step(journal, "w", callers=64, rounds=5)
     assert (journal._claims.items - before[0], journal._claims.batches - before[1]) == (320, 10)
     assert journal._claims.beside - before[2] >= 3  # most rounds' second statement went out beside the first
 
