@@ -80,8 +80,8 @@ _DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.
 #: that arrive while a batch commits gather into the next, so statements and commits per call
 #: fall where requests arrive spread out (over HTTP, 16 clients: 2.9 calls per statement against
 #: 1.8 with two in flight, a third less Postgres CPU per call); where callers move in step (the
-#: in-memory client) batches are full either way. Measured in docs/performance.md. The rest of
-#: the pool serves renewals, listings and entries.
+#: in-memory client) batches fill up, and full ones may go out side by side (below). Measured in
+#: docs/performance.md. The rest of the pool serves renewals, listings and entries.
 BATCH_SLOTS = 1
 #: At most this many items share a statement, and a full batch may run beside the one in flight
 #: (`FULL_BATCH_SLOTS` more slots, for full batches only: batch.py). A wave of callers moving in
@@ -92,11 +92,11 @@ BATCH_SLOTS = 1
 #: a batch, so there one stays in flight as before.
 BATCH_MAX_ITEMS = 32
 FULL_BATCH_SLOTS = 1
+#: How each batcher of the journal batches (above).
+_BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
 #: The batchers that keep a connection between statements (`lane.py`), and the smallest pool
 #: that has them: three kept, at least two left for renewals, listings, entries and reads alone.
 _LANES = ("claims", "swaps", "gets")
-#: How each batcher of the journal batches (above).
-_BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
 LANES_MIN_POOL = 5
 #: The journal's sessions join a batch to `calls` row by row through the primary key, never by
 #: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
