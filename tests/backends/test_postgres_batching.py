@@ -13,6 +13,8 @@ from mcp_durable.engine import Engine, ToolOutcome
 from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
 from mcp_durable.journal.postgres import PostgresJournal
+from mcp_durable.journal.postgres.batch import Batcher
+from mcp_durable.journal.postgres.journal import BATCH_MAX_ITEMS
 from mcp_durable.journal.postgres.journal import _rows_json as rows_json
 from tests.conftest import scratch_postgres_url
 
@@ -214,8 +216,6 @@ async def _claim_into(won: list[bool], journal: Journal, record: CallRecord, now
 async def test_a_wave_of_callers_goes_out_as_full_statements_side_by_side(journal: PostgresJournal) -> None:
     # 64 callers in step: each round's claims fill two statements of BATCH_MAX_ITEMS (32) items,
     # the second run beside the first (a slot kept for full batches), not one of 64 or 64 of one.
-    from mcp_durable.journal.postgres.journal import BATCH_MAX_ITEMS
-
     assert BATCH_MAX_ITEMS == 32
     before = (journal._claims.items, journal._claims.batches, journal._claims.beside)
     await _callers_in_step(journal, "w", callers=64, rounds=5)
@@ -230,8 +230,6 @@ async def test_a_wave_of_callers_goes_out_as_full_statements_side_by_side(journa
 ])
 async def test_only_full_batches_take_the_slot_kept_for_them(items: int, most_side_by_side: int,
                                                              sizes: list[int]) -> None:
-    from mcp_durable.journal.postgres.batch import Batcher
-
     running = 0
     most = 0
     seen: list[int] = []
