@@ -11,6 +11,7 @@ session, which costs the measured process CPU and buries the tables.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -60,13 +61,21 @@ def plain_server_with_meta() -> MCPServer:
     return server
 
 
-#: How long the waiting tool of case 2's control awaits: about one journal sync on this machine.
+#: How long the waiting tool of case 2's control asks to sleep: about one journal sync on this
+#: machine. The sleep lasts longer: asyncio's selector waits in whole milliseconds (~1.1 ms for a
+#: lone call), and with 64 callers the loop serves every ready task before it looks at its timers
+#: again (5-11 ms, measured on 2026-12-02). `SLEPT` records what each sleep lasted, so the
+#: control reports it instead of the figure asked for.
 WAIT_S = 0.0003
+#: Seconds each sleep of `waiting_noop` lasted (cleared by whoever reads it).
+SLEPT: list[float] = []
 
 
 async def waiting_noop(n: int) -> str:
-    """Awaits `WAIT_S` (as a tool doing I/O would), then returns "ok"."""
+    """Sleeps `WAIT_S` (as a tool doing I/O would), records how long that took, returns "ok"."""
+    began = time.perf_counter()
     await anyio.sleep(WAIT_S)
+    SLEPT.append(time.perf_counter() - began)
     return "ok"
 
 

@@ -20,8 +20,20 @@ from typing import Any
 import anyio
 from mcp import Client
 
-from .common import CaseResult, GcMeter, Settings, Table, Target, journal_urls, median, rate, ratio, skipped_journals
-from .servers import TOOL, WAIT_S, durable_server, durable_waiting_server, plain_server, plain_waiting_server
+from .common import (
+    CaseResult,
+    GcMeter,
+    Settings,
+    Table,
+    Target,
+    journal_urls,
+    median,
+    rate,
+    ratio,
+    skipped_journals,
+    us,
+)
+from .servers import SLEPT, TOOL, WAIT_S, durable_server, durable_waiting_server, plain_server, plain_waiting_server
 from .timing import check_result, fresh_arguments
 
 CONCURRENCY = (1, 16, 64, 256)
@@ -139,12 +151,13 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
 
     A durable miss on the file, SQLite or Postgres journal waits for its storage twice, with the
     request's whole state alive; the no-op of the plain server never waits. This control gives
-    both servers a tool that awaits about one journal sync, to tell what the collector costs
+    both servers a tool that sleeps (asking for about one journal sync; `servers.SLEPT` says how
+    long it lasted), to tell what the collector costs
     any call that waits from what the durable layer adds.
     """
     table = Table(
-        f"2b. Control: a tool that waits {WAIT_S * 1e6:.0f} µs, {TARGET_CONCURRENCY} callers (in-memory client, "
-        "2026-07-28)",
+        f"2b. Control: a tool that sleeps (asks for {WAIT_S * 1e6:.0f} µs), {TARGET_CONCURRENCY} callers "
+        "(in-memory client, 2026-07-28)",
         ["server", "tool", "calls/s", "/ plain, same tool", "collector's share",
          "young / middle / full collections per 1,000 calls"],
     )
@@ -161,6 +174,7 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
         clients = [await stack.enter_async_context(Client(server)) for _, _, server, _ in variants]
         for client, (_, _, _, args) in zip(clients, variants, strict=True):
             await _burst(client.call_tool, args, 8, 32)  # warm-up
+        SLEPT.clear()
         for _ in range(reps):
             for i, (client, (_, _, _, args)) in enumerate(zip(clients, variants, strict=True)):
                 began = time.perf_counter()
@@ -173,12 +187,16 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
         collections = " / ".join(f"{n * 1000 / calls:.1f}" for n in meters[i].collections)
         table.add(server, tool, rate(median(rates[i])), ratio(median(rates[i]) / median(rates[same_tool])),
                   f"{meters[i].seconds / seconds[i]:.0%}", collections)
+    slept = sorted(SLEPT)
+    SLEPT.clear()
     table.notes.append(
-        f"{reps} interleaved repetitions of {total} calls each (medians). The waiting tool awaits `anyio.sleep("
-        f"{WAIT_S})`: while it waits, its request's state stays alive as a durable call's does while its journal "
-        "syncs, so young collections find survivors and promote them, and full collections (which walk every "
-        "object of the process) follow. Read the plain rows against each other for what waiting costs any "
-        "server, and the durable row against the plain one with the same tool for what the durable layer adds "
-        "to a call that is not a pure no-op."
+        f"{reps} interleaved repetitions of {total} calls each (medians). The waiting tool awaits "
+        f"`anyio.sleep({WAIT_S})`, which lasted {us(median(slept))} (median; 10th-90th percentile "
+        f"{us(slept[len(slept) // 10])}-{us(slept[len(slept) * 9 // 10])}): the event loop serves every "
+        "ready task before it looks at its timers again. While it waits, its request's state stays alive "
+        "as a durable call's does while its journal syncs, so young collections find survivors and promote "
+        "them, and full collections (which walk every object of the process) follow. Read the plain rows "
+        "against each other for what waiting costs any server, and the durable row against the plain one "
+        "with the same tool for what the durable layer adds to a call that is not a pure no-op."
     )
     return table
