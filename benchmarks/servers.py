@@ -64,8 +64,8 @@ def plain_server_with_meta() -> MCPServer:
 #: How long the waiting tool of case 2's control asks to sleep: about one journal sync on this
 #: machine. The sleep lasts longer: asyncio's selector waits in whole milliseconds (~1.1 ms for a
 #: lone call), and with 64 callers the loop serves every ready task before it looks at its timers
-#: again (5-11 ms, measured on 2026-12-02). `SLEPT` records what each sleep lasted, so the
-#: control reports it instead of the figure asked for.
+#: again (5-14 ms, 10th-90th percentile, measured on 2026-12-02). `SLEPT` records what each sleep
+#: lasted, so the control reports it instead of the figure asked for.
 WAIT_S = 0.0003
 #: Seconds each sleep of `waiting_noop` lasted (cleared by whoever reads it).
 SLEPT: list[float] = []

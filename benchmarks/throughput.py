@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -152,8 +153,8 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
     A durable miss on the file, SQLite or Postgres journal waits for its storage twice, with the
     request's whole state alive; the no-op of the plain server never waits. This control gives
     both servers a tool that sleeps (asking for about one journal sync; `servers.SLEPT` says how
-    long it lasted), to tell what the collector costs
-    any call that waits from what the durable layer adds.
+    long it lasted), to tell what the collector costs any call that waits from what the durable
+    layer adds.
     """
     table = Table(
         f"2b. Control: a tool that sleeps (asks for {WAIT_S * 1e6:.0f} µs), {TARGET_CONCURRENCY} callers "
@@ -187,12 +188,12 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
         collections = " / ".join(f"{n * 1000 / calls:.1f}" for n in meters[i].collections)
         table.add(server, tool, rate(median(rates[i])), ratio(median(rates[i]) / median(rates[same_tool])),
                   f"{meters[i].seconds / seconds[i]:.0%}", collections)
-    slept = sorted(SLEPT)
+    slept, deciles = median(SLEPT), statistics.quantiles(SLEPT, n=10)
     SLEPT.clear()
     table.notes.append(
         f"{reps} interleaved repetitions of {total} calls each (medians). The waiting tool awaits "
-        f"`anyio.sleep({WAIT_S})`, which lasted {us(median(slept))} (median; 10th-90th percentile "
-        f"{us(slept[len(slept) // 10])}-{us(slept[len(slept) * 9 // 10])}): the event loop serves every "
+        f"`anyio.sleep({WAIT_S})`, which lasted {us(slept)} (median; 10th-90th percentile "
+        f"{us(deciles[0])}-{us(deciles[-1])}): the event loop serves every "
         "ready task before it looks at its timers again. While it waits, its request's state stays alive "
         "as a durable call's does while its journal syncs, so young collections find survivors and promote "
         "them, and full collections (which walk every object of the process) follow. Read the plain rows "
