@@ -63,7 +63,7 @@ from .resources import (
     maintenance_body,
 )
 from .results import META_REPLAYED, OutputSchemas, answer, dump_result, refusal
-from .tasks import TaskProtocol, TasksExtension
+from .tasks import TaskProtocol, TasksExtension, skip_idle_interceptor
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = config.INSTANCE
@@ -190,6 +190,12 @@ class DurableServer(MCPServer[Any]):
         self.tasks = TaskProtocol(self, self._submit_requested_task)
         tasks_extension.protocol = self.tasks
         self.middleware.append(self.tasks.middleware)
+        # The SDK wraps every `tools/call` in its extensions' interceptors; ours acts only on calls
+        # that may become tasks, so the others skip the chain (server/tasks.py).
+        composed = self._lowlevel_server.get_request_handler("tools/call")
+        assert composed is not None  # MCPServer registers it, wrapped in the interceptors
+        self._lowlevel_server.add_request_handler("tools/call", composed.params_type, skip_idle_interceptor(
+            self._extensions, composed.handler, self._handle_call_tool, self))
         self.engine.listeners.append(self.tasks.on_change)
         self.engine.task_resumer = self._resume_task
         self.engine.task_policy = self.policies.get

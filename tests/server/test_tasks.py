@@ -15,9 +15,11 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, MCPError
-from mcp_types import CallToolResult
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.extension import Extension
+from mcp_types import CallToolRequestParams, CallToolResult
 
-from mcp_durable import DurableServer
+from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.server.tasks import RELATED_TASK, TASK_NOT_FOUND
 from tests.helpers import resource_text
@@ -329,3 +331,39 @@ async def test_modern_listen_streams_the_callers_own_tasks_until_they_end(fx: Fi
     assert [n["taskId"] for n in seen] == [handle.task_id] * len(seen)
     assert seen[0]["status"] == "working" and seen[-1]["status"] == "completed"
     assert seen[-1]["result"]["structuredContent"]["order_id"] == "O-11"
+
+
+class Stamping(Extension):
+    """A server extension of a user's that intercepts every tool call (e.g. to audit it)."""
+
+    identifier = "com.example/stamping"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def intercept_tool_call(
+        self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        self.seen.append(params.name)
+        return await call_next(ctx)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_another_extension_still_intercepts_every_call(tmp_path: Path, mode: str) -> None:
+    # Calls that cannot become tasks skip the interceptor chain only while ours is the one in it.
+    stamping = Stamping()
+    server = DurableServer("stamped", journal=f"file://{tmp_path / 'journal'}", extensions=[stamping])
+
+    @server.tool(durable=ToolPolicy(idempotent=True))
+    def durable_echo(text: str) -> str:
+        return text
+
+    @server.tool()
+    def plain_echo(text: str) -> str:
+        return text
+
+    async with Client(server, mode=mode) as client:
+        for name in ("durable_echo", "plain_echo", "durable_echo"):
+            result = await client.call_tool(name, {"text": "hi"})
+            assert not result.is_error
+    assert stamping.seen == ["durable_echo", "plain_echo", "durable_echo"]
