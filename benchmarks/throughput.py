@@ -5,7 +5,7 @@ no-op tool back to back until the run's quota of calls is done; every durable ca
 (a new key), so every call claims and persists with the journal's default (fsync-on)
 durability. Journals are measured one at a time, each interleaved with the plain server (so
 the memory journal's records, kept in the process, do not slow another journal's garbage
-collections); each cell is the median rate.
+collections), plain first and durable first in turn; each cell is the median rate.
 """
 
 from __future__ import annotations
@@ -95,9 +95,17 @@ async def run(settings: Settings) -> CaseResult:
                 await _burst(client.call_tool, durable_args, 8, 32)  # warm-up
                 for callers in CONCURRENCY:
                     total = max(settings.pick(32, 2000), settings.pick(1, 2) * callers)
-                    for _ in range(target_reps if callers == TARGET_CONCURRENCY else reps):
-                        await measure(f"plain:{name}", callers, plain.call_tool, lambda: {"n": 1}, total)
-                        await measure(name, callers, client.call_tool, durable_args, total)
+                    for rep in range(target_reps if callers == TARGET_CONCURRENCY else reps):
+                        pair = [(f"plain:{name}", plain.call_tool, lambda: {"n": 1}),
+                                (name, client.call_tool, durable_args)]
+                        # Each burst inherits the collector's debt of the one before it (survivors
+                        # promoted, a full collection falling due), and a durable burst leaves more:
+                        # in a fixed order plain would always follow durable and pay for it, so the
+                        # order alternates. (In a five-server script a plain burst after a durable
+                        # one cost ~10% more CPU; in this case's runs the two orders gave the same
+                        # ratios within their noise: docs/performance.md, 2026-12-02.)
+                        for key, call, args in pair if rep % 2 == 0 else reversed(pair):
+                            await measure(key, callers, call, args, total)
             gc.collect()
 
     names = list(urls)
@@ -107,7 +115,7 @@ async def run(settings: Settings) -> CaseResult:
     )
     table.notes.append(
         f"one journal at a time, each interleaved with the plain server ({reps} repetitions, {target_reps} at "
-        f"{TARGET_CONCURRENCY} callers; medians); "
+        f"{TARGET_CONCURRENCY} callers, plain first and durable first in turn; medians); "
         f"each repetition makes max({settings.pick(32, 2000)}, {settings.pick(1, 2)} × callers) calls; default "
         "durability (fsync on). The plain column is the median over all of them; each ratio is against the plain "
         "runs interleaved with that journal's."
@@ -176,8 +184,9 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
         for client, (_, _, _, args) in zip(clients, variants, strict=True):
             await _burst(client.call_tool, args, 8, 32)  # warm-up
         SLEPT.clear()
-        for _ in range(reps):
-            for i, (client, (_, _, _, args)) in enumerate(zip(clients, variants, strict=True)):
+        for rep in range(reps):
+            order = list(enumerate(zip(clients, variants, strict=True)))
+            for i, (client, (_, _, _, args)) in order if rep % 2 == 0 else reversed(order):  # as in `run`
                 began = time.perf_counter()
                 with meters[i]:
                     rates.setdefault(i, []).append(await _burst(client.call_tool, args, TARGET_CONCURRENCY, total))
@@ -191,7 +200,8 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
     slept, deciles = median(SLEPT), statistics.quantiles(SLEPT, n=10)
     SLEPT.clear()
     table.notes.append(
-        f"{reps} interleaved repetitions of {total} calls each (medians). The waiting tool awaits "
+        f"{reps} interleaved repetitions of {total} calls each, the order reversed every other one (medians). "
+        "The waiting tool awaits "
         f"`anyio.sleep({WAIT_S})`, which lasted {us(slept)} (median; 10th-90th percentile "
         f"{us(deciles[0])}-{us(deciles[-1])}): the event loop serves every "
         "ready task before it looks at its timers again. While it waits, its request's state stays alive "
