@@ -58,7 +58,7 @@ from ..sql_rows import call_row as _params
 from ..sql_rows import listing_clause
 from ..sql_rows import process_entry as _entry
 from .batch import Batcher
-from .lane import Lane
+from .lane import Lane, Lanes
 from .listener import Listener
 from .schema import migrate, quote_ident
 from .settings import PostgresSettings
@@ -94,9 +94,10 @@ BATCH_MAX_ITEMS = 32
 FULL_BATCH_SLOTS = 1
 #: How each batcher of the journal batches (above).
 _BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
-#: The batchers that keep a connection between statements (`lane.py`), and the smallest pool
-#: that has them: three kept, at least two left for renewals, listings, entries and reads alone.
-_LANES = ("claims", "swaps", "gets")
+#: The connections kept between statements (`lane.py`): one per kind of batch (claims, swaps,
+#: reads), shared by all. And the smallest pool that has them: three kept, at least two left for
+#: renewals, listings and entries.
+LANES = 3
 LANES_MIN_POOL = 5
 #: The journal's sessions join a batch to `calls` row by row through the primary key, never by
 #: hashing or sorting the whole table. The planner estimates a batch at 100 rows (json_to_recordset's
@@ -242,9 +243,9 @@ class PostgresJournal:
             f"WHERE {on_identity} AND c.version = v.expected RETURNING c.principal, c.tool, c.key"
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
-        # Each kind of batch keeps its connection between statements (`lane.py`), when the pool
-        # is large enough to leave others for renewals, listings and entries (`open`).
-        self._lanes: dict[str, Lane | None] = dict.fromkeys(_LANES)
+        # Connections kept between the batches' statements (`lane.py`), when the pool is large
+        # enough to leave others for renewals, listings and entries (`open`).
+        self._lanes = Lanes(0)
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
             self._claim_batch, **_BATCHING, run_one=self._claim_one)
         self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
@@ -371,7 +372,7 @@ class PostgresJournal:
         self._pool = pool
         # New lanes (a journal may be opened again after a close); none on a pool too small to
         # keep three connections out of it and still serve everything else.
-        self._lanes = {kind: Lane() if s.pool_max >= LANES_MIN_POOL else None for kind in _LANES}
+        self._lanes = Lanes(LANES if s.pool_max >= LANES_MIN_POOL else 0)
         self._listener = Listener(s.conninfo, s.channel, self._on_notify, self._on_listen_state)
         self._listener.start()
         # Not fatal if slow: waiters poll until the LISTEN is up.
@@ -388,9 +389,8 @@ class PostgresJournal:
         if listener is not None:
             await listener.aclose()
         if pool is not None:
-            for lane in self._lanes.values():
-                if lane is not None:
-                    await lane.close(pool)
+            for lane in self._lanes:
+                await lane.close(pool)
             await pool.close()
         self._signals.notify_all()
 
@@ -495,7 +495,7 @@ class PostgresJournal:
             if first.setdefault(record.identity, index) == index:
                 sent.append(record)
         sent.sort(key=_lock_order)
-        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),), self._lanes["claims"])
+        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),), self._lanes.free())
         if rows is None:
             return [ALONE] * len(records)
         found: dict[CallIdentity, tuple[bool, CallRecord | None, bool]] = {}
@@ -517,7 +517,7 @@ class PostgresJournal:
     async def _claim_one(self, record: CallRecord) -> tuple[bool, CallRecord, bool] | _Alone:
         """`_claim_batch` for a lone record: a single-row insert, and when a record stands, a
         second statement that reads it (inserting after all if it is gone meanwhile)."""
-        lane = self._lanes["claims"]
+        lane = self._lanes.free()
         values = _params(record)
         if await self._fetchall(self._insert_one_sql, values, lane):
             return True, record, False
@@ -544,7 +544,7 @@ class PostgresJournal:
         unique = list(dict.fromkeys(identities))
         rows = await self._batch_rows(self._get_many_sql, lambda: ([i.principal for i in unique],
                                                                    [i.tool for i in unique], [i.key for i in unique]),
-                                      self._lanes["gets"])
+                                      self._lanes.free())
         if rows is None:
             return [ALONE] * len(identities)
         found: dict[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = {}
@@ -555,7 +555,7 @@ class PostgresJournal:
 
     async def _get_one(self, identity: CallIdentity) -> tuple[CallRecord, bool] | None:
         row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key),
-                                   self._lanes["gets"])
+                                   self._lanes.free())
         return None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
@@ -582,7 +582,7 @@ class PostgresJournal:
         sent.sort(key=lambda item: _lock_order(item[1]))
         rows = await self._batch_rows(self._swap_many_sql,
                                       lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),),
-                                      self._lanes["swaps"])
+                                      self._lanes.free())
         if rows is None:
             return [ALONE] * len(items)
         swapped = {CallIdentity(*row) for row in rows}
@@ -593,7 +593,7 @@ class PostgresJournal:
         expected_version, record = item
         i = record.identity
         return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
-                                                     expected_version), self._lanes["swaps"]) == 1
+                                                     expected_version), self._lanes.free()) == 1
 
     async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
         count = await self._rowcount(

@@ -1,24 +1,32 @@
-"""A lane: the pooled connection one batcher keeps from one statement to the next.
+"""Lanes: pooled connections the journal keeps from one statement to the next.
 
-Each kind of batch (claims, completions, reads) has one batch in flight at a time, so it needs
-one connection at a time; taking it from the pool and giving it back around every statement
-cost ~40 µs of CPU and ~70 µs of latency per statement here (psycopg_pool's checkout, reset and
-return, measured against a connection held across statements), twice per durable miss. A lane
-takes a connection on its first statement and keeps it, with one cursor, while statements
-succeed (`AsyncConnection.execute` makes a new cursor per statement: ~25 µs more, timed).
+Each kind of batch (claims, completions, reads) has one batch in flight at a time, so the
+journal needs about one connection per kind at once. Taking one from the pool and giving it
+back around every statement cost ~40 µs of CPU and ~70 µs of latency per statement here
+(psycopg_pool's checkout, reset and return, measured against a connection held across
+statements), twice per durable miss. A lane takes a connection on its first statement and
+keeps it, with one cursor, while statements succeed (`AsyncConnection.execute` makes a new
+cursor per statement: ~25 µs more, timed).
 
-It gives the connection back to the pool — which resets it, or discards a broken one and
-opens another — after any failure, when the journal closes, and at least every `HOLD_S` seconds
-(so the pool's `max_lifetime` and `drain` still reach it). A lane in use by one statement is
-`busy`; a second user meanwhile (only possible with more than one batch in flight) takes a
-connection from the pool as usual, so a lane never runs two statements at once. The journal
-keeps lanes only on a pool of at least `LANES_MIN_POOL` connections (journal.py): on a smaller
-one, three connections held out of it would leave renewals and listings waiting for the pool.
+The lanes are shared by every kind, most recently taken first (`Lanes`): a statement takes the
+first free one. So a lone caller's claim and its completion run on one connection, served by
+one Postgres backend that has just run (a sequential miss 10-40 µs faster than with a lane per
+kind, whose two backends each sleep between the calls: docs/performance.md); concurrent
+batches still each find a lane of their own. A lane in use by one statement is `busy`; a
+statement that finds every lane busy takes a connection from the pool as usual, so a lane
+never runs two statements at once.
+
+A lane gives its connection back to the pool (which resets it, or discards a broken one and
+opens another) after any failure, when the journal closes, and at least every `HOLD_S` seconds
+(so the pool's `max_lifetime` and `drain` still reach it). The journal keeps lanes only on a
+pool of at least `LANES_MIN_POOL` connections (journal.py): on a smaller one, three
+connections held out of it would leave renewals and listings waiting for the pool.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -83,3 +91,26 @@ class Lane:
         if not self.busy and conn is not None:
             self.cursor = None
             await pool.putconn(conn)
+
+
+class Lanes:
+    """The journal's lanes, most recently taken first (see the module docstring)."""
+
+    __slots__ = ("_order",)
+
+    def __init__(self, count: int) -> None:
+        self._order = [Lane() for _ in range(count)]
+
+    def __iter__(self) -> Iterator[Lane]:
+        return iter(list(self._order))
+
+    def free(self) -> Lane | None:
+        """The most recently taken lane that is not running a statement now (None: all are busy,
+        or there are none: the statement takes a connection from the pool)."""
+        for index, lane in enumerate(self._order):
+            if not lane.busy:
+                if index:  # the most recently taken first: its backend ran last
+                    del self._order[index]
+                    self._order.insert(0, lane)
+                return lane
+        return None
