@@ -34,7 +34,10 @@ class RunTimes:
     def record(self, tool: str, seconds: float) -> None:
         """Note that a run of `tool` took `seconds` (negative values, from a clock set back, are dropped)."""
         if seconds >= 0:
-            self._durations.setdefault(tool, deque(maxlen=KEPT)).append(seconds)
+            durations = self._durations.get(tool)
+            if durations is None:  # not `setdefault`: it would build a deque on every call
+                durations = self._durations[tool] = deque(maxlen=KEPT)
+            durations.append(seconds)
 
     def median(self, tool: str) -> float | None:
         """The median of the kept durations of `tool`, or None if none was recorded."""

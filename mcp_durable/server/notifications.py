@@ -229,9 +229,13 @@ class JournalNotifier:
         await (legacy sends, journaling the redaction config) goes, in order, to one background
         worker per event loop.
         """
+        names = self._sensitive_names()
+        nobody_listens = (self._bus is None or not self._bus._listeners) and not self._legacy and self._replicas is None
+        if nobody_listens and names is self._journaled:
+            return  # the usual case: nothing to announce, the sensitive names journaled already
         principal = record.identity.principal
-        if (self._bus is None or not self._bus._listeners) and not self._legacy and self._replicas is None:
-            uris: tuple[str, ...] = ()  # nobody listens: skip expanding the record's URI template
+        if nobody_listens:
+            uris: tuple[str, ...] = ()  # skip expanding the record's URI template
         else:
             uris = (record_uri(record.identity.tool, record.identity.key), STATS_URI)
         if self._replicas is not None:
@@ -246,7 +250,6 @@ class JournalNotifier:
                     self._bus.publish_for(principal, ResourceUpdated(uri=uri))
                 except Exception:  # noqa: BLE001 - notification is best effort
                     logger.exception("could not announce a change of %s", uri)
-        names = self._sensitive_names()
         if not names and self._journaled is None:
             self._journaled = names  # nothing to journal: no tool has sensitive fields
         legacy = [uri for uri in uris if uri in self._legacy]
