@@ -39,7 +39,7 @@ HOLD_S = 60.0
 
 
 class Lane:
-    """The connection of one batcher (see the module docstring).
+    """One connection the journal keeps between statements (see the module docstring).
 
     The lane holds the cursor alone; its connection is the cursor's, so the two are taken and
     given back together and cannot disagree."""
