@@ -18,8 +18,10 @@ Journal URLs are masked elsewhere, below the face (no `mcp` import): `journal.di
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -39,8 +41,30 @@ Sensitive = Mapping[str, Collection[str]]  # tool name -> sensitive argument nam
 
 
 def iso(ts: float | None) -> str | None:
-    """Epoch seconds as ISO 8601 UTC (`2026-11-29T08:00:00.123456Z`), None stays None."""
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+    """Epoch seconds as ISO 8601 UTC (`2026-11-29T08:00:00.123456Z`), None stays None: exactly
+    `datetime.fromtimestamp(ts, UTC).isoformat()` with "Z" for "+00:00".
+
+    Every durable answer's `_meta` carries one (`server/results.py`), so the whole seconds are
+    formatted once per second and the microseconds added to them: at 64 callers in process,
+    building the `datetime` per call cost ~9 µs of a miss's CPU (docs/performance.md). The
+    microseconds are rounded as `datetime.fromtimestamp` rounds them (half to even, carried into
+    the next second).
+    """
+    if ts is None:
+        return None
+    fraction, whole = math.modf(ts)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1.0, micros - 1_000_000
+    elif micros < 0:  # before 1970: modf keeps the sign
+        whole, micros = whole - 1.0, micros + 1_000_000
+    prefix = _whole_second(int(whole))
+    return f"{prefix}.{micros:06d}Z" if micros else f"{prefix}Z"
+
+
+@lru_cache(maxsize=64)  # the calls of one second share its text
+def _whole_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).isoformat()[:-6]  # without "+00:00"
 
 
 def _json_or_text(payload: bytes | None) -> Any:

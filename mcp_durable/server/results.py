@@ -11,10 +11,7 @@ message.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -22,6 +19,7 @@ from mcp_types import CallToolResult, TextContent
 
 from ..engine import CallOutcome
 from ..errors import DurableError
+from ..views import iso
 
 META_KEY = "mcp-durable/key"
 META_REPLAYED = "mcp-durable/replayed"
@@ -33,32 +31,6 @@ META_ATTEMPT = "mcp-durable/attempt"
 META_SUPERSEDED = "mcp-durable/superseded"
 #: Where every refusal carries its `{error, message, …}` (valid for every client, whatever the tool's output schema).
 META_ERROR = "mcp-durable/error"
-
-
-def iso_time(ts: float | None) -> str | None:
-    """Epoch seconds as an ISO 8601 UTC timestamp (what `_meta` and resources show): exactly
-    `datetime.fromtimestamp(ts, UTC).isoformat()` with "Z" for "+00:00".
-
-    Every durable answer carries one, so the whole seconds are formatted once per second and
-    the microseconds added to them: at 64 callers in process, building the `datetime` per call
-    cost ~9 µs of a miss's CPU (docs/performance.md). The microseconds are rounded as
-    `datetime.fromtimestamp` rounds them (half to even, carried into the next second).
-    """
-    if ts is None:
-        return None
-    fraction, whole = math.modf(ts)
-    micros = round(fraction * 1e6)
-    if micros >= 1_000_000:
-        whole, micros = whole + 1.0, micros - 1_000_000
-    elif micros < 0:  # before 1970: modf keeps the sign
-        whole, micros = whole - 1.0, micros + 1_000_000
-    prefix = _whole_second(int(whole))
-    return f"{prefix}.{micros:06d}Z" if micros else f"{prefix}Z"
-
-
-@lru_cache(maxsize=64)  # the calls of one second share its text
-def _whole_second(second: int) -> str:
-    return datetime.fromtimestamp(second, UTC).isoformat()[:-6]  # without "+00:00"
 
 
 def dump_result(result: CallToolResult) -> bytes:
@@ -116,7 +88,7 @@ def _answer(result: CallToolResult, outcome: CallOutcome) -> CallToolResult:
     if outcome.replayed:
         meta[META_REPLAYED] = True
     if outcome.first_completed_at is not None:
-        meta[META_FIRST_COMPLETED] = iso_time(outcome.first_completed_at)
+        meta[META_FIRST_COMPLETED] = iso(outcome.first_completed_at)
     if outcome.reconciled:
         meta[META_RECONCILED] = True
     if outcome.superseded:

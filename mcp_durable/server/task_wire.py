@@ -18,7 +18,8 @@ from pydantic import BaseModel
 from ..journal import CallCursor, CallIdentity, CallRecord, CallState
 from ..policy import ToolPolicy
 from ..tasks import TaskView, task_view
-from .results import META_KEY, iso_time
+from ..views import iso
+from .results import META_KEY
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 RELATED_TASK = "io.modelcontextprotocol/related-task"
@@ -66,7 +67,7 @@ def legacy_task(record: CallRecord, policy: ToolPolicy | None) -> dict[str, Any]
     view = task_view(record, policy)
     task: dict[str, Any] = {
         "taskId": record.task_id, "status": "failed" if view.is_error_result else view.status,
-        "createdAt": iso_time(record.created_at), "lastUpdatedAt": iso_time(record.updated_at),
+        "createdAt": iso(record.created_at), "lastUpdatedAt": iso(record.updated_at),
         "ttl": ttl_ms(policy), "pollInterval": POLL_INTERVAL_MS,
     }
     if view.message:
@@ -79,7 +80,7 @@ def modern_task(record: CallRecord, policy: ToolPolicy | None, *, detailed: bool
     view = task_view(record, policy)
     task: dict[str, Any] = {
         "taskId": record.task_id, "status": view.status,
-        "createdAt": iso_time(record.created_at), "lastUpdatedAt": iso_time(record.updated_at),
+        "createdAt": iso(record.created_at), "lastUpdatedAt": iso(record.updated_at),
         "ttlMs": ttl_ms(policy), "pollIntervalMs": POLL_INTERVAL_MS,
     }
     if view.message and not view.is_error_result:

@@ -1,4 +1,5 @@
-"""`results.iso_time` formats as `datetime` does, from whole seconds it formats once each."""
+"""`views.iso` (the time in `_meta`, resources and task views) formats as `datetime` does, from whole
+seconds it formats once each."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_durable.server.results import iso_time
+from mcp_durable.views import iso
 
 
 def reference(ts: float) -> str:
@@ -17,7 +18,7 @@ def reference(ts: float) -> str:
 
 @given(st.floats(min_value=-2_000_000_000.0, max_value=4_000_000_000.0, allow_nan=False))
 def test_any_timestamp_reads_as_datetime_writes_it(ts: float) -> None:
-    assert iso_time(ts) == reference(ts)
+    assert iso(ts) == reference(ts)
 
 
 def test_the_edges_of_rounding_read_as_datetime_writes_them() -> None:
@@ -30,8 +31,8 @@ def test_the_edges_of_rounding_read_as_datetime_writes_them() -> None:
     edges += [base + rng.random() * 86_400 for _ in range(20_000)]
     edges += [base + n + k / 1e6 + 5e-7 for n in range(50) for k in range(0, 1_000_000, 99_991)]
     for ts in edges:
-        assert iso_time(ts) == reference(ts), ts
+        assert iso(ts) == reference(ts), ts
 
 
 def test_none_stays_none() -> None:
-    assert iso_time(None) is None
+    assert iso(None) is None
