@@ -14,9 +14,10 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 #: The Postgres the benchmarks use when the Postgres journal is importable (a schema per run).
 PG_BASE = os.environ.get("MCP_DURABLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -70,6 +71,16 @@ class CaseResult:
     tables: list[Table] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
     seconds: float = 0.0
+
+
+T = TypeVar("T")
+
+
+def in_turn(sides: Sequence[T], repetition: int) -> Sequence[T]:
+    """`sides` in order on even repetitions, reversed on odd ones (ABBA): a burst inherits the
+    machine's drift and the collector's debt of the burst before it, so no side always goes
+    first or always follows another."""
+    return sides if repetition % 2 == 0 else sides[::-1]
 
 
 def median(values: Iterable[float]) -> float:

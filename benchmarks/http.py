@@ -23,7 +23,7 @@ import anyio
 from anyio.abc import Process
 from mcp import Client
 
-from .common import CaseResult, Settings, Table, Target, journal_urls, median, rate, ratio, skipped_journals
+from .common import CaseResult, Settings, Table, Target, in_turn, journal_urls, median, rate, ratio, skipped_journals
 from .servers import TOOL
 from .timing import check_result, fresh_arguments
 
@@ -100,7 +100,7 @@ async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[floa
             await _rate(clients, fresh, 2 * CLIENTS)  # warm-up
         rates: list[list[float]] = [[], []]
         for pair in range(pairs):
-            for side in ((0, 1) if pair % 2 == 0 else (1, 0)):
+            for side in in_turn((0, 1), pair):
                 rates[side].append(await _rate(sides[side], fresh, total))
     ratios = [b / a for a, b in zip(rates[0], rates[1], strict=True)]
     return median(rates[0]), median(rates[1]), ratios

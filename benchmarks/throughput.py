@@ -27,6 +27,7 @@ from .common import (
     Settings,
     Table,
     Target,
+    in_turn,
     journal_urls,
     median,
     rate,
@@ -98,13 +99,12 @@ async def run(settings: Settings) -> CaseResult:
                     for rep in range(target_reps if callers == TARGET_CONCURRENCY else reps):
                         pair = [(f"plain:{name}", plain.call_tool, lambda: {"n": 1}),
                                 (name, client.call_tool, durable_args)]
-                        # Each burst inherits the collector's debt of the one before it (survivors
-                        # promoted, a full collection falling due), and a durable burst leaves more:
-                        # in a fixed order plain would always follow durable and pay for it, so the
-                        # order alternates. (In a five-server script a plain burst after a durable
-                        # one cost ~10% more CPU; in this case's runs the two orders gave the same
-                        # ratios within their noise: docs/performance.md, 2026-12-02.)
-                        for key, call, args in pair if rep % 2 == 0 else reversed(pair):
+                        # A durable burst leaves the collector more debt (survivors promoted, a
+                        # full collection falling due): in a fixed order plain would always follow
+                        # durable and pay for it. (In a five-server script a plain burst after a
+                        # durable one cost ~10% more CPU; in this case's runs the two orders gave
+                        # the same ratios within their noise: docs/performance.md, 2026-12-02.)
+                        for key, call, args in in_turn(pair, rep):
                             await measure(key, callers, call, args, total)
             gc.collect()
 
@@ -185,8 +185,7 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
             await _burst(client.call_tool, args, 8, 32)  # warm-up
         SLEPT.clear()
         for rep in range(reps):
-            order = list(enumerate(zip(clients, variants, strict=True)))
-            for i, (client, (_, _, _, args)) in order if rep % 2 == 0 else reversed(order):  # as in `run`
+            for i, (client, (_, _, _, args)) in in_turn(list(enumerate(zip(clients, variants, strict=True))), rep):
                 began = time.perf_counter()
                 with meters[i]:
                     rates.setdefault(i, []).append(await _burst(client.call_tool, args, TARGET_CONCURRENCY, total))
