@@ -24,6 +24,7 @@ from anyio.abc import Process
 from mcp import Client
 
 from .common import CaseResult, Settings, Table, Target, in_turn, journal_urls, median, rate, ratio, skipped_journals
+from .cpu import CpuMeter
 from .servers import TOOL
 from .timing import check_result, fresh_arguments
 
@@ -43,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @asynccontextmanager
-async def http_server(*args: str) -> AsyncIterator[str]:
-    """Run `benchmarks._http_server` with `args`; yield its MCP URL; kill it afterwards."""
+async def http_server(*args: str) -> AsyncIterator[tuple[str, int]]:
+    """Run `benchmarks._http_server` with `args`; yield its MCP URL and process id; kill it afterwards."""
     process: Process = await anyio.open_process(
         [sys.executable, "-m", "benchmarks._http_server", *args], cwd=ROOT, stderr=None
     )
@@ -56,7 +57,7 @@ async def http_server(*args: str) -> AsyncIterator[str]:
                 chunk = await process.stdout.receive(1)
                 line += chunk
         port = int(line.decode().split()[1])
-        yield f"http://127.0.0.1:{port}/mcp"
+        yield f"http://127.0.0.1:{port}/mcp", process.pid
     finally:
         process.terminate()
         with anyio.move_on_after(10):
@@ -93,7 +94,7 @@ async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[floa
     pairs = settings.pick(4, 8)
     fresh = fresh_arguments(itertools.count(1))
     async with AsyncExitStack() as stack:
-        urls = [await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind]))
+        urls = [(await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind])))[0]
                 for server in ("durable", "console")]
         sides = [[await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)] for url in urls]
         for clients in sides:
@@ -115,18 +116,20 @@ async def run(settings: Settings) -> CaseResult:
     urls = {k: v for k, v in journal_urls(settings, memory=False).items() if k in ("file", "sqlite", "postgres")}
     table = Table(
         f"5. Streamable HTTP end to end: requests per second, {CLIENTS} concurrent clients",
-        ["server", "requests/s", "/ plain"],
+        ["server", "requests/s", "/ plain", "CPU per call: clients", "server", "Postgres", "idle cores"],
     )
     plain_all: list[float] = []
-    rows: list[tuple[str, str, float, float]] = []  # journal, kind, rate, plain rate beside it
-    async with http_server("plain") as plain_url, AsyncExitStack() as plain_stack:
+    rows: list[tuple[str, str, float, float, CpuMeter]] = []  # journal, kind, rate, plain rate beside it, CPU
+    async with http_server("plain") as (plain_url, plain_pid), AsyncExitStack() as plain_stack:
+        plain_cpu = CpuMeter(plain_pid)
         plain_clients = await _clients(plain_stack, plain_url)
         await _rate(plain_clients, lambda: {"n": 1}, 2 * CLIENTS)  # warm-up
         for name, journal in urls.items():
             counter = itertools.count(1)
             variants = {"miss": fresh_arguments(counter), "replay": lambda: {"n": 0}}
             rates: dict[str, list[float]] = {}
-            async with http_server("durable", journal) as url, AsyncExitStack() as stack:
+            async with http_server("durable", journal) as (url, pid), AsyncExitStack() as stack:
+                meters = {"plain": plain_cpu, **{kind: CpuMeter(pid) for kind in variants}}
                 clients = await _clients(stack, url)
                 for args in variants.values():
                     await _rate(clients, args, 2 * CLIENTS)  # warm-up (and the replayed call's first run)
@@ -136,13 +139,15 @@ async def run(settings: Settings) -> CaseResult:
                     # plain first in even repetitions, last in odd ones: a drift of the machine's
                     # speed within a repetition falls on both sides alike
                     for kind, side, args in sides if rep % 2 == 0 else sides[1:] + sides[:1]:
-                        rates.setdefault(kind, []).append(await _rate(side, args, total))
+                        with meters[kind]:
+                            rates.setdefault(kind, []).append(await _rate(side, args, total))
+                        meters[kind].count(total)
             plain_all.extend(rates["plain"])
             for kind in variants:
-                rows.append((name, kind, median(rates[kind]), median(rates["plain"])))
-    table.add("plain MCPServer", rate(median(plain_all)), ratio(1.0))
-    for name, kind, value, plain in rows:
-        table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain))
+                rows.append((name, kind, median(rates[kind]), median(rates["plain"]), meters[kind]))
+    table.add("plain MCPServer", rate(median(plain_all)), ratio(1.0), *_cpu_cells(plain_cpu))
+    for name, kind, value, plain, meter in rows:
+        table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain), *_cpu_cells(meter))
         bar = TARGET_RATIOS.get(name)
         if kind == "miss" and bar is not None:
             result.targets.append(Target(
@@ -153,7 +158,8 @@ async def run(settings: Settings) -> CaseResult:
     first = next(iter(urls), None)
     if first is not None:
         without, with_console, ratios = await _console_cost(settings, first, total)
-        table.add(f"durable, {first} journal, miss, console mounted", rate(with_console), ratio(with_console / without))
+        table.add(f"durable, {first} journal, miss, console mounted", rate(with_console), ratio(with_console / without),
+                  *["–"] * 4)
         table.notes.append(
             f"console mounted, nobody looking: {median(ratios):.2f}x the misses of the same server without it "
             f"(median of {len(ratios)} alternating pairs, both servers up at once: {rate(with_console)} "
@@ -166,6 +172,20 @@ async def run(settings: Settings) -> CaseResult:
         "miss = a new key per call (fsync on), replay = one key repeated. Both servers freeze their "
         "start-up heap once built, as `mcp-durable serve` does."
     )
+    table.notes.append(
+        "CPU per call (from /proc, over every repetition): the clients' process, the server's, and the local "
+        "Postgres's processes (a diagnosis, not judged); idle cores: the machine's two cores left idle on "
+        "average while measuring. A row under its bar with cores idle is waiting, not short of CPU: its "
+        "calls wait on commits while the clients have nothing to send (docs/performance.md, \"Streamable "
+        "HTTP on Postgres: waiting, not short of CPU\")."
+    )
     table.notes.extend(skipped_journals())
     result.tables.append(table)
     return result
+
+
+def _cpu_cells(meter: CpuMeter) -> list[str]:
+    """The CPU columns of one row: clients, server, Postgres per call, and idle cores."""
+    per_call, idle = meter.per_call(), meter.idle_cores()
+    cells = ["–", "–", "–"] if per_call is None else [f"{seconds * 1e6:,.0f} µs" for seconds in per_call]
+    return [*cells, "–" if idle is None else f"{idle:.2f}"]
