@@ -23,7 +23,19 @@ import anyio
 from anyio.abc import Process
 from mcp import Client
 
-from .common import CaseResult, Settings, Table, Target, in_turn, journal_urls, median, rate, ratio, skipped_journals
+from .common import (
+    CaseResult,
+    Settings,
+    Table,
+    Target,
+    in_turn,
+    journal_urls,
+    median,
+    rate,
+    ratio,
+    skipped_journals,
+    us,
+)
 from .cpu import CpuMeter
 from .servers import TOOL
 from .timing import check_result, fresh_arguments
@@ -174,7 +186,7 @@ async def run(settings: Settings) -> CaseResult:
     )
     table.notes.append(
         "CPU per call (from /proc, over every repetition): the clients' process, the server's, and the local "
-        "Postgres's processes (a diagnosis, not judged); idle cores: the machine's two cores left idle on "
+        "Postgres's processes (a diagnosis, not judged); idle cores: how many of the machine's cores were idle on "
         "average while measuring. A row under its bar with cores idle is waiting, not short of CPU: its "
         "calls wait on commits while the clients have nothing to send (docs/performance.md, \"Streamable "
         "HTTP on Postgres: waiting, not short of CPU\")."
@@ -187,5 +199,5 @@ async def run(settings: Settings) -> CaseResult:
 def _cpu_cells(meter: CpuMeter) -> list[str]:
     """The CPU columns of one row: clients, server, Postgres per call, and idle cores."""
     per_call, idle = meter.per_call(), meter.idle_cores()
-    cells = ["–", "–", "–"] if per_call is None else [f"{seconds * 1e6:,.0f} µs" for seconds in per_call]
+    cells = ["–", "–", "–"] if per_call is None else [us(seconds) for seconds in per_call]
     return [*cells, "–" if idle is None else f"{idle:.2f}"]
