@@ -100,7 +100,9 @@ def _shared_redis_up() -> bool:
 
 async def _measure_phase(settings: Settings, variants: list[Variant]) -> None:
     """Latency rounds, then throughput repetitions, every variant interleaved with the others."""
-    rounds = settings.pick(2, 20)
+    # As many short rounds as case 1 (80, 400 misses per system, was 20): the machine's speed
+    # swings in states lasting tens of ms, and each system should meet the same mix of them.
+    rounds = settings.pick(2, 80)
     per_round = 5
     total = settings.pick(64, 1000)
     reps = settings.pick(1, 3)
