@@ -86,6 +86,16 @@ def _modern(ctx: ServerRequestContext[Any, Any]) -> bool:
     return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
+def _task_policy(host: DurableHost, tool: str, ctx: ServerRequestContext[Any, Any]) -> ToolPolicy | None:
+    """The policy of `tool` when a call of it in this request may become a task (a 2026-07-28
+    request, a durable tool whose `task_support` is not "forbidden"); None for every other call,
+    which `TasksExtension.intercept` passes straight on."""
+    if not _modern(ctx):
+        return None
+    policy = host.policies.get(tool)
+    return None if policy is None or policy.task_support == "forbidden" else policy
+
+
 def _not_found() -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=TASK_NOT_FOUND)
 
@@ -336,10 +346,8 @@ class TaskProtocol:
     async def intercept(
         self, params: CallToolRequestParams, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        if not _modern(ctx):
-            return await call_next(ctx)
-        policy = self.host.policies.get(params.name)
-        if policy is None or policy.task_support == "forbidden":
+        policy = _task_policy(self.host, params.name, ctx)
+        if policy is None:
             return await call_next(ctx)
         capabilities = ctx.session.client_capabilities
         declared = capabilities is not None and TASKS_EXTENSION in (capabilities.extensions or {})
@@ -418,11 +426,10 @@ def skip_idle_interceptor(
     """The `tools/call` handler to register: `composed` (the SDK's chain of interceptors around
     `bare`) only for a call `TasksExtension.intercept` can act on, `bare` for every other.
 
-    `intercept` passes a call straight on unless the request is of the 2026-07-28 generation
-    and its tool is durable with `task_support` other than "forbidden"; the chain still costs
-    every call three coroutine layers (~4 µs of CPU per 64-caller miss, docs/performance.md). When
-    another extension intercepts tool calls too, every call goes through `composed`, as the
-    SDK composes it.
+    `intercept` passes a call straight on unless `_task_policy` finds it may become a task (the
+    one test both use); the chain still costs every call three coroutine layers (~4 µs of CPU
+    per 64-caller miss, docs/performance.md). When another extension intercepts tool calls too,
+    every call goes through `composed`, as the SDK composes it.
     """
     others = [e for e in extensions
               if not isinstance(e, TasksExtension) and type(e).intercept_tool_call is not Extension.intercept_tool_call]
@@ -430,8 +437,7 @@ def skip_idle_interceptor(
         return composed
 
     async def call_tool(ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams) -> HandlerResult:
-        policy = host.policies.get(params.name)
-        if policy is None or policy.task_support == "forbidden" or not _modern(ctx):
+        if _task_policy(host, params.name, ctx) is None:
             return await bare(ctx, params)
         return await composed(ctx, params)
 
