@@ -10,7 +10,6 @@ into a capacity model.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,7 @@ import anyio
 import orjson
 
 from .common import PG_BASE, CaseResult, Settings, Table, postgres_available, postgres_url, rate, us
+from .cpu import postgres_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 CALLERS = 64
@@ -32,24 +32,6 @@ def _commits() -> int:
     return int(row[0]) if row else 0
 
 
-def _postgres_cpu() -> float | None:
-    """CPU seconds of every local `postgres` process so far (None when the server is not local)."""
-    total, found = 0.0, False
-    tick = os.sysconf("SC_CLK_TCK")
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (proc / "comm").read_text().strip() != "postgres":
-                continue
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-        found = True
-    return total if found else None
-
-
 def _run_replicas(url: str, replicas: int, seconds: float) -> tuple[list[dict[str, float]], int, float | None]:
     children = [subprocess.Popen([sys.executable, "-m", "benchmarks._capacity_child", url, str(CALLERS), str(seconds)],
                                  cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -60,7 +42,7 @@ def _run_replicas(url: str, replicas: int, seconds: float) -> tuple[list[dict[st
             line = child.stdout.readline()
             if line.strip() != "ready":
                 raise RuntimeError(f"a replica did not start: {line!r}")
-        before, cpu_before = _commits(), _postgres_cpu()
+        before, cpu_before = _commits(), postgres_cpu()
         for child in children:
             assert child.stdin is not None
             child.stdin.write("go\n")
@@ -70,7 +52,7 @@ def _run_replicas(url: str, replicas: int, seconds: float) -> tuple[list[dict[st
             assert child.stdout is not None
             reports.append(orjson.loads(child.stdout.readline()))
         # Read while every replica's connections are still open (a closed backend's CPU is gone).
-        commits, cpu_after = _commits() - before, _postgres_cpu()
+        commits, cpu_after = _commits() - before, postgres_cpu()
         for child in children:
             child.communicate("bye\n", timeout=60)
         cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before

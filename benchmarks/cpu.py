@@ -6,6 +6,7 @@ its bar can then mean two different things: the cores are full (the durable side
 per call than the plain one leaves free), or they are not and calls wait (for a commit, for a
 process to be scheduled), so the clients sit idle with nothing to send. `CpuMeter` tells the two
 apart; it is a diagnosis printed beside the figures, never a figure judged.
+Case 10 reads the database's share with `postgres_cpu` from the same `/proc` figures.
 
 Linux only (`/proc`); elsewhere every figure is None and the table shows a dash.
 """
@@ -46,6 +47,12 @@ def postgres_pids() -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def postgres_cpu() -> float | None:
+    """CPU seconds every local Postgres process has used so far (None when none runs here)."""
+    used = [seconds for seconds in map(process_cpu, postgres_pids()) if seconds is not None]
+    return sum(used) if used else None
 
 
 def idle_seconds() -> float | None:
