@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import config
 from ..errors import ConfigError
 from .base import CallCursor, CallQuery, Journal
-from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats, Reason
 from .secrets import display_url
 
 ENV_JOURNAL = config.JOURNAL
@@ -59,10 +59,12 @@ __all__ = [
     "CallRecord",
     "CallState",
     "DEFAULT_JOURNAL_URL",
+    "Fence",
     "ENV_JOURNAL",
     "Journal",
     "JournalEntry",
     "JournalStats",
+    "Reason",
     "create_journal",
     "default_journal_url",
     "display_url",

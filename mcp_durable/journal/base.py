@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 import anyio
 
 from ..errors import JournalError
-from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -193,11 +193,28 @@ class Journal(Protocol):
         swaps from one version, at most one succeeds."""
         ...
 
-    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
-        """Set `lease_until` of the record of `identity` if it is PENDING and owned by `owner`;
-        return whether it did. Any other record (missing, another owner's, or in any other
-        state) is left unchanged and the answer is False. The version does not change, so the
-        owner's pending `swap` still applies."""
+    async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
+        """Set `lease_until` of the record of `identity` if it is PENDING under `fence` (the same
+        owner, `run_id` and `attempts`: `CallRecord.held_by`); return whether it did. Any other
+        record (missing, another owner's or another attempt's, or in any other state) is left
+        unchanged and the answer is False. The version does not change, so the owner's pending
+        `swap` still applies."""
+        ...
+
+    async def append_step(
+        self, identity: CallIdentity, fence: Fence, index: int, data: dict[str, Any], ts: float
+    ) -> JournalEntry | None:
+        """Append durable step `index` of run `fence.run_id`: an entry of process
+        `steps/<run_id>` (`step_process_id`) of type `STEP`, whose `data` carries `"index":
+        index`. Written only while the record of `identity` is PENDING under `fence` and no step
+        `index` of that run is stored; returns the new entry (with its `seq`). Otherwise writes
+        nothing and returns None: a stale owner is fenced out, and a run's step log never holds
+        two entries for one index (first writer wins).
+
+        Atomic like `claim` across every process sharing the journal: the fence check and the
+        insert are one step, so no write of a fenced-out owner lands after its successor's
+        take-over. Step entries written by `append` (an operator's re-run copies them) count for
+        the uniqueness too."""
         ...
 
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
@@ -268,6 +285,13 @@ class Maintainable(Protocol):
 
 
 CHECKPOINT = "checkpoint"
+#: The entry type of a durable step (`append_step`); its process is `step_process_id(run_id)`.
+STEP = "step"
+
+
+def step_process_id(run_id: str) -> str:
+    """The process whose entries are the durable steps of run `run_id`."""
+    return f"steps/{run_id}"
 
 
 class ChangeSignals:

@@ -27,6 +27,76 @@ class CallState(str, Enum):
         return self in (CallState.COMPLETED, CallState.FAILED)
 
 
+class Reason(str, Enum):
+    """Why a record is RELEASED or IN_DOUBT: a typed field beside `error` (which is for people).
+
+    The engine decides on this, never on `error`'s text. None on PENDING, COMPLETED and FAILED
+    records, and on records written before the field existed whose text says nothing known
+    (`legacy_reason` reads those).
+    """
+
+    # RELEASED: the key may run again, except where a cancel says it never will.
+    REQUESTOR_CANCELLED = "requestor_cancelled"  # the task's requestor cancelled it (tasks/cancel)
+    OPERATOR_CANCELLED = "operator_cancelled"  # an operator cancelled it (journal cancel)
+    FORGOTTEN = "forgotten"  # an operator forgot it: expired at once, the key runs as a new call
+    RERUN = "rerun"  # an operator asked for a re-run of a final call (new run_id)
+    EXCEPTION = "exception"  # the tool raised: released so a retry runs again
+    TOOL_ERROR = "tool_error"  # a deliberate error result released by policy (tool_errors="release")
+    INTERIM = "interim"  # an interim (not final) answer: nothing to journal
+    NOT_APPLIED = "not_applied"  # an operator or a reconcile hook found the effect did not happen
+    # IN_DOUBT: nobody knows whether the effect happened.
+    LOST_OWNER = "lost_owner"  # the owner died, or its lease ran out
+    OUTCOME_UNKNOWN = "outcome_unknown"  # the run ended without knowing (an upstream died mid-call)
+    TIMED_OUT = "timed_out"  # the run passed its policy's timeout and was stopped
+    PARKED = "parked"  # max_attempts reached: only an operator moves it on
+    HOOK_FAILED = "hook_failed"  # the reconcile hook could not tell
+
+    @property
+    def cancelled(self) -> bool:
+        """A cancel: the call is never run again under this record."""
+        return self in (Reason.REQUESTOR_CANCELLED, Reason.OPERATOR_CANCELLED)
+
+
+def legacy_reason(state: CallState, error: str | None) -> Reason | None:
+    """The reason of a record journaled before `reason` existed, read from its `error` text (the
+    only place that reads that text: backends call it when a stored record has no reason)."""
+    text = error or ""
+    if state == CallState.RELEASED:
+        for prefix, reason in _LEGACY_RELEASED:
+            if text.startswith(prefix):
+                return reason
+        return Reason.EXCEPTION
+    if state == CallState.IN_DOUBT:
+        if text.startswith("reconcile failed"):
+            return Reason.HOOK_FAILED
+        if text.startswith("parked after"):
+            return Reason.PARKED
+        return Reason.LOST_OWNER if not text else Reason.OUTCOME_UNKNOWN
+    return None
+
+
+_LEGACY_RELEASED = (
+    ("cancelled by the task's requestor", Reason.REQUESTOR_CANCELLED),
+    ("cancelled by an operator", Reason.OPERATOR_CANCELLED),
+    ("forgotten by an operator", Reason.FORGOTTEN),
+    ("re-run requested by an operator", Reason.RERUN),
+    ("resolved not applied by an operator", Reason.NOT_APPLIED),
+    ("reconciled in the background: not applied", Reason.NOT_APPLIED),
+    ("interim result", Reason.INTERIM),
+    ("tool error (released by policy)", Reason.TOOL_ERROR),
+)
+
+
+class Fence(NamedTuple):
+    """Who holds a PENDING record: its owner, in which run and attempt. An owner's writes (lease
+    renewal, durable steps, its outcome) are accepted only while the stored record still has
+    this fence: a stalled owner whose record was taken over, resolved or cancelled is fenced out."""
+
+    owner: str
+    run_id: str
+    attempts: int
+
+
 class CallIdentity(NamedTuple):
     """The identity of a durable call: `(principal, tool, key)`. Never flattened into a string.
 
@@ -69,6 +139,20 @@ class CallRecord:
     #: The MCP task this call is, if it was created as one: ≥128 random bits, unique per
     #: principal, looked up with `Journal.get_task(principal, task_id)`. None for a plain call.
     task_id: str | None = None
+    #: Why a RELEASED or IN_DOUBT record is where it is (`Reason`); None otherwise.
+    reason: Reason | None = None
+
+    @property
+    def fence(self) -> Fence | None:
+        """The fence of a PENDING record's owner (None when no owner holds it)."""
+        if self.state != CallState.PENDING or self.owner is None:
+            return None
+        return Fence(self.owner, self.run_id, self.attempts)
+
+    def held_by(self, fence: Fence) -> bool:
+        """Whether this record is PENDING under `fence`: its owner may still write to it."""
+        return (self.state == CallState.PENDING and self.owner == fence.owner and self.run_id == fence.run_id
+                and self.attempts == fence.attempts)
 
     def evolve(self, **changes: Any) -> CallRecord:
         """A copy with `changes` applied and the version bumped by one.
@@ -85,6 +169,7 @@ class CallRecord:
             get("updated_at", c.updated_at), get("owner", c.owner), get("lease_until", c.lease_until),
             get("completed_at", c.completed_at), get("expires_at", c.expires_at), get("result", c.result),
             get("error", c.error), get("arguments", c.arguments), get("task_id", c.task_id),
+            get("reason", c.reason),
         )
 
     def is_expired(self, now: float) -> bool:
