@@ -20,6 +20,7 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 │   └── NotSerialisableError not JSON the journal can store (code not_serialisable)
 ├── TaskCancelledError       .tool .key: the task's requestor cancelled it while its tool ran (code cancelled)
 ├── CallCancelledError       .tool .key: an operator cancelled the call; it is never resumed (code cancelled)
+├── FencedOutError           .tool .key .why: raised in a run that lost its record (lease ran out, taken over)
 └── JournalError             storage failed; the driver's exception is __cause__ (code journal_unavailable)
     ├── JournalLockedError   .holder: another writer holds the journal
     └── JournalCorruptError  .path .offset: what could not be read, and where
@@ -201,6 +202,19 @@ class CallCancelledError(_OfCall):
     def __init__(self, tool: str, key: str) -> None:
         message = f"call of tool {tool!r} with key {key!r} was cancelled by an operator"
         super().__init__(message, tool=tool, key=key)
+
+
+class FencedOutError(_OfCall):
+    """Raised inside a run that no longer holds its record (its lease ran out and another owner
+    took it over, or it timed out): it begins no new durable step, and nothing it writes is kept.
+    Its caller is answered with the recorded outcome, never this run's."""
+
+    code = "in_progress"
+
+    def __init__(self, tool: str, key: str, why: str) -> None:
+        message = f"call of tool {tool!r} with key {key!r} no longer runs here ({why}): another owner has it"
+        super().__init__(message, tool=tool, key=key)
+        self.why = why
 
 
 class OperatorError(DurableError):

@@ -25,7 +25,7 @@ import orjson
 from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 from .journal.base import Maintainable
-from .operators import RESOLUTIONS
+from .engine.operators import RESOLUTIONS
 
 if TYPE_CHECKING:
     from .engine import Engine

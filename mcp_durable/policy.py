@@ -18,6 +18,8 @@ ErrorHandling = Literal["persist", "release"]
 TaskSupport = Literal["forbidden", "optional", "required"]
 
 DEFAULT_RETENTION = 24 * 3600.0
+#: How long a run may last unless its policy says otherwise (`ToolPolicy.timeout`).
+DEFAULT_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +50,12 @@ class ToolPolicy:
     - `wait`: how long a duplicate in flight waits for the first call (seconds) before it gets
       `in_progress` with `retry_after`.
     - `lease`: seconds a running call's claim is valid without a heartbeat; the owner renews it
-      every `lease / 3` seconds while the tool runs.
+      every `lease / 3` seconds while the tool runs. An owner whose lease runs out (a stall, a
+      partition from the journal) stops its run at its next await and writes nothing more.
+    - `timeout`: seconds a run may last (default `DEFAULT_TIMEOUT`, 10 minutes; None: no
+      bound). Past it the engine stops renewing, cancels the run and marks the call IN_DOUBT
+      (reason `timed_out`): its outcome is unknown, and the in-doubt policy decides what a
+      repeat does. Bounds a hung tool, which would otherwise pin its key for as long as it hangs.
     - `tool_errors`: a tool's deliberate error result (`ToolError`) is `"persist"`ed and
       replayed (default) or `"release"`d so a retry runs again.
     - `exceptions`: an unexpected exception is `"release"`d (default: the retry runs again) or
@@ -82,6 +89,7 @@ class ToolPolicy:
     key_fn: Callable[[dict[str, Any]], str] | None = None
     wait: float = 30.0
     lease: float = 30.0
+    timeout: float | None = DEFAULT_TIMEOUT
     tool_errors: ErrorHandling = "persist"
     exceptions: ErrorHandling = "release"
     in_doubt: InDoubtPolicy | None = None
@@ -101,6 +109,8 @@ class ToolPolicy:
             raise ConfigError(f"key must be 'auto' or 'required', not {self.key!r}")
         if not (self.wait >= 0 and self.lease > 0):  # written so NaN fails too
             raise ConfigError("wait must be >= 0 and lease > 0 seconds")
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigError("timeout must be positive seconds, or None for runs without a bound")
         if self.tool_errors not in ("persist", "release") or self.exceptions not in ("persist", "release"):
             raise ConfigError(f"tool_errors and exceptions must be 'persist' or 'release', "
                               f"not {self.tool_errors!r} / {self.exceptions!r}")

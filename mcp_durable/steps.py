@@ -15,6 +15,13 @@ A step is journaled after `fn` returns, so a crash between a step's side effect 
 entry runs that one step again on the retry (at least once per step, never from the start):
 pass `call.step_key(name)` downstream so the system there deduplicates it. Steps of one call
 run one after another (their position is their identity); do not run them concurrently.
+
+Steps are fenced: before a step runs, the run checks that its record is still its own (the
+owner's fence: owner, run, attempt), and the step is journaled with `Journal.append_step`,
+accepted only while that holds and only once per (run, index). An owner that lost its record
+(its lease ran out and another took over, or the call was cancelled) begins no new step: the
+step raises instead, and the run ends. Only a stall inside a step's own effect is left to the
+downstream key.
 """
 
 from __future__ import annotations
@@ -28,13 +35,12 @@ from typing import Any
 import anyio.from_thread
 
 from . import observe
-from .errors import CallCancelledError, DeterminismError, TaskCancelledError
-from .journal.base import Journal
-from .journal.model import CallIdentity, JournalEntry
+from .errors import CallCancelledError, DeterminismError, FencedOutError, TaskCancelledError
+from .journal.base import STEP, Journal, step_process_id
+from .journal.model import CallIdentity, Fence, JournalEntry, Reason
 from .keys import scoped_key, step_key
-from .tasks import is_cancelled, is_operator_cancelled
 
-STEP_ENTRY = "step"
+STEP_ENTRY = STEP
 
 _current: ContextVar[DurableCall | None] = ContextVar("mcp_durable_current_call", default=None)
 
@@ -66,6 +72,10 @@ class DurableCall:
     _journal: Journal = field(repr=False)
     _clock: Callable[[], float] = field(repr=False)
     _done: list[JournalEntry] = field(repr=False)
+    #: The owner's fence on the record (None: a call whose steps are not fenced, e.g. a reconcile hook's).
+    _fence: Fence | None = field(default=None, repr=False)
+    #: Set by the engine when this run must stop (its lease lost, timed out, cancelled): no new step begins.
+    stopped: Reason | None = field(default=None, init=False, repr=False)
     _next: int = field(default=0, init=False, repr=False)
     steps_replayed: int = field(default=0, init=False)
     steps_run: int = field(default=0, init=False)
@@ -108,32 +118,42 @@ class DurableCall:
             with observe.span("durable.step", step=name, index=index, replayed=True):
                 return recorded["result"]
         with observe.span("durable.step", step=name, index=index, replayed=False):
-            await self._stop_if_cancelled()
+            await self._check_still_owned()
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
-            await self._journal.append(
-                self.process_id, STEP_ENTRY, {"index": index, "name": name, "result": result}, self._clock()
-            )
+            data = {"index": index, "name": name, "result": result}
+            if self._fence is None:
+                await self._journal.append(self.process_id, STEP_ENTRY, data, self._clock())
+            elif await self._journal.append_step(self.identity, self._fence, index, data, self._clock()) is None:
+                self._stop(Reason.LOST_OWNER)  # taken over (or cancelled) while the step ran: not ours
         self.steps_run += 1
         return result
 
-    async def _stop_if_cancelled(self) -> None:
-        """Raise the cancel if this run's call was cancelled (an operator's, or its task's requestor's):
-        a run stops at its next durable step at the latest, even between lease renewals."""
-        record = await self._journal.get(self.identity)
-        if record is not None and record.run_id == self.run_id and is_cancelled(record):
-            if is_operator_cancelled(record):
-                raise CallCancelledError(self.identity.tool, self.identity.key)
+    async def _check_still_owned(self) -> None:
+        """Raise unless this run still holds its record: a run that lost it (its lease ran out and
+        another owner took over, an operator or requestor cancelled it) begins no new step."""
+        if self.stopped is None and self._fence is not None:
+            record = await self._journal.get(self.identity)
+            if record is None or not record.held_by(self._fence):
+                self.stopped = record.reason if record is not None and record.cancelled else Reason.LOST_OWNER
+        if self.stopped is not None:
+            self._stop(self.stopped)
+
+    def _stop(self, why: Reason) -> None:
+        self.stopped = self.stopped or why
+        if why is Reason.OPERATOR_CANCELLED:
+            raise CallCancelledError(self.identity.tool, self.identity.key)
+        if why is Reason.REQUESTOR_CANCELLED:
             raise TaskCancelledError(self.identity.tool, self.identity.key)
+        raise FencedOutError(self.identity.tool, self.identity.key, why.value)
 
     def step_sync(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`step()` for a sync tool running on its worker thread."""
         return anyio.from_thread.run(lambda: self.step(name, fn, *args, **kwargs))
 
 
-def steps_process_id(run_id: str) -> str:
-    return f"steps/{run_id}"
+steps_process_id = step_process_id
 
 
 async def load_steps(journal: Journal, run_id: str) -> list[JournalEntry]:

@@ -1,19 +1,21 @@
 """MCP tasks as journaled calls: ids, and a task's status derived from its call record. Pure.
 
 A task is not a second store beside the journal: it IS a call record with a `task_id`. Its
-status is read off the record's state, so it survives whatever the record survives (restarts,
-other replicas) and can never disagree with it:
+status is read off the record's state and `reason` (`journal.model.Reason`), so it survives
+whatever the record survives (restarts, other replicas) and can never disagree with it:
 
-| record                                   | task status                                   |
-|------------------------------------------|-----------------------------------------------|
-| PENDING                                  | working                                       |
-| COMPLETED                                | completed                                     |
-| FAILED (the tool's deliberate error)     | completed with an error result (see below)    |
-| IN_DOUBT, policy retry / reconcile       | working (it is resumed)                       |
-| IN_DOUBT, policy refuse, parked, or its  | failed (`in_doubt`)                           |
-|   reconcile hook could not tell          |                                               |
-| RELEASED by `tasks/cancel`               | cancelled                                     |
-| RELEASED otherwise (exception, operator) | failed                                        |
+| record                                        | task status                                   |
+|-----------------------------------------------|-----------------------------------------------|
+| PENDING                                       | working                                       |
+| COMPLETED                                     | completed                                     |
+| FAILED (the tool's deliberate error)          | completed with an error result (see below)    |
+| IN_DOUBT, policy retry / reconcile            | working (it is resumed)                       |
+| IN_DOUBT, policy refuse, reason PARKED or     | failed (`in_doubt`)                           |
+|   HOOK_FAILED, or its tool gone               |                                               |
+| RELEASED, reason REQUESTOR/OPERATOR_CANCELLED | cancelled                                     |
+| RELEASED otherwise (exception, operator)      | failed                                        |
+
+A task whose status is terminal (completed, failed, cancelled) is never changed by a cancel.
 
 The two protocol generations disagree on a tool's `isError` result: 2025-11-25 calls the task
 `failed`, 2026-07-28 `completed` (with `result.isError`). `TaskView.is_error_result` carries
@@ -26,16 +28,17 @@ import secrets
 from dataclasses import dataclass
 from typing import Literal
 
-from .journal.model import CallRecord, CallState
+from .journal.model import CallRecord, CallState, Reason
 from .policy import ToolPolicy
 
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 
-#: The `error` of a record released by `tasks/cancel`: what marks a RELEASED record cancelled.
+#: The `error` text (for people) of a record released by `tasks/cancel`.
 CANCELLED_REASON = "cancelled by the task's requestor"
-#: How the `error` of an in-doubt record whose reconcile hook raised begins: it is refused (as a
-#: plain call is) until an operator resolves it, so its task is failed, not resumed again.
+#: How the `error` text of an in-doubt record whose reconcile hook raised begins.
 RECONCILE_FAILED = "reconcile failed"
+#: How the `error` text of a record an operator cancelled begins.
+OPERATOR_CANCELLED = "cancelled by an operator"
 
 
 def new_task_id() -> str:
@@ -43,19 +46,14 @@ def new_task_id() -> str:
     return secrets.token_urlsafe(24)
 
 
-#: How the `error` of a record an operator cancelled begins (`Engine.cancel`, `operators.Cancel`).
-OPERATOR_CANCELLED = "cancelled by an operator"
-
-
 def is_cancelled(record: CallRecord) -> bool:
     """A record released by a cancel: the task's requestor's, or an operator's."""
-    return record.state == CallState.RELEASED and (
-        record.error == CANCELLED_REASON or (record.error or "").startswith(OPERATOR_CANCELLED))
+    return record.cancelled
 
 
 def is_operator_cancelled(record: CallRecord) -> bool:
-    """A record an operator cancelled: never resumed (a repeat of its key is refused)."""
-    return record.state == CallState.RELEASED and (record.error or "").startswith(OPERATOR_CANCELLED)
+    """A record an operator cancelled."""
+    return record.state is CallState.RELEASED and record.reason is Reason.OPERATOR_CANCELLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +79,19 @@ def task_view(record: CallRecord, policy: ToolPolicy | None) -> TaskView:
     if state == CallState.FAILED:
         return TaskView("completed", "the tool returned an error result", is_error_result=True)
     if state == CallState.IN_DOUBT:
-        parked = policy is None or record.attempts >= policy.max_attempts
-        hook_failed = (record.error or "").startswith(RECONCILE_FAILED)
-        if parked or hook_failed or policy is None or policy.in_doubt_policy == "refuse":
+        if in_doubt_refused(record, policy):
             return TaskView("failed", "in_doubt: the server stopped inside this call; an operator must resolve it")
         return TaskView("working", "resuming after the server that ran it stopped")
-    if is_cancelled(record):
+    if record.cancelled:
         return TaskView("cancelled", "cancelled")
     return TaskView("failed", record.error or "the call was released without a result")
 
 
 def in_doubt_refused(record: CallRecord, policy: ToolPolicy | None) -> bool:
-    """Whether an in-doubt task will not be resumed (refuse, parked, or its tool gone)."""
-    return record.state == CallState.IN_DOUBT and task_view(record, policy).status == "failed"
+    """Whether an in-doubt call will not be run again by its policy: refuse, parked (its
+    attempts spent), its reconcile hook could not tell, or its tool is gone."""
+    if record.state != CallState.IN_DOUBT:
+        return False
+    if policy is None or record.attempts >= policy.max_attempts:
+        return True
+    return record.reason in (Reason.PARKED, Reason.HOOK_FAILED) or policy.in_doubt_policy == "refuse"

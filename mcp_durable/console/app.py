@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import DurableError, OperatorError
 from ..journal.model import CallIdentity, CallState
-from ..operators import RESOLUTIONS
+from ..engine.operators import RESOLUTIONS
 from ..server.redact import iso, record_summary
 from ..server.resources import decode_cursor, encode_cursor
 from .auth import COOKIE, SESSION_SECONDS, Sessions, Viewer, csrf_ok, same_origin

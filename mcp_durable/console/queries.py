@@ -15,7 +15,7 @@ from typing import Any
 
 from ..journal.base import CallCursor, CallQuery, Journal
 from ..journal.model import CallIdentity, CallRecord, CallState
-from ..operators import audit_entries
+from ..engine.operators import audit_entries
 from ..server.redact import iso, record_view, steps_view
 from ..server.resources import in_doubt_records, stats_body
 from ..steps import load_steps

@@ -149,6 +149,12 @@ class CallRecord:
             return None
         return Fence(self.owner, self.run_id, self.attempts)
 
+    @property
+    def cancelled(self) -> bool:
+        """Released by a cancel (the task's requestor's or an operator's): never run again under
+        this record; repeats are refused `cancelled` until it expires or an operator acts."""
+        return self.state is CallState.RELEASED and self.reason is not None and self.reason.cancelled
+
     def held_by(self, fence: Fence) -> bool:
         """Whether this record is PENDING under `fence`: its owner may still write to it."""
         return (self.state == CallState.PENDING and self.owner == fence.owner and self.run_id == fence.run_id

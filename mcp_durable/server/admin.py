@@ -37,7 +37,7 @@ from pydantic import ValidationError
 from .. import config
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
-from ..operators import Resolution
+from ..engine.operators import Resolution
 from .ports import DurableHost, ToolSpec
 from .redact import record_view
 from .results import dump_result

@@ -150,7 +150,7 @@ async def test_over_stdio_the_local_principal_is_an_admin_only_when_configured(t
 
 @pytest.mark.parametrize("mode", MODES)
 async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_journals_who_and_why(mode: str) -> None:
-    from mcp_durable.operators import audit_entries
+    from mcp_durable.engine.operators import audit_entries
 
     ran: list[str] = []
     async with journal_with_a_call_in_doubt() as journal:

@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable import CallIdentity, create_journal
-from mcp_durable.operators import audit_entries
+from mcp_durable.engine.operators import audit_entries
 from tests.helpers import client_as, serve_command, serve_http
 from tests.server.servers.counting import Counter
 from tests.server.servers.five_steps import STEPS, make_server

@@ -1,18 +1,21 @@
-"""A task's status is derived from its call record (mcp_durable/tasks.py): the table, row by row."""
+"""A task's status is derived from its call record (mcp_durable/tasks.py): the table, row by row.
+
+Its typed `reason` decides, never the `error` text (which is for people): a record whose text
+reads like a cancel but whose reason says otherwise is not cancelled."""
 
 from __future__ import annotations
 
 import pytest
 
 from mcp_durable import ToolPolicy
-from mcp_durable.journal import CallIdentity, CallRecord, CallState
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, Reason
 from mcp_durable.tasks import CANCELLED_REASON, new_task_id, task_view
 
 
-def record(state: CallState, *, error: str | None = None, attempts: int = 1) -> CallRecord:
+def record(state: CallState, *, error: str | None = None, attempts: int = 1, reason: Reason | None = None) -> CallRecord:
     return CallRecord(identity=CallIdentity("local", "t", "k"), fingerprint="f", state=state, version=1,
                       run_id="r", attempts=attempts, created_at=1.0, updated_at=1.0, error=error,
-                      task_id="task")
+                      task_id="task", reason=reason)
 
 
 RETRY, REFUSE = ToolPolicy(in_doubt="retry"), ToolPolicy(in_doubt="refuse")
@@ -27,9 +30,15 @@ RETRY, REFUSE = ToolPolicy(in_doubt="retry"), ToolPolicy(in_doubt="refuse")
         (record(CallState.IN_DOUBT), RETRY, "working", False),
         (record(CallState.IN_DOUBT), REFUSE, "failed", False),
         (record(CallState.IN_DOUBT, attempts=5), RETRY, "failed", False),  # parked
-        (record(CallState.IN_DOUBT, error="reconcile failed: OSError: down"), RETRY, "failed", False),
+        (record(CallState.IN_DOUBT, error="reconcile failed: OSError: down", reason=Reason.HOOK_FAILED), RETRY,
+         "failed", False),
+        (record(CallState.IN_DOUBT, reason=Reason.PARKED), RETRY, "failed", False),
+        (record(CallState.IN_DOUBT, reason=Reason.TIMED_OUT), RETRY, "working", False),
         (record(CallState.IN_DOUBT), None, "failed", False),  # its tool is gone
-        (record(CallState.RELEASED, error=CANCELLED_REASON), RETRY, "cancelled", False),
+        (record(CallState.RELEASED, error=CANCELLED_REASON, reason=Reason.REQUESTOR_CANCELLED), RETRY, "cancelled",
+         False),
+        (record(CallState.RELEASED, reason=Reason.OPERATOR_CANCELLED), RETRY, "cancelled", False),
+        (record(CallState.RELEASED, error=CANCELLED_REASON, reason=Reason.EXCEPTION), RETRY, "failed", False),
         (record(CallState.RELEASED, error="ValueError: boom"), RETRY, "failed", False),
     ],
 )

@@ -24,8 +24,8 @@ from typing import Any
 
 import anyio
 
-from .journal.base import Journal
-from .journal.model import CallIdentity, CallRecord
+from ..journal.base import Journal
+from ..journal.model import CallIdentity, CallRecord
 
 #: The instances of this process started on each journal object. On a single-writer journal the
 #: only live owners are these (the writer lock keeps other processes out), so a PENDING record

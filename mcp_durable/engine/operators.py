@@ -26,18 +26,19 @@ Every action journals an audit entry (who, what, why) as an entry of the process
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import orjson
 
-from .errors import OperatorError
-from .journal.base import Journal
-from .journal.model import CallIdentity, CallRecord, CallState, JournalEntry
-from .policy import DEFAULT_RETENTION
-from .tasks import OPERATOR_CANCELLED
+from ..errors import OperatorError
+from ..journal.base import Journal
+from ..journal.model import CallIdentity, CallRecord, CallState, JournalEntry, Reason
+from ..policy import DEFAULT_RETENTION
+from ..tasks import OPERATOR_CANCELLED
+from . import transitions
+from .transitions import expiry
 
 #: An operator's verdicts on a call in doubt (the admin tool's schema, the CLI's and the console's choices).
 Resolution = Literal["completed", "failed", "not_applied"]
@@ -141,8 +142,8 @@ def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, n
         if state not in (CallState.PENDING, CallState.IN_DOUBT):
             raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}: only a running or "
                                 "in-doubt call can be cancelled")
-        return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                             expires_at=_expiry(now, verdict.retention), error=f"{OPERATOR_CANCELLED}{suffix}"[:500])
+        return transitions.released(record, Reason.OPERATOR_CANCELLED, now, expiry(now, verdict.retention),
+                                    f"{OPERATOR_CANCELLED}{suffix}")
     if isinstance(verdict, Rerun):
         if not state.is_final:
             raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}: only a completed or "
@@ -150,25 +151,22 @@ def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, n
         since = "" if verdict.from_step is None else f" from step {verdict.from_step}"
         # A new run each time it is judged: a swap lost to another change must not leave the
         # steps the engine copied for this attempt in the run the next attempt copies into.
-        return record.evolve(state=CallState.RELEASED, run_id=os.urandom(16).hex(), owner=None, lease_until=None,
-                             result=None, completed_at=None, updated_at=now,
-                             expires_at=_expiry(now, verdict.retention),
-                             error=f"re-run requested by an operator{since}{suffix}")
+        return transitions.rerun_requested(record, now, expiry(now, verdict.retention),
+                                           f"re-run requested by an operator{since}{suffix}")
     dead_pending = state == CallState.PENDING and not owner_alive
     if state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
         raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}, not in doubt")
     if isinstance(verdict, Forget):
-        return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                             expires_at=now, error=f"forgotten by an operator{suffix}")
+        return transitions.released(record, Reason.FORGOTTEN, now, now, f"forgotten by an operator{suffix}")
     assert isinstance(verdict, Resolve)
-    expires = _expiry(now, verdict.retention)
+    expires = expiry(now, verdict.retention)
     if verdict.resolution == "not_applied":
-        return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                             error=f"resolved not applied by an operator{suffix}", expires_at=expires)
+        return transitions.released(record, Reason.NOT_APPLIED, now, expires,
+                                    f"resolved not applied by an operator{suffix}")
     final = CallState.COMPLETED if verdict.resolution == "completed" else CallState.FAILED
-    return record.evolve(state=final, owner=None, lease_until=None, updated_at=now, completed_at=now,
-                         result=verdict.payload, expires_at=expires,
-                         error=f"resolved {verdict.resolution} by an operator{suffix}")
+    assert verdict.payload is not None  # checked by Resolve
+    return transitions.resolved(record, final, verdict.payload, now, expires,
+                                f"resolved {verdict.resolution} by an operator{suffix}")
 
 
 def steps_kept(record: CallRecord, from_step: int, steps: Sequence[JournalEntry]) -> Sequence[JournalEntry]:
@@ -195,5 +193,3 @@ async def audit_entries(journal: Journal, identity: CallIdentity) -> list[Journa
             e.data.get("key")) == (identity.principal, identity.tool, identity.key)]
 
 
-def _expiry(now: float, retention: float | None) -> float | None:
-    return None if retention is None else now + retention

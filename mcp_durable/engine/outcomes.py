@@ -1,6 +1,6 @@
 """What the engine and its callers hand each other: a tool's outcome, the engine's answer, the callables.
 
-Its own module, below the engine and its task half (`engine.py`, `task_runs.py`), so both name
+Its own module, below the engine, its runner and its tasks (`engine.py`, `runner.py`, `tasks.py`), so all name
 these types without importing each other. No `mcp` import, no I/O.
 """
 
@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
-from .journal.model import CallRecord
-from .policy import ToolPolicy
-from .steps import DurableCall
+from ..journal.model import CallRecord
+from ..policy import ToolPolicy
+from ..steps import DurableCall
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,279 @@
+"""MCP tasks on the engine: a task is a journaled call whose tool runs in the background.
+
+`TaskRuns` uses the engine (`engine.tasks`); the engine's call path knows nothing of tasks
+beyond a record's `task_id`:
+
+- `submit` decides on the key's record (`decide.submit_decision`): claims it with a fresh task
+  id and starts the run in the background (an asyncio task the engine owns until it closes),
+  answers with the key's task (the same id), attaches a task to a plain call, or runs a
+  released one again as a new task (a cancelled one stays cancelled);
+- `resume` drives an in-doubt task by its tool's policy; `resume_all` (at start), `nudge` (on a
+  read of a task whose owner is gone) and the task watch of a shared journal call it through
+  the face's `resumer`;
+- `cancel_task` releases a task that is not terminal as cancelled by its requestor, and stops
+  its run here; an owner on another replica is fenced out (its renewal fails, its next step
+  is refused). A task whose status is terminal (completed, failed — in doubt under `refuse`,
+  parked — or cancelled) is left as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, Unpack
+
+import anyio
+
+from .. import keys
+from ..errors import DurableError, KeyReuseError
+from ..journal.base import CallCursor, CallQuery, Journal
+from ..journal.model import CallIdentity, CallRecord, CallState, Reason
+from ..keys import LOCAL_PRINCIPAL
+from ..policy import ToolPolicy
+from ..tasks import CANCELLED_REASON, in_doubt_refused, new_task_id, task_view
+from . import transitions
+from .decide import Decision, TaskDecision, decide, submit_decision
+from .live_owners import LiveOwners
+from .outcomes import CallArguments, CallOutcome, Encoder, Runner, TaskResumer
+from .runner import CallRunner
+
+logger = logging.getLogger("mcp_durable.engine")
+
+
+class TaskHost(Protocol):
+    """What tasks use of their engine (`Engine` is one)."""
+
+    journal: Journal
+    clock: Callable[[], float]
+    instance_id: str
+    owners: LiveOwners
+    runner: CallRunner
+    opened: bool
+
+    async def start(self) -> None:
+        """Open the journal once (`Engine.start`)."""
+        ...
+
+    async def swap(self, record: CallRecord, new: CallRecord) -> bool:
+        """Swap `new` in for `record` and tell the listeners; False if it moved meanwhile."""
+        ...
+
+    async def notify_changed(self, record: CallRecord) -> None:
+        """Tell the listeners of a change; never raises."""
+        ...
+
+    def spawn(self, work: Awaitable[Any]) -> None:
+        """Run `work` in the background until it ends or the engine closes."""
+        ...
+
+    def owner_alive(self, record: CallRecord, now: float) -> bool:
+        """Whether a PENDING record's owner may still be running it."""
+        ...
+
+    def stop_run(self, identity: CallIdentity, why: Reason) -> None:
+        """Stop the run of `identity` in progress here, if any."""
+        ...
+
+    async def carry_out(
+        self, decision: Decision, record: CallRecord, policy: ToolPolicy, run: Runner | None,
+        encode: Encoder | None, deadline: float,
+    ) -> CallOutcome | None:
+        """Carry out the engine's `decision` on `record` (`Engine.carry_out`)."""
+        ...
+
+
+class TaskRuns:
+    """The tasks of one engine (see the module docstring)."""
+
+    def __init__(self, engine: TaskHost) -> None:
+        self.engine = engine
+        #: Runs an in-doubt task again (the face's, which knows its tool); None resumes nothing.
+        self.resumer: TaskResumer | None = None
+        #: A tool's policy by name (the face's), for the task watch of a shared journal.
+        self.policy_of: Callable[[str], ToolPolicy | None] = lambda tool: None
+        #: Seconds between looks for tasks whose owner died, on a journal shared by replicas.
+        self.watch_interval = 1.0
+
+    async def resume_all(self) -> int:
+        """Hand every in-doubt task to `resumer` (in the background); returns how many.
+
+        Run at start, after the sweep: on a single-writer journal every task a previous boot was
+        running is in doubt by then. Tasks whose policy refuses stay in doubt (status failed).
+        """
+        if self.resumer is None:
+            return 0
+        count = 0
+        cursor: CallCursor | None = None
+        while True:
+            query = CallQuery(state=CallState.IN_DOUBT, tasks_only=True, limit=500, cursor=cursor)
+            page = await self.engine.journal.list_calls(query)
+            if not page:
+                return count
+            cursor = CallCursor.after(page[-1])
+            for record in page:
+                self.engine.spawn(self.resumer(record))
+                count += 1
+
+    async def watch(self) -> None:
+        """On a journal shared by replicas: resume the tasks whose owner died, without waiting for
+        a client to ask about them (a dead owner's task is found once its lease has run out)."""
+        while True:
+            await anyio.sleep(self.watch_interval)
+            try:
+                for state in (CallState.PENDING, CallState.IN_DOUBT):
+                    query = CallQuery(state=state, tasks_only=True, limit=500)
+                    for record in await self.engine.journal.list_calls(query):
+                        self.nudge(record, self.policy_of(record.identity.tool))
+            except DurableError as exc:  # the journal is down: look again next time
+                logger.debug("task watch: %s", exc)
+
+    def nudge(self, record: CallRecord, policy: ToolPolicy | None) -> None:
+        """Resume a task in the background if its owner is gone (on a read of it by any replica)."""
+        if self.resumer is None or policy is None or record.state.is_final or record.state == CallState.RELEASED:
+            return
+        if record.state == CallState.PENDING and self.engine.owner_alive(record, self.engine.clock()):
+            return
+        if in_doubt_refused(record, policy):
+            return
+        self.engine.spawn(self.resumer(record))
+
+    async def submit(self, **call: Unpack[CallArguments]) -> CallRecord:
+        """Create (or find) the task for one call (the keywords of `Engine.execute`) and return its
+        record at once; the tool runs in the background, once per key.
+
+        A call whose key has a record already answers with that record's task: the same task id
+        for a repeat of a task-creating call, a new id attached to a call first made without a
+        task. A record released without a result (the tool raised) is run again as a new task;
+        a cancelled one stays cancelled. A call with no key at all (a tool not registered
+        idempotent, no caller key) gets a fresh random key: every such task is its own call.
+
+        Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `JournalError`.
+        """
+        engine = self.engine
+        if not engine.opened:
+            await engine.start()
+        tool, policy, arguments, meta, run = call["tool"], call["policy"], call["arguments"], call["meta"], call["run"]
+        canonical = call.get("canonical")
+        args_json = canonical if canonical is not None else keys.canonical_json(dict(arguments))
+        # The same fingerprint as `Engine.execute`'s: a task and a plain call of one key are one call.
+        fingerprint = call.get("fingerprint") or keys.policy_fingerprint(policy, arguments, canonical=args_json)
+        key = keys.resolve_key(policy, tool, arguments, meta, canonical=args_json, fingerprint_hex=fingerprint)
+        if key is None:
+            key = f"task:{new_task_id()}"
+        identity = CallIdentity(call.get("principal", LOCAL_PRINCIPAL), tool, key)
+        record: CallRecord | None = await engine.journal.get(identity)
+        while True:
+            now = engine.clock()
+            decision = submit_decision(record, fingerprint, now)
+            if decision is TaskDecision.KEY_REUSE:
+                raise KeyReuseError(tool, key)
+            if decision is TaskDecision.CLAIM:
+                fresh = transitions.claimed(identity, fingerprint, args_json, engine.instance_id, now, policy.lease,
+                                            task_id=new_task_id())
+                started = await self._start(record, fresh, policy, run)
+                if started is not None:
+                    return started
+            elif decision is TaskDecision.RESTART:
+                assert record is not None
+                again = transitions.taken_over(record, engine.instance_id, now, policy.lease, task_id=new_task_id())
+                started = await self._start(record, dataclasses.replace(again, error=None), policy, run)
+                if started is not None:
+                    return started
+            elif decision is TaskDecision.ATTACH:
+                assert record is not None
+                attached = record.evolve(task_id=new_task_id(), updated_at=now)
+                if await engine.swap(record, attached):
+                    self.nudge(attached, policy)
+                    return attached
+            else:
+                assert record is not None
+                self.nudge(record, policy)
+                return record
+            record = await engine.journal.get(identity)
+
+    async def _start(
+        self, current: CallRecord | None, claimed: CallRecord, policy: ToolPolicy, run: Runner
+    ) -> CallRecord | None:
+        """Claim (`current` None or expired) or take over `current` as `claimed`, and start its run
+        in the background. None if another process got there first (re-read and decide again)."""
+        engine = self.engine
+        identity = claimed.identity
+        engine.owners.hold(identity)  # before the write is sent (live_owners.py); the run lets go
+        try:
+            with anyio.CancelScope(shield=True):
+                if current is None or current.is_expired(claimed.created_at):
+                    won, _ = await engine.journal.claim(claimed, claimed.created_at)
+                else:
+                    won = await engine.journal.swap(current.version, claimed)
+        except BaseException:
+            engine.owners.unhold(identity)
+            raise
+        if not won:
+            engine.owners.unhold(identity)
+            return None
+        await engine.notify_changed(claimed)
+
+        async def run_then_let_go() -> None:
+            try:
+                await engine.runner.run(claimed, policy, run)
+            finally:
+                engine.owners.unhold(identity)
+
+        engine.spawn(run_then_let_go())
+        return claimed
+
+    async def resume(
+        self, identity: CallIdentity, policy: ToolPolicy, run: Runner, encode: Encoder | None = None
+    ) -> CallOutcome | None:
+        """Drive an existing task record on: its in-doubt policy applies (retry takes it over and
+        runs it, durable steps replaying; reconcile asks the hook; refuse leaves it). Returns
+        None without running when it is final, cancelled, released, or a live owner runs it."""
+        engine = self.engine
+        if not engine.opened:
+            await engine.start()
+        record = await engine.journal.get(identity)
+        while record is not None:
+            now = engine.clock()
+            if record.state.is_final or record.state == CallState.RELEASED or record.is_expired(now):
+                return None
+            if record.state == CallState.PENDING and engine.owner_alive(record, now):
+                return None
+            # The record's own fingerprint: a resumed task is never a key reuse of itself.
+            decision = decide(record, record.fingerprint, policy, now, engine.owners.alive)
+            decided = await engine.carry_out(decision, record, policy, run, encode, anyio.current_time())
+            if decided is not None:
+                return decided
+            record = await engine.journal.get(identity)
+        return None
+
+    async def task(self, principal: str, task_id: str) -> CallRecord | None:
+        """The record of task `task_id` of `principal` (another principal's: None, like an unknown id)."""
+        engine = self.engine
+        if not engine.opened:
+            await engine.start()
+        record = await engine.journal.get_task(principal, task_id)
+        if record is None or record.is_expired(engine.clock()):
+            return None
+        return record
+
+    async def cancel_task(
+        self, principal: str, task_id: str, retention: float | None
+    ) -> tuple[CallRecord | None, bool]:
+        """Record `cancelled` for a task that is not terminal yet, and stop its tool if it runs here
+        (an owner on another replica is fenced out). Returns the record and True after the
+        change; the unchanged record and False for a terminal task (completed, failed — in
+        doubt under `refuse`, parked, its hook failed — or cancelled); None and False for an
+        unknown task."""
+        engine = self.engine
+        while True:
+            record = await self.task(principal, task_id)
+            if record is None or task_view(record, self.policy_of(record.identity.tool)).terminal:
+                return record, False
+            now = engine.clock()
+            cancelled = transitions.released(record, Reason.REQUESTOR_CANCELLED, now,
+                                             transitions.expiry(now, retention), CANCELLED_REASON)
+            if await engine.swap(record, cancelled):
+                engine.stop_run(record.identity, Reason.REQUESTOR_CANCELLED)
+                return cancelled, True
+
