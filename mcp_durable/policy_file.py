@@ -9,6 +9,7 @@
     in_doubt = "refuse"             # retry | refuse
     wait = 30.0                     # seconds a duplicate in flight waits for the first call
     lease = 30.0                    # seconds a running call's claim lives without a heartbeat
+    timeout = 600.0                 # seconds a run may last, or "none" (then it is in doubt)
     retention = "forever"           # seconds a result is kept, or "forever"
 
     [tools.refund]
@@ -53,6 +54,7 @@ class _Entry(BaseModel):
     in_doubt: Literal["retry", "refuse"] | None = None
     wait: float | None = Field(default=None, ge=0)
     lease: float | None = Field(default=None, gt=0)
+    timeout: float | Literal["none"] | None = None
     retention: float | Literal["forever"] | None = None
     max_attempts: int | None = Field(default=None, ge=1)
     tool_errors: Literal["persist", "release"] | None = None
@@ -64,6 +66,13 @@ class _Entry(BaseModel):
     def _positive_retention(cls, value: Any) -> Any:
         if isinstance(value, int | float) and value <= 0:
             raise ValueError('retention must be positive seconds, or "forever"')
+        return value
+
+    @field_validator("timeout")
+    @classmethod
+    def _positive_timeout(cls, value: Any) -> Any:
+        if isinstance(value, int | float) and not value > 0:
+            raise ValueError('timeout must be positive seconds, or "none"')
         return value
 
 
@@ -162,7 +171,10 @@ def _setting(defaults: _Entry, entry: _Entry) -> Setting:
     if key_fields and mode != "fields":
         raise ConfigError(f'key_fields is only used with key = "fields", not key = "{mode}"')
     retention = merged.pop("retention", None)
+    timeout = merged.pop("timeout", None)
     kwargs: dict[str, Any] = dict(merged)
+    if timeout is not None:
+        kwargs["timeout"] = None if timeout == "none" else float(timeout)
     if retention is not None:
         kwargs["retention"] = None if retention == "forever" else float(retention)
     if key_fields:
@@ -256,6 +268,7 @@ def _policy_lines(policy: ToolPolicy) -> list[str]:
         lines.append("key_fields = [" + ", ".join(f'"{name}"' for name in policy.key_fields) + "]")
     in_doubt = policy.in_doubt_policy if policy.in_doubt_policy != "reconcile" else "refuse"
     lines += [f'in_doubt = "{in_doubt}"', f"wait = {policy.wait}", f"lease = {policy.lease}"]
+    lines.append('timeout = "none"' if policy.timeout is None else f"timeout = {policy.timeout}")
     lines.append('retention = "forever"' if policy.retention is None else f"retention = {policy.retention}")
     return lines
 

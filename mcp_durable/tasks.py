@@ -35,25 +35,11 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 
 #: The `error` text (for people) of a record released by `tasks/cancel`.
 CANCELLED_REASON = "cancelled by the task's requestor"
-#: How the `error` text of an in-doubt record whose reconcile hook raised begins.
-RECONCILE_FAILED = "reconcile failed"
-#: How the `error` text of a record an operator cancelled begins.
-OPERATOR_CANCELLED = "cancelled by an operator"
 
 
 def new_task_id() -> str:
     """An unguessable task id: 192 random bits, URL-safe (32 characters)."""
     return secrets.token_urlsafe(24)
-
-
-def is_cancelled(record: CallRecord) -> bool:
-    """A record released by a cancel: the task's requestor's, or an operator's."""
-    return record.cancelled
-
-
-def is_operator_cancelled(record: CallRecord) -> bool:
-    """A record an operator cancelled."""
-    return record.state is CallState.RELEASED and record.reason is Reason.OPERATOR_CANCELLED
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,13 +36,14 @@ from ..errors import OperatorError
 from ..journal.base import Journal
 from ..journal.model import CallIdentity, CallRecord, CallState, JournalEntry, Reason
 from ..policy import DEFAULT_RETENTION
-from ..tasks import OPERATOR_CANCELLED
 from . import transitions
 from .transitions import expiry
 
 #: An operator's verdicts on a call in doubt (the admin tool's schema, the CLI's and the console's choices).
 Resolution = Literal["completed", "failed", "not_applied"]
 RESOLUTIONS: tuple[Resolution, ...] = get_args(Resolution)
+#: How the `error` text (for people) of a record an operator cancelled begins.
+OPERATOR_CANCELLED = "cancelled by an operator"
 #: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
 AUDIT_PROCESS = "mcp-durable/operator-actions"
 AUDIT_ENTRY = "operator_action"

@@ -11,7 +11,6 @@ import anyio
 
 from mcp_durable import Engine, ToolOutcome, ToolPolicy
 from mcp_durable.journal import CallState, Journal
-from mcp_durable.tasks import is_cancelled
 
 POLICY = ToolPolicy(task_support="optional", lease=1.0)
 KEY_META = "mcp-durable/idempotency-key"
@@ -98,12 +97,12 @@ async def test_cancelling_a_task_stops_its_tool_and_it_stays_cancelled(journal: 
         assert record.task_id is not None
         await anyio.sleep(0.05)
         cancelled, changed = await engine.cancel_task("local", record.task_id, POLICY.retention)
-        assert changed and cancelled is not None and is_cancelled(cancelled)
+        assert changed and cancelled is not None and cancelled.cancelled
         with anyio.fail_after(5):
             await stopped.wait()
         again, changed_again = await engine.cancel_task("local", record.task_id, POLICY.retention)
-        assert not changed_again and again is not None and is_cancelled(again)
+        assert not changed_again and again is not None and again.cancelled
         repeat = await engine.submit(tool="t", policy=POLICY, arguments={"a": 3}, meta=None, run=run)
-        assert repeat.task_id == record.task_id and is_cancelled(repeat)  # never run again
+        assert repeat.task_id == record.task_id and repeat.cancelled  # never run again
     finally:
         await engine.aclose()

@@ -25,6 +25,10 @@ lease = 10.5
 [tools."send-mail"]
 key = "required"
 retention = "forever"
+timeout = 45
+
+[tools.report]
+timeout = "none"
 
 [tools.search]
 durable = false
@@ -38,7 +42,8 @@ def test_each_entry_maps_onto_a_tool_policy() -> None:
     policies = parse_policies(FILE, "p.toml")
     assert policies.tools["refund"] == ToolPolicy(key_fields=("order_id",), in_doubt="refuse", wait=2.0, lease=10.5,
                                                   retention=600.0)
-    assert policies.tools["send-mail"] == ToolPolicy(key="required", retention=None)
+    assert policies.tools["send-mail"] == ToolPolicy(key="required", retention=None, timeout=45.0)
+    assert policies.tools["report"] == ToolPolicy(timeout=None, retention=600.0)
     assert policies.tools["search"] == PASS_THROUGH
     note = policies.tools["note"]
     assert isinstance(note, ToolPolicy) and not note.idempotent and note.in_doubt_policy == "refuse"
@@ -52,7 +57,7 @@ def test_without_a_file_the_upstreams_annotations_decide() -> None:
     policies = parse_policies(FILE)
     assert policies.for_tool("other", {"idempotentHint": True}) == ToolPolicy()
     assert policies.for_tool("search", {"idempotentHint": True}) is None  # the file wins
-    assert policies.unknown(["refund", "search"]) == ["note", "send-mail"]
+    assert policies.unknown(["refund", "search"]) == ["note", "report", "send-mail"]
 
 
 @pytest.mark.parametrize(
@@ -62,6 +67,8 @@ def test_without_a_file_the_upstreams_annotations_decide() -> None:
         ("[tools.a]\nwiat = 3\n", r"p\.toml:2: tools\.a\.wiat: Extra inputs"),
         ("[defaults]\nlease = 0\n", r"p\.toml:2: defaults\.lease"),
         ('[tools.a]\nretention = "never"\n', r"p\.toml:2: tools\.a\.retention"),
+        ("[tools.a]\ntimeout = 0\n", r"p\.toml:2: tools\.a\.timeout"),
+        ('[tools.a]\ntimeout = "forever"\n', r"p\.toml:2: tools\.a\.timeout"),
         ('[tools.a]\nkey = "fields"\n', r'p\.toml:1: tools\.a: key = "fields" needs key_fields'),
         ('[tools.a]\nkey = "caller"\nkey_fields = ["x"]\n', r"p\.toml:1: tools\.a: key_fields is only used"),
         ('[tools.a]\nin_doubt = "reconcile"\n', r"p\.toml:2: tools\.a\.in_doubt"),
