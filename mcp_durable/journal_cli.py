@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import orjson
 
+from .engine.operators import RESOLUTIONS
 from .errors import ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 from .journal.base import Maintainable
-from .engine.operators import RESOLUTIONS
 
 if TYPE_CHECKING:
     from .engine import Engine

@@ -26,9 +26,9 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..engine.operators import RESOLUTIONS
 from ..errors import DurableError, OperatorError
 from ..journal.model import CallIdentity, CallState
-from ..engine.operators import RESOLUTIONS
 from ..server.redact import iso, record_summary
 from ..server.resources import decode_cursor, encode_cursor
 from .auth import COOKIE, SESSION_SECONDS, Sessions, Viewer, csrf_ok, same_origin

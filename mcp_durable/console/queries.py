@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ..engine.operators import audit_entries
 from ..journal.base import CallCursor, CallQuery, Journal
 from ..journal.model import CallIdentity, CallRecord, CallState
-from ..engine.operators import audit_entries
 from ..server.redact import iso, record_view, steps_view
 from ..server.resources import in_doubt_records, stats_body
 from ..steps import load_steps

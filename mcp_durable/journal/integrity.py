@@ -1,10 +1,10 @@
 """`verify_url(url)`: read every record of a journal and report what is corrupt, and where.
 
 - `file://DIR`: the file journal's own `verify(directory, progress)` (every record's length,
-  checksum and sequence number).
+  checksum and sequence number, and its payload decoded as the journal reads it).
 - `sqlite:///PATH`: `PRAGMA integrity_check` (every b-tree page; a page number becomes a byte
-  offset in the file), then every row decoded as the journal would: state, numbers, and the
-  JSON of arguments, results and entry data.
+  offset in the file), then every row decoded as the journal would: state, reason, numbers,
+  and the JSON of arguments, results and entry data.
 - anything else (Postgres, memory): every record and entry read through the `Journal` API.
 
 Read-only: safe while a server holds the journal.
@@ -23,11 +23,12 @@ import orjson
 
 from ..errors import ConfigError, DurableError
 from .base import Problem, VerifyReport
-from .model import CallState
+from .model import CallState, Reason
 from .secrets import display_url
 
 Progress = Callable[[int, int | None], None]  # (done, total or None when unknown)
 _STATES = frozenset(state.value for state in CallState)
+_REASONS = frozenset(reason.value for reason in Reason)
 _PAGE_MESSAGE = re.compile(r"\bpage (\d+)", re.IGNORECASE)
 
 
@@ -68,9 +69,12 @@ def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
             page = _PAGE_MESSAGE.search(message)
             offset = (int(page.group(1)) - 1) * page_size if page else -1
             problems.append(Problem(where, offset, f"integrity_check: {message}"))
+        # `reason` came with schema 3: a file not migrated yet has none (the journal reads those
+        # rows with `legacy_reason`), so it is read only where it exists.
+        has_reason = "reason" in {column[1] for column in conn.execute("PRAGMA table_info(calls)")}
         rows = conn.execute(
             "SELECT rowid, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, "
-            "result, arguments FROM calls"
+            f"result, arguments, {'reason' if has_reason else 'NULL'} FROM calls"
         )
         for row in rows:
             records += 1
@@ -111,11 +115,14 @@ def _bad_json(value: Any, name: str, *, want_object: bool = False) -> str | None
 
 
 def _bad_call_row(row: tuple[Any, ...]) -> str | None:
-    _, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, result, arguments = row
+    (_, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, result, arguments,
+     reason) = row
     if not all(isinstance(v, str) and v for v in (principal, tool, key)):
         return "identity is not three non-empty strings"
     if state not in _STATES:
         return f"unknown state {state!r}"
+    if reason is not None and reason not in _REASONS:
+        return f"unknown reason {reason!r}"
     hex_digest = isinstance(fingerprint, str) and len(fingerprint) == 64 and set(fingerprint) <= set("0123456789abcdef")
     if not hex_digest:
         return f"fingerprint is not a SHA-256 hex digest: {fingerprint!r}"

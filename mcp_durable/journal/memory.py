@@ -7,8 +7,9 @@ from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
-from .base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
-from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from .base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
+from .model import CallIdentity, CallRecord, Fence, JournalEntry, JournalStats
+from .record_json import step_data, step_index
 
 
 class MemoryJournal:
@@ -23,6 +24,9 @@ class MemoryJournal:
         self._dropped = 0  # tombstones (`_DROPPED`) in `_entries`
         self._checkpoints: dict[str, JournalEntry] = {}
         self._tasks: dict[tuple[str, str], CallIdentity] = {}
+        #: (process id, step index) → how many stored entries are that step (`step_index`): more
+        #: than one only through plain `append`, which never refuses a duplicate.
+        self._steps: dict[tuple[str, int], int] = {}
         self._signals = ChangeSignals()
         self.recovery: RecoveryReport | None = None
 
@@ -63,12 +67,25 @@ class MemoryJournal:
         record = self._calls.get(identity) if identity is not None else None
         return record if record is not None and record.task_id == task_id else None
 
-    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+    async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         existing = self._calls.get(identity)
-        if existing is None or existing.state != CallState.PENDING or existing.owner != owner:
+        if existing is None or not existing.held_by(fence):
             return False
         self._calls[identity] = _with_lease(existing, lease_until)
         return True
+
+    async def append_step(
+        self, identity: CallIdentity, fence: Fence, index: int, data: dict[str, Any], ts: float
+    ) -> JournalEntry | None:
+        data = step_data(index, data)
+        existing = self._calls.get(identity)
+        if existing is None or not existing.held_by(fence):
+            return None
+        process_id = step_process_id(fence.run_id)
+        if self._steps.get((process_id, index)):
+            return None
+        # No await since the checks: nothing else ran in between.
+        return self._append(process_id, STEP, data, ts)
 
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         await self._signals.wait(identity, timeout)
@@ -96,10 +113,17 @@ class MemoryJournal:
         )
 
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
+        return self._append(process_id, entry_type, data, ts)
+
+    def _append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
         entry = JournalEntry(process_id, entry_type, data, ts, len(self._entries) + 1)
         self._entries.append(entry)
         if entry_type == CHECKPOINT:
             self._checkpoints[process_id] = entry
+        step = step_index(entry_type, data)
+        if step is not None:
+            key = (process_id, step)
+            self._steps[key] = self._steps.get(key, 0) + 1
         return entry
 
     async def entries(
@@ -120,6 +144,7 @@ class MemoryJournal:
             # Tombstones keep `seq == index + 1`, which `entries(after=…)` relies on.
             if entry is not _DROPPED and entry.process_id in wanted and (before_seq is None or entry.seq < before_seq):
                 self._entries[i] = _DROPPED
+                self._forget_step(entry)
                 if self._checkpoints.get(entry.process_id) is entry:
                     del self._checkpoints[entry.process_id]
                     older = [e for e in self._entries[:i]
@@ -129,6 +154,17 @@ class MemoryJournal:
                 dropped += 1
         self._dropped += dropped
         return dropped
+
+    def _forget_step(self, entry: JournalEntry) -> None:
+        step = step_index(entry.entry_type, entry.data)
+        if step is None:
+            return
+        key = (entry.process_id, step)
+        left = self._steps.get(key, 0) - 1
+        if left > 0:
+            self._steps[key] = left
+        else:
+            self._steps.pop(key, None)
 
 
 _DROPPED = JournalEntry("", "dropped", {}, 0.0, 0)

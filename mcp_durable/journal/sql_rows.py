@@ -3,7 +3,8 @@
 
 SQLite and Postgres store the same columns in the same order (only the types' names differ:
 `BLOB`/`bytea`, `REAL`/`float8`), so one codec serves both; what differs per dialect is the
-parameter marker, passed in.
+parameter marker, passed in. Also shared: `LEGACY_REASON_SQL`, the migrations' backfill of
+`reason` from `error`, valid in both dialects.
 """
 
 from __future__ import annotations
@@ -13,14 +14,35 @@ from typing import Any
 import orjson
 
 from .base import CallQuery, stored_decoder
-from .model import CallIdentity, CallRecord, CallState, JournalEntry
+from .model import CallIdentity, CallRecord, CallState, JournalEntry, Reason, legacy_reason
 
 #: The columns of `calls`, in the order `call_row` gives and `call_record` reads them; the first
 #: three are the identity (the primary key), the rest change with the record.
 CALL_COLUMNS = (
     "principal, tool, key, fingerprint, state, version, run_id, attempts, created_at, updated_at, "
-    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id"
+    "owner, lease_until, completed_at, expires_at, result, error, arguments, task_id, reason"
 )
+#: `legacy_reason(state, error)` as SQL, for the migrations that add `reason` to rows written
+#: before it (SQLite schema 3, Postgres migration 4): the same prefixes in the same order, each
+#: compared with `substr` (not LIKE: SQLite's is case-insensitive, and `_` would be a wildcard).
+#: Shipped in those migrations: never change it (a test checks it against `legacy_reason`).
+LEGACY_REASON_SQL = """CASE
+    WHEN state = 'released' THEN CASE
+        WHEN substr(error, 1, 33) = 'cancelled by the task''s requestor' THEN 'requestor_cancelled'
+        WHEN substr(error, 1, 24) = 'cancelled by an operator' THEN 'operator_cancelled'
+        WHEN substr(error, 1, 24) = 'forgotten by an operator' THEN 'forgotten'
+        WHEN substr(error, 1, 31) = 're-run requested by an operator' THEN 'rerun'
+        WHEN substr(error, 1, 35) = 'resolved not applied by an operator' THEN 'not_applied'
+        WHEN substr(error, 1, 41) = 'reconciled in the background: not applied' THEN 'not_applied'
+        WHEN substr(error, 1, 14) = 'interim result' THEN 'interim'
+        WHEN substr(error, 1, 31) = 'tool error (released by policy)' THEN 'tool_error'
+        ELSE 'exception' END
+    WHEN state = 'in_doubt' THEN CASE
+        WHEN substr(error, 1, 16) = 'reconcile failed' THEN 'hook_failed'
+        WHEN substr(error, 1, 12) = 'parked after' THEN 'parked'
+        WHEN coalesce(error, '') = '' THEN 'lost_owner'
+        ELSE 'outcome_unknown' END
+    END"""
 #: The ORDER BY of a newest-first listing (matches `base.sort_key`, reversed).
 LISTING_ORDER = "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC"
 
@@ -32,20 +54,25 @@ def call_row(record: CallRecord) -> tuple[Any, ...]:
         i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
         record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
         record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
+        None if record.reason is None else record.reason.value,
     )
 
 
 @stored_decoder("call record")
 def call_record(row: tuple[Any, ...]) -> CallRecord:
     """The record a row in `CALL_COLUMNS` order holds (further values after them are ignored);
-    `JournalError` when it does not decode."""
+    `JournalError` when it does not decode. A row without a `reason` (written by a release
+    before it, e.g. a replica not yet upgraded) has `legacy_reason(state, error)`, as the file
+    journal's frames of those releases do."""
+    state = CallState(row[4])
     return CallRecord(
-        identity=CallIdentity(row[0], row[1], row[2]), fingerprint=row[3], state=CallState(row[4]),
+        identity=CallIdentity(row[0], row[1], row[2]), fingerprint=row[3], state=state,
         version=row[5], run_id=row[6], attempts=row[7], created_at=row[8], updated_at=row[9],
         owner=row[10], lease_until=row[11], completed_at=row[12], expires_at=row[13],
         # Drivers return a buffer type (memoryview, sqlite3's bytes-like): records hold bytes.
         result=None if row[14] is None else bytes(row[14]), error=row[15],
         arguments=None if row[16] is None else bytes(row[16]), task_id=row[17],
+        reason=legacy_reason(state, row[15]) if row[18] is None else Reason(row[18]),
     )
 
 

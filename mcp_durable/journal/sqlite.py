@@ -4,7 +4,13 @@ Atomicity across processes comes from SQLite itself: every write runs in a `BEGI
 transaction, so of N processes claiming one identity exactly one inserts (the others see its
 row). Durability: `synchronous=FULL` by default (each commit is fsynced); the URL query
 `?synchronous=NORMAL` relaxes it for tests. Waiters in this process are woken at once; waiters
-in other processes poll the row (`poll_interval`), since SQLite has no notifications.
+in other processes poll the row (`poll_interval`), since SQLite has no notifications. The
+schema, and the migration of databases of earlier releases on open: `sqlite_schema.py`.
+
+Fencing: `renew` and `append_step` check the owner's fence (owner, run_id, attempts) in the
+statement that writes, inside the write transaction, so no other process writes between the
+check and the write; a durable step's uniqueness per `(process_id, step_index)` is the
+database's own (a unique index), whichever process writes it.
 
 `?single_writer=1` declares that one server process owns the database: `open()` takes an
 exclusive lock on `PATH.lock` (held until `aclose()` or the process dies, so a SIGKILL frees
@@ -33,41 +39,23 @@ from urllib.parse import parse_qs
 import orjson
 
 from ..errors import ConfigError, JournalError
-from .base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
+from .base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
 from .fsync import make_dirs
-from .model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
+from .record_json import step_data, step_index
 from .secrets import display_url
 from .sql_rows import CALL_COLUMNS as _COLUMNS
 from .sql_rows import call_record as _record
 from .sql_rows import call_row as _row
 from .sql_rows import listing_clause
 from .sql_rows import process_entry as _entry
+from .sqlite_schema import migrate
 from .sqlite_writer import SQLiteWriter
 from .writer_lock import WriterLock
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 2  # 2: calls.task_id
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS calls (
-    principal TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL,
-    fingerprint TEXT NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL,
-    run_id TEXT NOT NULL, attempts INTEGER NOT NULL,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL,
-    owner TEXT, lease_until REAL, completed_at REAL, expires_at REAL,
-    result BLOB, error TEXT, arguments BLOB, task_id TEXT,
-    PRIMARY KEY (principal, tool, key)
-);
-CREATE INDEX IF NOT EXISTS calls_by_created ON calls (created_at, principal, tool, key);
-CREATE INDEX IF NOT EXISTS calls_by_expiry ON calls (expires_at) WHERE expires_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS entries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    process_id TEXT NOT NULL, entry_type TEXT NOT NULL, data BLOB NOT NULL, ts REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq);
-"""
-_PLACEHOLDERS = ", ".join("?" * 18)
+_PLACEHOLDERS = ", ".join("?" * len(_COLUMNS.split(", ")))
 _SELECT_ONE = f"SELECT {_COLUMNS} FROM calls WHERE principal=? AND tool=? AND key=?"
 #: A claim: the row inserted, or an expired one replaced (the parameters: the row, then `now`).
 _CLAIM = (
@@ -77,17 +65,31 @@ _CLAIM = (
 )
 _SWAP = (
     "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, created_at=?, updated_at=?, owner=?, "
-    "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=?, task_id=? "
+    "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=?, task_id=?, reason=? "
     "WHERE principal=? AND tool=? AND key=? AND version=?"
 )
 #: `_SWAP` where `created_at` and `task_id` stay as they are (so their indexes are not touched).
 _SWAP_KEEPING = (
     "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, updated_at=?, owner=?, "
-    "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=? "
+    "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=?, reason=? "
     "WHERE principal=? AND tool=? AND key=? AND version=? AND created_at=? AND task_id IS ?"
 )
-#: Tasks (schema 2) on a database created before them: the column, then its index.
-_TASKS_INDEX = "CREATE INDEX IF NOT EXISTS calls_by_task ON calls (principal, task_id) WHERE task_id IS NOT NULL"
+#: The record of `identity` is PENDING under a fence (parameters: identity, state, owner, run_id, attempts).
+_HELD = "principal=? AND tool=? AND key=? AND state=? AND owner=? AND run_id=? AND attempts=?"
+_RENEW = f"UPDATE calls SET lease_until=? WHERE {_HELD}"
+#: A durable step: inserted only while the fence holds and no entry is that step already (the
+#: parameters: the entry's five columns, then `_HELD`'s).
+_APPEND_STEP = (
+    "INSERT INTO entries (process_id, entry_type, data, ts, step_index) SELECT ?, ?, ?, ?, ? "
+    f"WHERE EXISTS (SELECT 1 FROM calls WHERE {_HELD}) "
+    "ON CONFLICT (process_id, step_index) WHERE step_index IS NOT NULL DO NOTHING"
+)
+#: A plain append: an entry that is a step counts as that step unless one is stored already
+#: (then it is stored all the same, but not as the step: `append` never refuses an entry).
+_APPEND = (
+    "INSERT INTO entries (process_id, entry_type, data, ts, step_index) SELECT ?1, ?2, ?3, ?4, "
+    "CASE WHEN EXISTS (SELECT 1 FROM entries WHERE process_id = ?1 AND step_index = ?5) THEN NULL ELSE ?5 END"
+)
 
 
 class SQLiteJournal:
@@ -144,17 +146,8 @@ class SQLiteJournal:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-        # One transaction: a power loss leaves the whole schema or none of it (statement by
-        # statement, it could leave `calls` without `entries`, which `journal verify` rejects).
-        # A database of schema 1 (no `task_id`) then gains the column, and every database the
-        # tasks' index and its schema version, each step atomic on its own.
         try:
-            conn.executescript(f"BEGIN IMMEDIATE;\n{_SCHEMA}\n"
-                               f"INSERT OR IGNORE INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}');\nCOMMIT;")
-            if "task_id" not in {row[1] for row in conn.execute("PRAGMA table_info(calls)")}:
-                conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")  # a database of schema 1
-            conn.executescript(f"BEGIN IMMEDIATE;\n{_TASKS_INDEX};\n"
-                               f"UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE name = 'schema_version';\nCOMMIT;")
+            migrate(conn)
         except BaseException:
             conn.close()  # rolls the transaction back
             raise
@@ -260,7 +253,7 @@ class SQLiteJournal:
             # two indexes on them (SQLite rewrites the entries of every column SET, changed or
             # not), one 4 KiB WAL page of the three a completion wrote. A swap that changes them
             # (or loses its race) finds no row so and tries again with every column.
-            keeping = (*row[3:8], *row[9:17], i.principal, i.tool, i.key, expected_version, row[8], row[17])
+            keeping = (*row[3:8], *row[9:17], row[18], i.principal, i.tool, i.key, expected_version, row[8], row[17])
             if conn.execute(_SWAP_KEEPING, keeping).rowcount == 1:
                 return True
             return conn.execute(_SWAP, (*row[3:], i.principal, i.tool, i.key, expected_version)).rowcount == 1
@@ -270,15 +263,28 @@ class SQLiteJournal:
             self._signals.notify(i)
         return swapped
 
-    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+    async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         def body(conn: sqlite3.Connection) -> bool:
-            cursor = conn.execute(
-                "UPDATE calls SET lease_until=? WHERE principal=? AND tool=? AND key=? AND state=? AND owner=?",
-                (lease_until, identity.principal, identity.tool, identity.key, CallState.PENDING.value, owner),
-            )
-            return cursor.rowcount == 1
+            return conn.execute(_RENEW, (lease_until, *_held(identity, fence))).rowcount == 1
 
         return await self._write(body)
+
+    async def append_step(
+        self, identity: CallIdentity, fence: Fence, index: int, data: dict[str, Any], ts: float
+    ) -> JournalEntry | None:
+        data = step_data(index, data)
+        process_id = step_process_id(fence.run_id)
+        payload = orjson.dumps(data)
+
+        def body(conn: sqlite3.Connection) -> int | None:
+            # One statement in the batch's write transaction: no other process writes between the
+            # fence check and the insert (the transaction holds the database's write lock), and
+            # `entries_by_step` answers "that step is stored" across processes.
+            cursor = conn.execute(_APPEND_STEP, (process_id, STEP, payload, ts, index, *_held(identity, fence)))
+            return cursor.lastrowid if cursor.rowcount == 1 else None
+
+        seq = await self._write(body)
+        return None if seq is None else JournalEntry(process_id, STEP, data, ts, seq)
 
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         # Another process's change is seen by the caller's re-read after at most one poll interval.
@@ -311,12 +317,16 @@ class SQLiteJournal:
 
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
         payload = orjson.dumps(data)
+        step = step_index(entry_type, data)
 
         def body(conn: sqlite3.Connection) -> int:
-            cursor = conn.execute(
-                "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",
-                (process_id, entry_type, payload, ts),
-            )
+            if step is not None:
+                cursor = conn.execute(_APPEND, (process_id, entry_type, payload, ts, step))
+            else:
+                cursor = conn.execute(
+                    "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",
+                    (process_id, entry_type, payload, ts),
+                )
             assert cursor.lastrowid is not None
             return cursor.lastrowid
 
@@ -361,3 +371,9 @@ class SQLiteJournal:
             ).fetchone()
         )
         return None if row is None else _entry(row)
+
+
+def _held(identity: CallIdentity, fence: Fence) -> tuple[Any, ...]:
+    """The parameters of `_HELD`: the record of `identity`, PENDING under `fence`."""
+    return (identity.principal, identity.tool, identity.key, CallState.PENDING.value, fence.owner, fence.run_id,
+            fence.attempts)

@@ -8,8 +8,10 @@ The format is one JSON object per line:
 
 A call line holds every `CallRecord` field; the byte fields (`result`, `arguments`) are written
 as text when they are UTF-8 (they always are when the MCP face wrote them) and as base64 under
-`result_b64` / `arguments_b64` otherwise, so every record round-trips byte for byte. Entries
-are written in `seq` order; the importing journal numbers them anew, in the same order.
+`result_b64` / `arguments_b64` otherwise, so every record round-trips byte for byte; `reason`
+only when it is set (a line of an earlier release has none: it imports with `legacy_reason`,
+`record_json`). Entries are written in `seq` order; the importing journal numbers them anew, in
+the same order (durable steps included: `append` writes them as they are).
 
 Import inserts each record with `claim(record, now=-inf)`: a record whose identity the target
 already holds is kept as it is and counted as skipped (an import never overwrites). An entry

@@ -35,9 +35,9 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
 from .. import config
+from ..engine.operators import Resolution
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
-from ..engine.operators import Resolution
 from .ports import DurableHost, ToolSpec
 from .redact import record_view
 from .results import dump_result

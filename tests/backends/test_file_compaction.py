@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_durable.journal import CallIdentity, CallRecord, CallState
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, Fence
 from mcp_durable.journal.file import FileJournal, verify
 
 T0 = 1_700_000_000.0
@@ -58,7 +58,8 @@ async def build(path: Path) -> dict[str, CallRecord]:
         assert await journal.swap(1, call(key, 2, CallState.COMPLETED, result=b"{}", expires_at=T0 + 10))
     await journal.claim(call("running", 1, CallState.PENDING), T0)
     for n in range(40):  # superseded versions: only the last lease survives compaction
-        assert await journal.renew(CallIdentity("local", "refund", "running"), "A", T0 + 100 + n)
+        assert await journal.renew(CallIdentity("local", "refund", "running"), Fence("A", "run-running", 1),
+                                   T0 + 100 + n)
     live["running"] = call("running", 1, CallState.PENDING, lease=139)
     for i in range(10):
         await journal.append("worker", "context_update", {"last_done": i}, float(i))

@@ -206,7 +206,8 @@ async def test_only_changes_of_a_watched_record_notify_and_a_lease_renewal_does_
         original(payload)
 
     listener._on_message = spy
-    await first.renew(watched.identity, "A", T0 + 60)
+    assert watched.fence is not None
+    await first.renew(watched.identity, watched.fence, T0 + 60)
     await first.swap(1, watched.evolve(state=CallState.IN_DOUBT))
     await first.swap(1, quiet.evolve(state=CallState.IN_DOUBT))  # nobody waits on it: no NOTIFY
     # A last change: NOTIFYs arrive in commit order, so once it is here every notification of

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from mcp_durable.journal import CallCursor, CallIdentity, CallQuery, CallRecord, CallState, Journal
+from mcp_durable.journal import CallCursor, CallIdentity, CallQuery, CallRecord, CallState, Fence, Journal
 from tests.conftest import JournalFactory
 
 T0 = 1_700_000_000.0
@@ -70,8 +70,8 @@ async def test_an_expired_record_can_be_claimed_anew(journal: Journal) -> None:
 
 async def test_renew_extends_only_the_owners_pending_lease(journal: Journal) -> None:
     _, record = await journal.claim(pending(owner="A"), T0)
-    assert await journal.renew(record.identity, "A", T0 + 100)
-    assert not await journal.renew(record.identity, "B", T0 + 200)
+    assert await journal.renew(record.identity, Fence("A", record.run_id, record.attempts), T0 + 100)
+    assert not await journal.renew(record.identity, Fence("B", record.run_id, record.attempts), T0 + 200)
     stored = await journal.get(record.identity)
     assert stored is not None and stored.lease_until == T0 + 100 and stored.version == 1
 

@@ -14,7 +14,7 @@ import sys
 
 import anyio
 
-from mcp_durable.journal import CallIdentity, CallRecord, CallState, create_journal
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, Fence, create_journal
 
 T0 = 1_700_000_000.0
 OWNER = "crash-caller"
@@ -62,7 +62,7 @@ async def main(url: str, start: int, callers: int) -> None:
             assert won
             out.write(f"claimed {n}\n")
             out.flush()
-            assert await journal.renew(identity(n), OWNER, renewed_lease(n))
+            assert await journal.renew(identity(n), Fence(OWNER, f"run-{n}", 1), renewed_lease(n))
             out.write(f"renewed {n}\n")
             out.flush()
             assert await journal.swap(1, done_of(n))

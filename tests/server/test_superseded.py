@@ -1,10 +1,12 @@
 """An owner paused past its lease, whose call another server took over, reports what happened.
 
 Two servers share one SQLite journal; the second reads the clock 1,000 s ahead, so the first
-owner's lease has run out for it (a pause, as seen by another replica). Whichever run records
-its outcome second ran the tool but lost the record: it answers with the recorded outcome (one
-answer per key) marked `mcp-durable/superseded: true`, and not `mcp-durable/replayed` (it did
-run). Before the fix it was marked `replayed: true`, as if it had not run.
+owner's lease has run out for it (a pause, as seen by another replica). The paused owner is
+fenced out: whether it finishes before or after the server that took the call over, its outcome
+is refused, and it answers with the one recorded by the new owner (one answer per key), marked
+`mcp-durable/superseded: true` and not `mcp-durable/replayed` (it did run). Before fencing, a
+paused owner that finished first recorded its own outcome over its successor's attempt; before
+that, the loser was marked `replayed: true`, as if it had not run.
 """
 
 from __future__ import annotations
@@ -70,13 +72,17 @@ async def test_the_run_that_lost_the_record_is_marked_superseded_not_replayed(
             await gates.wait_for_runs(2)  # B found A's lease expired, took the call over, runs it
             first, second = ("B", "A") if first_to_record == "taker" else ("A", "B")
             gates.open[first].set()
-            with anyio.fail_after(30):
-                while first not in answers:
-                    await anyio.sleep(0.01)
+            if first == "A":
+                # The paused owner's outcome is refused: it waits for the new owner, like a repeat.
+                await anyio.sleep(0.3)
+                assert "A" not in answers
             gates.open[second].set()
+            with anyio.fail_after(30):
+                while len(answers) < 2:
+                    await anyio.sleep(0.01)
     assert gates.runs == ["A", "B"]
-    recorded, lost = answers[first], answers[second]
-    assert recorded.structured_content == {"job": "j-1", "ran_on": first}
+    recorded, lost = answers["B"], answers["A"]
+    assert recorded.structured_content == {"job": "j-1", "ran_on": "B"}
     assert "mcp-durable/replayed" not in recorded.meta and "mcp-durable/superseded" not in recorded.meta
     # The run that lost ran the tool: not a replay. It answers with the recorded outcome.
     assert lost.meta.get("mcp-durable/replayed") is not True

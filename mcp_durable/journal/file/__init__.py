@@ -22,8 +22,10 @@ Frame (one text line; `grep`, `tail -f`, `cut -c37- | jq` work on segments):
     C CRC-32 of "@L S " and the payload (hex).
 
 Payloads (`t`): `call` (op claim|swap|renew and the whole record after it: the latest frame of
-an identity is the record), `entry` (a process entry; its seq is the frame's), `purge` (every
-record expired at `now` is gone from there on). Results are stored as text when UTF-8.
+an identity is the record; `reason` only when set, a record without it reads with
+`legacy_reason`), `entry` (a process entry; its seq is the frame's; a durable step is one, of
+process `steps/<run_id>` and type `step`), `purge` (every record expired at `now` is gone from
+there on). Results are stored as text when UTF-8.
 
 Writes: every mutation is one frame. Group commit (commit.py): concurrent writers' frames go out
 in one `pwrite` + `fdatasync` per batch, and nothing returns before the flush of its frame
@@ -39,7 +41,9 @@ Index (index.py): per call record ~65 bytes of flat arrays (hash, position, vers
 times, tool, principal) plus an open-addressing hash table (an int array) keyed by a 128-bit
 BLAKE2b of `(principal, tool, key)` keyed with the journal's random `hash_key`; every read also
 compares the full identity. Results stay on disk and `get()` preads the frame. Process entries:
-arrays chained per process (a 64-bit process hash; entries are checked on read).
+arrays chained per process (a 64-bit process hash; entries are checked on read), and a count of
+the durable steps per (process hash, step index), so `append_step` knows a step is new in one
+dict lookup (and reads that process's entries only when the count says it may exist).
 
 Recovery (recovery.py): the newest usable snapshot, then every frame after its end, reading
 segments in 8 MiB windows. Snapshots (snapshot.py, format 2: one JSON header line with the

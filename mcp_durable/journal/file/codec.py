@@ -9,7 +9,8 @@ Kinds (field `t`):
   (replay applies it at the same point, so one small frame stands for any number of deletions).
 
 The record is `record_json.record_to_json` (the export lines' codec too): bytes fields as text
-when they are UTF-8 (a stored MCP result stays readable with `grep`), else base64.
+when they are UTF-8 (a stored MCP result stays readable with `grep`), else base64; `reason` only
+when it is set (frames of earlier releases have none and read with `legacy_reason`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ to its slot (an array too, saved in snapshots as it is). Results and arguments s
 
 Process entries are likewise arrays (sequence number, position, size, previous entry of the same
 process, process hash), with per-process chains so `entries(process_id=…)` and
-`last_checkpoint()` read only that process's frames.
+`last_checkpoint()` read only that process's frames, and a count of the durable steps stored per
+`(process hash, step index)` (`EntryIndex.steps`), so `append_step` knows in one dict lookup
+that a step is new.
 """
 
 from __future__ import annotations
@@ -230,6 +232,17 @@ class CallIndex(Columns):
         self.free = free
 
 
+def step_key(phash: int, step: int) -> int:
+    """One int for `(process hash, step index)`: `step * 2**64 + phash`, one-to-one for a 64-bit
+    hash and any step (an int key costs less memory than a tuple). `split_step_key` inverts it."""
+    return step << 64 | phash
+
+
+def split_step_key(key: int) -> tuple[int, int]:
+    """`(process hash, step index)` of a `step_key`."""
+    return key & MASK64, key >> 64
+
+
 class EntryIndex(Columns):
     """Process entries in sequence order, chained per process (by a 64-bit process hash)."""
 
@@ -245,11 +258,18 @@ class EntryIndex(Columns):
         #: process hash → index of its last entry / of its last checkpoint
         self.last: dict[int, int] = {}
         self.checkpoint: dict[int, int] = {}
+        #: `step_key(process hash, step index)` → how many entries not dropped are that step
+        #: (`record_json.step_index`; more than one only through plain `append`). A process
+        #: hash may collide: a count says a step *may* exist, and the journal reads the
+        #: process's entries to be sure; no count says for certain that none does.
+        self.steps: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.seq)
 
-    def add(self, seq: int, position: int, size: int, phash: int, is_checkpoint: bool) -> None:
+    def add(self, seq: int, position: int, size: int, phash: int, is_checkpoint: bool,
+            step: int | None = None) -> None:
+        """Index the entry `seq` of process hash `phash` (`step`: its step index, if a step)."""
         index = len(self.seq)
         self.seq.append(seq)
         self.pos.append(position)
@@ -259,14 +279,32 @@ class EntryIndex(Columns):
         self.last[phash] = index
         if is_checkpoint:
             self.checkpoint[phash] = index
+        if step is not None:
+            key = step_key(phash, step)
+            self.steps[key] = self.steps.get(key, 0) + 1
+
+    def may_have_step(self, phash: int, step: int) -> bool:
+        """Whether a step `step` of a process with hash `phash` may be stored (False: none is)."""
+        return step_key(phash, step) in self.steps
+
+    def forget_step(self, phash: int, step: int) -> None:
+        """One entry that was step `step` of process hash `phash` is dropped."""
+        key = step_key(phash, step)
+        left = self.steps.get(key, 0) - 1
+        if left > 0:
+            self.steps[key] = left
+        else:
+            self.steps.pop(key, None)
 
     def without(self, dropped: set[int]) -> EntryIndex:
-        """A new index of the entries not in `dropped` (indexes), in the same order."""
+        """A new index of the entries not in `dropped` (indexes), in the same order. The step
+        counts are kept as they are: dropping an entry already forgot its step."""
         kept = EntryIndex()
         checkpoints = {i for i in self.checkpoint.values()}
         for i in range(len(self.seq)):
             if i not in dropped:
                 kept.add(self.seq[i], self.pos[i], self.size[i], self.phash[i], i in checkpoints)
+        kept.steps = self.steps
         return kept
 
     def first_after(self, after: int) -> int:

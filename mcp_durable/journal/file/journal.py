@@ -18,9 +18,10 @@ import anyio.to_thread
 import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
-from ..base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport, sort_key
+from ..base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, sort_key, step_process_id
 from ..fsync import make_dirs
-from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from ..model import CallIdentity, CallRecord, Fence, JournalEntry, JournalStats
+from ..record_json import step_data, step_index
 from ..writer_lock import WriterLock
 from . import snapshot as snapshots
 from .codec import (
@@ -295,24 +296,30 @@ class FileJournal:
             h = self._process_hashes[process_id] = process_hash(process_id)
         return h
 
-    def _read(self, position: int, size: int) -> dict[str, Any]:
-        """Read one frame back (pread), check it, and decode its payload."""
+    def _read(self, position: int, size: int, *, queued: bool = False) -> dict[str, Any]:
+        """Read one frame back (pread), check it, and decode its payload. `queued`: the frame
+        may not be on disk yet (its seq is above the durable one), so it is looked for in the
+        group commit's batches first (its segment may not even exist yet)."""
         segment, offset = unpack(position)
         path = self.directory / segment_name(segment)
-        # The one place records are read from disk: a segment that is gone or unreadable is the
-        # journal unavailable (JournalError), never an OSError escaping to the caller.
-        with self._storage_faults(f"cannot read {path.name}"):
-            fd = self._readers.get(segment)
-            if fd is None:
-                fd = self._readers[segment] = os.open(path, os.O_RDONLY)
-            buf = os.pread(fd, size, offset)
+        in_batch = self._commit.pending(segment, offset) if queued and self._commit is not None else None
+        if in_batch is not None:
+            buf = in_batch
+        else:
+            # The one place records are read from disk: a segment that is gone or unreadable is
+            # the journal unavailable (JournalError), never an OSError escaping to the caller.
+            with self._storage_faults(f"cannot read {path.name}"):
+                fd = self._readers.get(segment)
+                if fd is None:
+                    fd = self._readers[segment] = os.open(path, os.O_RDONLY)
+                buf = os.pread(fd, size, offset)
         frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame) and self._commit is not None:
             # Queued but not written yet (a reader that did not wait for this frame): its bytes are
             # still in the group commit's batch.
-            queued = self._commit.pending(segment, offset)
-            if queued is not None:
-                buf = queued
+            late = self._commit.pending(segment, offset)
+            if late is not None:
+                buf = late
                 frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame):
             raise JournalCorruptError(str(path), offset, frame)
@@ -392,19 +399,60 @@ class FileJournal:
         await self._durable(self._put("swap", h, record))
         return True
 
-    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
+    async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         self._writable()
         h = self._hash(identity)
+        found = await self._held(identity, h, fence)
+        if found is None:
+            return False
+        # A renewal is not a transition: the version stays, so the owner's pending swap still applies.
+        await self._durable(self._put("renew", h, dataclasses.replace(found, lease_until=lease_until)))
+        return True
+
+    async def append_step(
+        self, identity: CallIdentity, fence: Fence, index: int, data: dict[str, Any], ts: float
+    ) -> JournalEntry | None:
+        self._writable()
+        data = step_data(index, data)
+        process_id = step_process_id(fence.run_id)
+        if await self._held(identity, self._hash(identity), fence) is None:
+            return None
+        # From the fence check to the frame's queueing below, no await: no swap, renewal or step
+        # of another task comes in between, so the step lands before any take-over's frame.
+        phash = self._process_hash(process_id)
+        if self._has_step(phash, process_id, index):
+            # Answered only once that step is on disk: a step whose flush fails is no step.
+            await self._opened().wait_seq(self._next_seq - 1)
+            return None
+        seq, position, size, batch = self._submit(entry_payload(process_id, STEP, data, ts))
+        self._entries.add(seq, position, size, phash, False, index)
+        await self._durable(batch)
+        return JournalEntry(process_id, STEP, data, ts, seq)
+
+    async def _held(self, identity: CallIdentity, h: int, fence: Fence) -> CallRecord | None:
+        """The stored record of `identity` if it is PENDING under `fence`, else None; when it
+        is, it is still the latest on return (the caller writes before its next await)."""
         while True:
             found = await self._load_call(identity, h)
-            if found is None or found[1].state != CallState.PENDING or found[1].owner != owner:
-                return False
+            if found is None or not found[1].held_by(fence):
+                return None
             slot = self._calls.find(h)
             if slot is not None and self._calls.seq[slot] == found[0]:  # unchanged while we read it
-                break
-        # A renewal is not a transition: the version stays, so the owner's pending swap still applies.
-        await self._durable(self._put("renew", h, dataclasses.replace(found[1], lease_until=lease_until)))
-        return True
+                return found[1]
+
+    def _has_step(self, phash: int, process_id: str, index: int) -> bool:
+        """Whether step `index` of `process_id` is stored (not dropped). One dict lookup when it
+        is not; otherwise the process's entries are read (process hashes may collide)."""
+        e, durable = self._entries, self._opened().durable_seq
+        if not e.may_have_step(phash, index):
+            return False
+        for i in e.chain(phash, 0):
+            if i in self._dropped:
+                continue
+            d = self._read(e.pos[i], e.size[i], queued=e.seq[i] > durable)
+            if d["process_id"] == process_id and step_index(d["entry_type"], d["data"]) == index:
+                return True
+        return False
 
     async def wait_for_change(self, identity: CallIdentity, timeout: float) -> None:
         await self._signals.wait(identity, timeout)
@@ -479,15 +527,20 @@ class FileJournal:
 
     async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
         self._writable()
-        e = self._entries
+        e, durable = self._entries, self._opened().durable_seq
         dropped = 0
         for process_id in set(process_ids):
-            for i in e.chain(self._process_hash(process_id), 0):
+            phash = self._process_hash(process_id)
+            for i in e.chain(phash, 0):
                 if i in self._dropped or (before_seq is not None and e.seq[i] >= before_seq):
                     continue
-                if self._read(e.pos[i], e.size[i])["process_id"] == process_id:  # hashes may collide
+                d = self._read(e.pos[i], e.size[i], queued=e.seq[i] > durable)
+                if d["process_id"] == process_id:  # hashes may collide
                     self._dropped.add(i)
                     dropped += 1
+                    step = step_index(d["entry_type"], d["data"])
+                    if step is not None:
+                        e.forget_step(phash, step)
         return dropped
 
     # -- process entries --------------------------------------------------------------------------
@@ -495,7 +548,8 @@ class FileJournal:
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
         payload = entry_payload(process_id, entry_type, data, ts)
         seq, position, size, batch = self._submit(payload)
-        self._entries.add(seq, position, size, self._process_hash(process_id), entry_type == CHECKPOINT)
+        self._entries.add(seq, position, size, self._process_hash(process_id), entry_type == CHECKPOINT,
+                          step_index(entry_type, data))
         await self._durable(batch)
         return JournalEntry(process_id, entry_type, data, ts, seq)
 

@@ -25,6 +25,7 @@ import orjson
 from ...errors import JournalCorruptError
 from ..base import CHECKPOINT
 from ..fsync import truncate_synced
+from ..record_json import step_index
 from .codec import process_hash
 from .framing import Damage, scan
 from .index import STATE_CODES, CallIndex, EntryIndex, pack
@@ -63,7 +64,9 @@ def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, po
         )
         calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
     elif kind == "entry":
-        entries.add(seq, position, size, process_hash(d["process_id"]), d["entry_type"] == CHECKPOINT)
+        entry_type = d["entry_type"]
+        entries.add(seq, position, size, process_hash(d["process_id"]), entry_type == CHECKPOINT,
+                    step_index(entry_type, d["data"]))
     elif kind == "purge":
         for slot in calls.expired(d["now"]):
             calls.delete(slot)
@@ -80,6 +83,10 @@ def _usable_snapshot(directory: Path, manifest: Manifest, problems: list[str]) -
         covered = snap.segments if snap.end else snap.segments[:-1]
         if manifest.segments[: len(covered)] != covered:
             continue  # written before a compaction: stale, not damaged
+        if not snap.has_steps:
+            # Written before step counts existed: not damaged, but only the segments say which
+            # entries are steps (the next snapshot has the counts).
+            continue
         if snap.end and (directory / segment_name(snap.segments[-1])).stat().st_size < snap.end:
             problems.append(f"{path.name}: covers more than its segment holds; not used")
             continue

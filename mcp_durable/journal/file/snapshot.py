@@ -5,6 +5,11 @@ A snapshot (`snapshot-<seq hex>.snap`) is one JSON header line, then the index a
     {"format":2,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
      "sections":[["call.lo","Q",nbytes],…],"tools":[…],"principals":[…]}\\n<sections…>
 
+Sections `entry.steps.*` (the step counts, `EntryIndex.steps`) came with durable steps: a
+snapshot without them (an earlier release's) is not damaged, but recovery does not use it and
+reads the segments instead, which rebuilds the counts (sections a release does not know are
+ignored, so an earlier release still reads a newer snapshot).
+
 It covers every frame of `segments` up to byte `end` of the last one (all fsynced before the
 snapshot was renamed into place). It is written to a temp file, fsynced, renamed, and the
 directory fsynced: a crash leaves the old snapshot or the new one, never half of one. A
@@ -24,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from .index import CallIndex, EntryIndex, Interned
+from .index import CallIndex, EntryIndex, Interned, split_step_key, step_key
 from .segments import fsync_dir, segment_name, segment_number, write_synced
 
 FORMAT = 2  # 2: the call index's hash table is saved too
@@ -67,6 +72,15 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
         mapping: dict[int, int] = getattr(entries, name)
         sections.append((f"entry.{name}.keys", "Q", array("Q", mapping.keys()).tobytes()))
         sections.append((f"entry.{name}.values", "Q", array("Q", mapping.values()).tobytes()))
+    # Step keys split back into (hash, index): an index is a 64-bit signed integer (`step_index`).
+    hashes, indexes = array("Q"), array("q")
+    for key in entries.steps:
+        phash, index = split_step_key(key)
+        hashes.append(phash)
+        indexes.append(index)
+    sections.append(("entry.steps.hashes", "Q", hashes.tobytes()))
+    sections.append(("entry.steps.indexes", "q", indexes.tobytes()))
+    sections.append(("entry.steps.counts", "Q", array("Q", entries.steps.values()).tobytes()))
     tasks = [[principal, task_id, f"{h:032x}", tool, key]
              for (principal, task_id), (h, tool, key) in calls.tasks.items()]
     return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names), tasks)
@@ -107,6 +121,8 @@ class LoadedSnapshot:
     end: int
     calls: CallIndex
     entries: EntryIndex
+    #: False for a snapshot of an earlier release (no step counts): sound, but not to be used.
+    has_steps: bool = True
 
 
 class SnapshotError(Exception):
@@ -158,12 +174,17 @@ def load(path: Path) -> LoadedSnapshot:
         for name in ("last", "checkpoint"):
             keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
             setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]
+        has_steps = "entry.steps.counts" in blobs
+        if has_steps:
+            hashes, indexes, counts = (blobs[f"entry.steps.{n}"] for n in ("hashes", "indexes", "counts"))
+            entries.steps = {step_key(h, i): c for h, i, c in zip(hashes, indexes, counts, strict=True)}
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise SnapshotError(f"snapshot lacks a section: {exc}") from exc
     numbers = tuple(segment_number(n) for n in header["segments"])
     if any(n is None for n in numbers):
         raise SnapshotError("snapshot names an unknown segment")
-    return LoadedSnapshot(path, int(header["seq"]), numbers, int(header["end"]), calls, entries)  # type: ignore[arg-type]
+    return LoadedSnapshot(path, int(header["seq"]), numbers, int(header["end"]), calls, entries,  # type: ignore[arg-type]
+                          has_steps)
 
 
 def verify_file(path: Path) -> str | None:

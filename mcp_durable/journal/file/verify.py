@@ -2,17 +2,23 @@
 
 It takes no lock, so it may run beside the writer; a frame being appended at that very moment
 can then show up as a torn tail (run it again to tell a live append from damage).
+
+Every payload is also decoded as the journal reads it (`payload_problem`): a frame whose
+checksum holds but whose record the journal cannot read (an unknown state or reason, a missing
+field) is reported too, since `get()` would refuse it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from ...errors import JournalCorruptError
 from ..base import Problem, VerifyReport
+from ..record_json import record_from_json
 from .framing import Damage, scan
 from .segments import MANIFEST, Manifest, segment_name
 from .snapshot import list_snapshots, verify_file
@@ -48,10 +54,9 @@ def verify(directory: str | Path, progress: Callable[[int, int], None] | None = 
                 what = "torn or corrupt tail" if item.tail else f"damaged bytes up to offset {item.end}"
                 problems.append(Problem(str(path), item.start, f"{what}: {item.reason}"))
                 continue
-            try:
-                orjson.loads(data[item.start : item.start + item.length])
-            except orjson.JSONDecodeError as exc:
-                problems.append(Problem(str(path), item.offset, f"payload is not JSON: {exc}"))
+            reason = payload_problem(data[item.start : item.start + item.length])
+            if reason is not None:
+                problems.append(Problem(str(path), item.offset, reason))
             records += 1
             last_seq = item.seq
         done += len(data)
@@ -62,3 +67,27 @@ def verify(directory: str | Path, progress: Callable[[int, int], None] | None = 
         if reason is not None:
             problems.append(Problem(str(snap), 0, reason))
     return VerifyReport(records, problems)
+
+
+def payload_problem(payload: bytes) -> str | None:
+    """Why the journal cannot read a frame's payload (see `codec.py` for the kinds), or None."""
+    try:
+        d: Any = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return f"payload is not JSON: {exc}"
+    try:
+        kind = d["t"]
+        if kind == "call":
+            record_from_json(d["r"])
+            int(d["h"], 16)
+        elif kind == "entry":
+            if not (isinstance(d["process_id"], str) and isinstance(d["entry_type"], str)
+                    and isinstance(d["data"], dict) and isinstance(d["ts"], int | float)):
+                raise ValueError("an entry needs a process id, a type, a data object and a time")
+        elif kind == "purge":
+            float(d["now"])
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"the journal cannot read this payload: {type(exc).__name__}: {exc}"
+    return None

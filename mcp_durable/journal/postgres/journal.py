@@ -14,9 +14,13 @@
   that stood but has expired, a claim committed by another replica after the statement's
   snapshot, two claims of one identity in one batch — is decided one by one with the
   single-row claim (`INSERT … ON CONFLICT DO UPDATE … WHERE calls.expires_at <= now`).
-- **swap / renew** are `UPDATE … WHERE version = expected` (resp. `state = 'pending' AND
-  owner = …`): compare-and-set in the database, per row also in a batch (`UPDATE … FROM
-  json_to_recordset(…) … RETURNING` the rows that matched).
+- **swap / renew** are `UPDATE … WHERE version = expected` (resp. PENDING under the owner's
+  fence: `state = 'pending' AND owner = … AND run_id = … AND attempts = …`): compare-and-set
+  in the database, swaps per row also in a batch (`UPDATE … FROM json_to_recordset(…) …
+  RETURNING` the rows that matched).
+- **Durable steps** (`append_step`): one `INSERT … SELECT` that locks the record's row
+  (`FOR SHARE`) only if it is PENDING under the fence, and inserts nothing on the unique
+  `(process_id, step_index)` of a stored step (`ON CONFLICT DO NOTHING`).
 - **Wake-ups**: a trigger sends `pg_notify` in the transaction that changes a *watched* record;
   one LISTEN connection per journal (`Listener`) turns those into in-process `ChangeSignals`.
   A waiter marks the record watched first (`UPDATE … SET watched WHERE version = <read>`), so
@@ -49,8 +53,9 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
-from ..base import CHECKPOINT, RECENT_CALLS, CallQuery, ChangeSignals, RecoveryReport
-from ..model import CallIdentity, CallRecord, CallState, JournalEntry, JournalStats
+from ..base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
+from ..model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
+from ..record_json import step_data, step_index
 from ..secrets import display_url
 from ..sql_rows import CALL_COLUMNS as _COLUMNS
 from ..sql_rows import call_record as _record
@@ -67,9 +72,13 @@ Row = tuple[Any, ...]
 
 _MUTABLE = [c.strip() for c in _COLUMNS.split(",")][3:]
 _IDENTITY = "principal = %s AND tool = %s AND key = %s"
+#: The record of an identity is PENDING under a fence (parameters: `_held`).
+_HELD = f"{_IDENTITY} AND state = %s AND owner = %s AND run_id = %s AND attempts = %s"
+#: An entry insert's tail: nothing inserted when the step it is stands already.
+_STEP_CONFLICT = " ON CONFLICT (process_id, step_index) WHERE step_index IS NOT NULL DO NOTHING RETURNING seq"
 #: The Postgres type of each column (in `_COLUMNS` order), for the JSON rows of a batch.
 _TYPES = ("text", "text", "text", "text", "text", "bigint", "text", "integer", "float8", "float8", "text", "float8",
-          "float8", "float8", "bytea", "text", "bytea", "text")
+          "float8", "float8", "bytea", "text", "bytea", "text", "text")
 _NAMES = tuple(c.strip() for c in _COLUMNS.split(","))
 _BYTES = tuple(i for i, t in enumerate(_TYPES) if t == "bytea")
 #: The columns of a batch's rows read from the JSON parameter (bytes arrive as base64 text).
@@ -185,7 +194,7 @@ class PostgresJournal:
         s = quote_ident(settings.schema)
         self._calls = f"{s}.calls"
         self._entries = f"{s}.entries"
-        placeholders = ", ".join(["%s"] * 18)
+        placeholders = ", ".join(["%s"] * len(_NAMES))
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _MUTABLE) + ", watched = false"
         # The claim: insert, or replace an expired record; else return the record that stands.
         # The second branch reads with the statement's snapshot, so a row committed by a
@@ -243,6 +252,29 @@ class PostgresJournal:
             f"WHERE {on_identity} AND c.version = v.expected RETURNING c.principal, c.tool, c.key"
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
+        held = f"SELECT 1 FROM {self._calls} WHERE {_HELD}"
+        self._renew_sql = f"UPDATE {self._calls} SET lease_until = %s WHERE {_HELD}"
+        # Entries are inserted under one lock, held to commit: `seq` order is commit order, so a
+        # reader tailing `entries(after=seq)` never skips an entry committed late with a smaller seq.
+        self._entries_lock = f"mcp_durable.entries.{settings.schema}"
+        append = (
+            f"WITH l AS (SELECT pg_advisory_xact_lock(hashtext(%s))) "
+            f"INSERT INTO {self._entries} (process_id, entry_type, data, ts, step_index) "
+            "SELECT %s, %s, %s::json, %s, %s::bigint FROM l"
+        )
+        self._append_sql = f"{append} RETURNING seq"
+        self._append_first_sql = f"{append}{_STEP_CONFLICT}"  # a step, unless one is stored
+        # A durable step. The record's row is locked (FOR SHARE) while PENDING under the fence,
+        # before the entries' lock: a take-over, resolve or cancel (an UPDATE of that row) then
+        # waits for this insert to commit, or commits first and this statement, re-reading the row
+        # it waited for, finds the fence gone and inserts nothing. A stored step (the unique
+        # `entries_by_step`) also leaves nothing inserted.
+        self._append_step_sql = (
+            f"WITH held AS ({held} FOR SHARE), "
+            "l AS (SELECT pg_advisory_xact_lock(hashtext(%s)) FROM held) "
+            f"INSERT INTO {self._entries} (process_id, entry_type, data, ts, step_index) "
+            f"SELECT %s, %s, %s::json, %s, %s::bigint FROM l{_STEP_CONFLICT}"
+        )
         # Connections kept between the batches' statements (`lane.py`), when the pool is large
         # enough to leave others for renewals, listings and entries (`open`).
         self._lanes = Lanes(0)
@@ -595,12 +627,20 @@ class PostgresJournal:
         return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
                                                      expected_version), self._lanes.free()) == 1
 
-    async def renew(self, identity: CallIdentity, owner: str, lease_until: float) -> bool:
-        count = await self._rowcount(
-            f"UPDATE {self._calls} SET lease_until = %s WHERE {_IDENTITY} AND state = %s AND owner = %s",
-            (lease_until, identity.principal, identity.tool, identity.key, CallState.PENDING.value, owner),
-        )
+    async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
+        count = await self._rowcount(self._renew_sql, (lease_until, *_held(identity, fence)))
         return count == 1
+
+    async def append_step(
+        self, identity: CallIdentity, fence: Fence, index: int, data: dict[str, Any], ts: float
+    ) -> JournalEntry | None:
+        data = step_data(index, data)
+        process_id = step_process_id(fence.run_id)
+        row = await self._fetchone(
+            self._append_step_sql,
+            (*_held(identity, fence), self._entries_lock, process_id, STEP, orjson.dumps(data).decode(), ts, index),
+        )
+        return None if row is None else JournalEntry(process_id, STEP, data, ts, int(row[0]))
 
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
         tail, args = listing_clause(query, "%s")
@@ -630,14 +670,17 @@ class PostgresJournal:
     # -- process entries --------------------------------------------------------------------------
 
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
-        # One lock around the insert, held to commit: `seq` order is commit order, so a reader
-        # tailing `entries(after=seq)` never skips an entry committed late with a smaller seq.
-        row = await self._fetchone(
-            f"WITH l AS (SELECT pg_advisory_xact_lock(hashtext(%s))) "
-            f"INSERT INTO {self._entries} (process_id, entry_type, data, ts) "
-            "SELECT %s, %s, %s::json, %s FROM l RETURNING seq",
-            (f"mcp_durable.entries.{self.settings.schema}", process_id, entry_type, orjson.dumps(data).decode(), ts),
-        )
+        payload = orjson.dumps(data).decode()
+        step = step_index(entry_type, data)
+        row = None
+        if step is not None:
+            # A step counts as that step unless one is stored; then it is stored all the same,
+            # not as the step (`append` never refuses an entry), by the statement below.
+            row = await self._fetchone(self._append_first_sql,
+                                       (self._entries_lock, process_id, entry_type, payload, ts, step))
+        if row is None:
+            row = await self._fetchone(self._append_sql, (self._entries_lock, process_id, entry_type, payload, ts,
+                                                          None))
         assert row is not None
         return JournalEntry(process_id, entry_type, data, ts, int(row[0]))
 
@@ -669,3 +712,9 @@ class PostgresJournal:
             (process_id, CHECKPOINT),
         )
         return None if row is None else _entry(row)
+
+
+def _held(identity: CallIdentity, fence: Fence) -> tuple[Any, ...]:
+    """The parameters of `_HELD`: the record of `identity`, PENDING under `fence`."""
+    return (identity.principal, identity.tool, identity.key, CallState.PENDING.value, fence.owner, fence.run_id,
+            fence.attempts)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import psycopg
 
 from ...errors import JournalError
+from ..sql_rows import LEGACY_REASON_SQL
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,32 @@ MIGRATIONS: tuple[Migration, ...] = (
         (
             "ALTER TABLE {s}.calls ADD COLUMN task_id text COLLATE \"C\"",
             "CREATE INDEX calls_by_task ON {s}.calls (principal, task_id) WHERE task_id IS NOT NULL",
+        ),
+    ),
+    Migration(
+        4,
+        "a typed reason (calls.reason, read from error for older rows); durable steps unique per "
+        "process and index (entries.step_index)",
+        (
+            # Records written before: the reason their error text names (`legacy_reason`). The
+            # NOTIFY trigger is not fired: version, state and run_id stay as they are.
+            "ALTER TABLE {s}.calls ADD COLUMN reason text",
+            "UPDATE {s}.calls SET reason = " + LEGACY_REASON_SQL + " WHERE state IN ('released', 'in_doubt')",
+            # Step entries get their index (`record_json.step_index`: a JSON integer that fits 64
+            # bits; the nested CASEs keep each test from seeing what the one before excluded) …
+            "ALTER TABLE {s}.entries ADD COLUMN step_index bigint",
+            """UPDATE {s}.entries SET step_index = CASE WHEN json_typeof(data) = 'object' THEN
+                CASE WHEN json_typeof(data -> 'index') = 'number' THEN
+                CASE WHEN (data ->> 'index') ~ '^-?[0-9]+$' THEN
+                CASE WHEN (data ->> 'index')::numeric BETWEEN -9223372036854775808 AND 9223372036854775807
+                THEN (data ->> 'index')::bigint END END END END
+            WHERE entry_type = 'step'""",
+            # … and where a process holds one index twice (no release refused that), the first
+            # entry is the step; the later ones are kept, not as it.
+            """UPDATE {s}.entries e SET step_index = NULL WHERE step_index IS NOT NULL AND EXISTS (
+                SELECT 1 FROM {s}.entries f WHERE f.process_id = e.process_id AND f.step_index = e.step_index
+                AND f.seq < e.seq)""",
+            "CREATE UNIQUE INDEX entries_by_step ON {s}.entries (process_id, step_index) WHERE step_index IS NOT NULL",
         ),
     ),
 )

@@ -1,0 +1,114 @@
+"""The SQLite journal's schema, and its migration from every earlier one (`migrate`, run by
+every process that opens the database).
+
+Schema versions, kept in `meta` (`schema_version`):
+1. `calls` and `entries`;
+2. `calls.task_id`, found by `(principal, task_id)` (MCP tasks);
+3. `calls.reason` (`Reason`; rows written before have `legacy_reason(state, error)`, computed by
+   SQL: `sql_rows.LEGACY_REASON_SQL`), and `entries.step_index`, the index of a durable step
+   (`record_json.step_index`, NULL on other entries) under a unique index per process: a run's
+   step log holds each index once, whichever process writes it.
+
+What a database lacks is told by its columns (each is added once, in the migration that adds
+it); the version recorded refuses a database of a newer release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+
+import orjson
+
+from ..errors import JournalError
+from .base import STEP
+from .record_json import step_index
+from .sql_rows import LEGACY_REASON_SQL
+
+SCHEMA_VERSION = 3
+#: The tables as this release creates them; a database of an earlier schema keeps its tables
+#: and gains the columns `migrate` adds.
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS calls (
+    principal TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL, state TEXT NOT NULL, version INTEGER NOT NULL,
+    run_id TEXT NOT NULL, attempts INTEGER NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    owner TEXT, lease_until REAL, completed_at REAL, expires_at REAL,
+    result BLOB, error TEXT, arguments BLOB, task_id TEXT, reason TEXT,
+    PRIMARY KEY (principal, tool, key)
+)""",
+    """CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    process_id TEXT NOT NULL, entry_type TEXT NOT NULL, data BLOB NOT NULL, ts REAL NOT NULL,
+    step_index INTEGER
+)""",
+)
+#: The indexes, created once their columns exist. `entries_by_step` holds the durable steps
+#: (`step_index` is NULL on every other entry): first writer wins, across processes.
+_INDEXES = (
+    "CREATE INDEX IF NOT EXISTS calls_by_created ON calls (created_at, principal, tool, key)",
+    "CREATE INDEX IF NOT EXISTS calls_by_expiry ON calls (expires_at) WHERE expires_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS calls_by_task ON calls (principal, task_id) WHERE task_id IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS entries_by_step ON entries (process_id, step_index) "
+    "WHERE step_index IS NOT NULL",
+)
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Create the schema, or bring a database of an earlier schema up to `SCHEMA_VERSION`.
+
+    One `BEGIN IMMEDIATE` transaction: processes opening at once migrate one after the other
+    (the later ones find nothing to do), and a crash leaves the whole migration or none of it
+    (statement by statement, it could leave `calls` without `entries`, which `journal verify`
+    rejects). A database of a newer schema is refused, not written with an older idea of it.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _TABLES:
+            conn.execute(statement)
+        stored = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+        version = int(stored[0]) if stored is not None and str(stored[0]).isdigit() else None
+        if version is not None and version > SCHEMA_VERSION:
+            raise JournalError(f"sqlite journal schema is at version {version}, newer than this mcp-durable "
+                               f"understands ({SCHEMA_VERSION}): upgrade mcp-durable")
+        calls = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+        if "task_id" not in calls:  # schema 1
+            conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")
+        if "reason" not in calls:  # schema 1 or 2
+            conn.execute("ALTER TABLE calls ADD COLUMN reason TEXT")
+            conn.execute(f"UPDATE calls SET reason = {LEGACY_REASON_SQL} WHERE state IN ('released', 'in_doubt')")
+        if "step_index" not in {row[1] for row in conn.execute("PRAGMA table_info(entries)")}:
+            conn.execute("ALTER TABLE entries ADD COLUMN step_index INTEGER")
+            _index_steps(conn)
+        for statement in _INDEXES:
+            conn.execute(statement)
+        if version != SCHEMA_VERSION:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):  # closing the connection rolls it back too
+                conn.execute("ROLLBACK")
+        raise
+
+
+def _index_steps(conn: sqlite3.Connection) -> None:
+    """Fill `step_index` of the step entries a database of schema 2 or earlier holds, with the
+    rule `append` applies (`record_json.step_index`). If one process holds a step index twice
+    (no release refused that), the first entry is the step; the later ones are kept, not as it."""
+    seen: set[tuple[str, int]] = set()
+    found: list[tuple[int, int]] = []
+    for seq, process_id, data in conn.execute(
+        "SELECT seq, process_id, data FROM entries WHERE entry_type = ? ORDER BY seq", (STEP,)
+    ):
+        try:
+            index = step_index(STEP, orjson.loads(data))
+        except orjson.JSONDecodeError:
+            index = None  # `journal verify` reports it; the migration leaves it as it is
+        if index is not None and (process_id, index) not in seen:
+            seen.add((process_id, index))
+            found.append((index, seq))
+    conn.executemany("UPDATE entries SET step_index = ? WHERE seq = ?", found)
