@@ -12,7 +12,9 @@ A hold ends its run (calls `on_lost` with the reason, once, and stops renewing) 
   `LOST_OWNER`;
 - the lease it last confirmed has run out by the event loop's clock (renewals failing, or this
   process stalled — a GC pause, SIGSTOP, a frozen VM): `LOST_OWNER`. Checked before anything
-  else when the loop runs again, so a stalled owner's run is cancelled at its next await:
+  else when the loop runs again, so a stalled owner's run is cancelled at its next await.
+  Only on a journal shared by processes: on a single-writer journal no other process can take
+  the record over, so a stall there costs time, not ownership:
 
       owner A ── renews ── stalls ……………… (lease runs out) …………… runs again ─▶ cancelled
       owner B ──────────────────────── takes over ── runs ── records
@@ -52,13 +54,14 @@ class _Held:
     __slots__ = ("identity", "fence", "policy", "on_lost", "due", "lease_end", "timeout_at", "renewal", "lost")
 
     def __init__(self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost,
-                 now: float, lease_left: float) -> None:
+                 now: float, lease_left: float | None) -> None:
         self.identity = identity
         self.fence = fence
         self.policy = policy
         self.on_lost = on_lost
         self.due = now + policy.heartbeat_interval  # loop time of the next renewal; inf while one is in flight
-        self.lease_end = now + lease_left  # loop time the lease last confirmed runs out
+        #: Loop time the lease last confirmed runs out (inf: not watched, a single-writer journal).
+        self.lease_end = math.inf if lease_left is None else now + lease_left
         self.timeout_at = math.inf if policy.timeout is None else now + policy.timeout
         self.renewal: asyncio.Task[None] | None = None
         self.lost = False
@@ -79,6 +82,8 @@ class LeaseKeeper:
         self._timer_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
         self.backend = journal.url.split(":", 1)[0]  # names the journal in telemetry
+        #: Whether a lease run out by this process's clock stops the run (a shared journal only).
+        self.watch_lease_end = not journal.single_writer
 
     def kept(self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost,
              lease_until: float) -> Any:
@@ -98,7 +103,7 @@ class LeaseKeeper:
     def _hold(self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost,
               lease_until: float) -> _Held:
         assert self._loop is not None
-        lease_left = min(policy.lease, lease_until - self.clock())
+        lease_left = min(policy.lease, lease_until - self.clock()) if self.watch_lease_end else None
         held = _Held(identity, fence, policy, on_lost, self._loop.time(), lease_left)
         self._held[identity] = held
         at = held.next_at()
@@ -149,7 +154,8 @@ class LeaseKeeper:
         try:
             renewed = await self.journal.renew(held.identity, held.fence, self.clock() + held.policy.lease)
             if renewed:
-                held.lease_end = started + held.policy.lease
+                if self.watch_lease_end:
+                    held.lease_end = started + held.policy.lease
             else:
                 observe.lease_renewal_failed(self.backend)
                 if self._held.get(held.identity) is held:
@@ -202,7 +208,7 @@ async def _kept_by_task(keeper: LeaseKeeper, identity: CallIdentity, fence: Fenc
             if now >= timeout_at:
                 on_lost(Reason.TIMED_OUT)
                 return
-            if now >= lease_end:
+            if keeper.watch_lease_end and now >= lease_end:
                 on_lost(Reason.LOST_OWNER)
                 return
             try:

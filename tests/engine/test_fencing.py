@@ -78,13 +78,17 @@ async def test_a_stalled_owner_begins_no_step_after_its_successor_took_over(
     gate, a_inside = anyio.Event(), anyio.Event()
 
     def tool(name: str, stall: bool) -> Runner:
+        def charge_once() -> str:
+            charges.append(name)
+            return f"charged by {name}"
+
         async def run(dc: DurableCall | None) -> ToolOutcome:
             assert dc is not None
             await dc.step("reserve", lambda: f"reserved by {name}")
             if stall:
                 a_inside.set()
                 await gate.wait()  # A stalls here, past its lease
-            charge = await dc.step("charge", lambda: charges.append(name) or f"charged by {name}")
+            charge = await dc.step("charge", charge_once)
             return outcome({"charge": charge, "by": name})
 
         return run
