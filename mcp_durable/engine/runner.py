@@ -126,8 +126,11 @@ class CallRunner:
             failure = exc
         finally:
             unbind(token)
-        if call.stopped is not None:
-            await self.stopped(record, fence, policy, call.stopped, failure)
+        stopped = call.stopped
+        if stopped is not None and (outcome is None or failure is not None or outcome.is_error):
+            # Stopped before it had a result of its own (an error result may be the stop itself,
+            # turned into a result by the face). A result that came anyway is written, fenced.
+            await self.stopped(record, fence, policy, stopped, failure)
         if outcome is None or failure is not None:
             await self._failed(record, fence, policy, failure)
         assert outcome is not None
