@@ -13,12 +13,16 @@ Upstream faults:
 - died with the call outstanding: the effect may have happened, so the record is left
   IN_DOUBT (`OutcomeUnknownError`) and the tool's in-doubt policy answers its repeats; the
   next call restarts a stdio upstream;
-- answered with a JSON-RPC error: nothing happened upstream; the claim is released and the
-  error reaches the client as the upstream sent it.
+- answered with a JSON-RPC error: taken like a Python tool raising `MCPError`, by the tool's
+  `exceptions` policy (`DurableServer.protocol_error_outcome`): `release` (the default) releases
+  the claim and the error reaches the client as the upstream sent it; `persist` journals it as
+  an `isError` result that every repeat of the key replays. An error asking the client to act
+  and call again (URL elicitation required) is released under either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -71,9 +75,11 @@ class ProxyServer(DurableServer):
         self.router = Router()
         self.upstream = Upstream(upstream, self.router)
         self.tool_policies = policies or Policies()
+        #: Connections inside `_upstream_lifespan` now; the upstream is served while any is.
         self._upstream_users = 0
         self._applied_connects = -1
-        self._upstream_done: anyio.Event | None = None
+        #: The task running the upstream's supervisor, from the first connection to the last.
+        self._supervisor: asyncio.Task[None] | None = None
         super().__init__(name or "mcp-durable-proxy", lifespan=self._upstream_lifespan, **kwargs)
         self._install_forwarding()
 
@@ -81,33 +87,51 @@ class ProxyServer(DurableServer):
 
     @asynccontextmanager
     async def _upstream_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
-        # Entered once per stdio/in-memory connection and once by the HTTP session manager. The
-        # first entry runs the supervisor in its own task group (anyio: the task that enters the
-        # SDK client must leave it); later entries share it, and the first waits for the last.
-        self._upstream_users += 1
-        if self._upstream_users > 1:
-            try:
-                yield {}
-            finally:
-                self._upstream_users -= 1
-                if self._upstream_users == 0 and self._upstream_done is not None:
-                    self._upstream_done.set()
-            return
-        self._upstream_done = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.upstream.supervise)
-            try:
+        # Entered once per stdio/in-memory connection (each in its own task, leaving in any
+        # order) and once by the HTTP session manager: the upstream is served from the first
+        # entry to the last exit, whichever connections those are.
+        first = self._upstream_users == 0
+        self._upstream_users += 1  # counted before the first await: a concurrent entry is not first
+        try:
+            if first:
+                await self._start_supervisor()
                 try:
                     await self.refresh()  # list the upstream's tools now: policies, and an early error
                 except UpstreamUnavailableError as exc:
                     logger.warning("%s", exc)
-                yield {}
-            finally:
-                self._upstream_users -= 1
-                if self._upstream_users > 0:
-                    with anyio.CancelScope(shield=True):
-                        await self._upstream_done.wait()
-                self.upstream.stop()
+            yield {}
+        finally:
+            self._upstream_users -= 1
+            if self._upstream_users == 0:
+                await self._stop_supervisor()
+
+    async def _start_supervisor(self) -> None:
+        """Run `Upstream.supervise` in a task of its own, until `_stop_supervisor`; returns once
+        it has started.
+
+        Not in a task group of the connection that started it: anyio ties a task group to the
+        task that entered it, and that connection may leave before the others. The supervisor's
+        own task enters and leaves the SDK client, as anyio requires.
+        """
+        if self._supervisor is not None:
+            return
+        started = anyio.Event()
+
+        async def supervise() -> None:
+            async with anyio.create_task_group() as group:
+                await group.start(self.upstream.supervise)
+                started.set()
+
+        self._supervisor = asyncio.get_running_loop().create_task(supervise(), name=f"{self.name} upstream")
+        await started.wait()
+
+    async def _stop_supervisor(self) -> None:
+        """Close the upstream session (and a stdio child) and wait until the supervisor has ended."""
+        running, self._supervisor = self._supervisor, None
+        self.upstream.stop()
+        if running is not None:
+            with anyio.CancelScope(shield=True):  # the last connection leaving may itself be cancelled
+                await asyncio.gather(running, return_exceptions=True)
 
     async def refresh(self) -> list[Tool]:
         """Connect if needed and apply the policies to the upstream's tools as last listed."""
@@ -190,6 +214,8 @@ class ProxyServer(DurableServer):
                     result = await self.upstream.call_tool(name, arguments, meta, _progress(context))
                 except UpstreamLost as exc:
                     raise OutcomeUnknownError(str(exc)) from exc
+                except MCPError as exc:  # the upstream answered a JSON-RPC error: as a tool raising it
+                    return self.protocol_error_outcome(name, policy, exc)
             return self.tool_outcome(name, policy, result)
 
         return run

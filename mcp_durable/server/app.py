@@ -13,6 +13,7 @@ already become identical `isError` results.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
@@ -21,6 +22,7 @@ from typing import Any, TypedDict, TypeVar, Unpack
 
 import anyio
 import orjson
+from mcp import MCPError
 from mcp.server.auth.middleware.auth_context import get_access_token
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
@@ -62,7 +64,7 @@ from .resources import (
     journal_resources,
     maintenance_body,
 )
-from .results import META_REPLAYED, OutputSchemas, answer, dump_result, refusal
+from .results import META_REPLAYED, OutputSchemas, answer, asks_for_input, dump_result, protocol_error_result, refusal
 from .tasks import TaskProtocol, TasksExtension, skip_idle_interceptor
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
@@ -147,7 +149,9 @@ class DurableServer(MCPServer[Any]):
             # Bearer tokens mapped to principals: requests without a valid token are refused (401).
             kwargs.update(token_auth_kwargs(tokens))
         self._user_lifespan = lifespan
+        #: Connections inside `_durable_lifespan` now; the background jobs run while any is.
         self._lifespan_users = 0
+        self._background_jobs: asyncio.Task[None] | None = None
         if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
             # serverInfo.version: the server's own when given, else this package's (not "").
             from ..version import __version__
@@ -266,38 +270,26 @@ class DurableServer(MCPServer[Any]):
 
     @asynccontextmanager
     async def _durable_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[Any]:
-        # Entered once per stdio/in-memory connection and once by the HTTP session manager:
-        # the journal stays open while any of them runs.
+        # Entered once per stdio/in-memory connection and once by the HTTP session manager, each
+        # in its own task and in any order: the journal, telemetry and the background jobs run
+        # from the first entry until the last exit, whichever connections those are.
+        first = self._lifespan_users == 0
+        self._lifespan_users += 1  # counted before the first await: a concurrent entry is not first
         try:
-            await self.engine.start()
-        except JournalError as exc:
-            # Serve anyway (full disk, read-only directory, locked database): every durable call
-            # retries the start and is refused with `journal_unavailable` until it succeeds, so
-            # the fault clears without a restart.
-            logger.warning("journal %s unavailable at start: %s",
-                           display_url(self.journal.url), display_url(str(exc)))
-        else:
-            if self.telemetry is not None and self._lifespan_users == 0:
-                await self.telemetry.start(self.journal)
-        self._lifespan_users += 1
-        try:
-            # Background work (recovery) runs while the first user of the lifespan is inside it.
-            async with anyio.create_task_group() as background:
-                if self._lifespan_users == 1:
-                    for job in (self.recovery, self.retention):
-                        if job is not None:
-                            background.start_soon(job.run_forever)
-                try:
-                    if self._user_lifespan is None:
-                        yield {}
-                    else:
-                        async with self._user_lifespan(app) as state:
-                            yield state
-                finally:
-                    background.cancel_scope.cancel()
+            started = await self._start_engine()
+            if first:
+                if started and self.telemetry is not None:
+                    await self.telemetry.start(self.journal)
+                self._start_background_jobs()
+            if self._user_lifespan is None:
+                yield {}
+            else:
+                async with self._user_lifespan(app) as state:
+                    yield state
         finally:
             self._lifespan_users -= 1
             if self._lifespan_users == 0:
+                await self._stop_background_jobs()
                 if self.telemetry is not None:
                     self.telemetry.stop()
                 try:
@@ -305,6 +297,50 @@ class DurableServer(MCPServer[Any]):
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
                     logger.warning("journal %s: the stop could not be journaled: %s",
                                    display_url(self.journal.url), display_url(str(exc)))
+
+    async def _start_engine(self) -> bool:
+        """Start the engine (opening the journal once); False if the journal is unavailable.
+
+        The server serves anyway (full disk, read-only directory, locked database): every durable
+        call retries the start and is refused with `journal_unavailable` until it succeeds, so
+        the fault clears without a restart.
+        """
+        try:
+            await self.engine.start()
+        except JournalError as exc:
+            logger.warning("journal %s unavailable at start: %s",
+                           display_url(self.journal.url), display_url(str(exc)))
+            return False
+        return True
+
+    def _start_background_jobs(self) -> None:
+        """Run recovery and retention (those configured) in the background, until
+        `_stop_background_jobs`.
+
+        In a task of their own, not in a task group of the connection that started them: anyio
+        ties a task group to the task that entered it, and that connection may well leave
+        before the others (in-memory and stdio connections each enter the lifespan in their own
+        task), while the jobs must run as long as any connection is served.
+        """
+        jobs = [job.run_forever for job in (self.recovery, self.retention) if job is not None]
+        if not jobs or self._background_jobs is not None:
+            return
+
+        async def run_jobs() -> None:
+            async with anyio.create_task_group() as group:
+                for job in jobs:
+                    group.start_soon(job)
+
+        self._background_jobs = asyncio.get_running_loop().create_task(run_jobs(), name=f"{self.name} background")
+
+    async def _stop_background_jobs(self) -> None:
+        """Cancel the background jobs, a pass in flight included, and wait until they have stopped."""
+        running, self._background_jobs = self._background_jobs, None
+        if running is None:
+            return
+        running.cancel()
+        with anyio.CancelScope(shield=True):  # the last connection leaving may itself be cancelled
+            await asyncio.gather(running, return_exceptions=True)
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -490,6 +526,8 @@ class DurableServer(MCPServer[Any]):
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+            except MCPError as exc:  # passed through by the SDK: a JSON-RPC error, not a result
+                return self.protocol_error_outcome(name, policy, exc)
             finally:
                 if token is not None:
                     prevalidated.done(token)
@@ -509,6 +547,25 @@ class DurableServer(MCPServer[Any]):
     async def _after_recovery_pass(self, report: ReconcilePass) -> None:
         if self.telemetry is not None:
             await self.telemetry.refresh(self.journal)  # in-doubt calls other replicas marked, too
+
+    def protocol_error_outcome(self, name: str, policy: ToolPolicy, error: MCPError) -> ToolOutcome:
+        """What a run that ended in a JSON-RPC error (`MCPError`: raised by the tool, or answered by
+        the proxy's upstream) produced, by `policy.exceptions`, like any other exception:
+
+        - `"persist"`: the error as an `isError` result (`results.protocol_error_result`),
+          journaled and replayed to every repeat of the key;
+        - `"release"`: `error` is raised again; the engine releases the claim (a retry runs again)
+          and the caller gets the JSON-RPC error as it was raised.
+
+        Under either policy an error that asks the client to act and call again (URL elicitation
+        required) is an interim answer: released, never kept, and raised to the caller by
+        `run_durable` (a replay of it would stop the retry it asks for).
+        """
+        if asks_for_input(error):
+            return ToolOutcome(error, b"", is_error=True, final=False)
+        if policy.exceptions != "persist":
+            raise error
+        return self.tool_outcome(name, policy, protocol_error_result(error))
 
     def tool_outcome(
         self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult, payload: bytes | None = None
@@ -591,6 +648,8 @@ class DurableServer(MCPServer[Any]):
             raise
         if isinstance(outcome.value, InputRequiredResult):
             return outcome.value
+        if isinstance(outcome.value, MCPError):
+            raise outcome.value  # an interim JSON-RPC error (`protocol_error_outcome`): released, not kept
         result = answer(outcome)
         if observed is not None:
             observed.answered(outcome, bool(result.is_error))

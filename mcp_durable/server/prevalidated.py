@@ -6,8 +6,8 @@ values). Three things follow from that, each worked out once per tool (`Prepared
 when the face first serves the tool and rebuilt if it is registered again):
 
 - **The SDK does not validate again.** `Tool.run` validated the same dict a second time
-  before calling the function (`pre_parse_json` and the argument model, about as costly as
-  everything else the face adds). `run` calls the tool's function itself with the face's
+  before calling the function (`pre_parse_json` and the argument model): the same work twice
+  on every call. `run` calls the tool's function itself with the face's
   validated values, wrapping its exceptions exactly as `Tool.run` does (`ToolError` /
   `UnexpectedToolError` with the SDK's messages, `MCPError` passed through). Tools the SDK
   must resolve parameters for (`Resolve`) still go through `Tool.run`, which `install` makes
@@ -173,7 +173,7 @@ class PreparedTool:
 
 def _text_result(text: str) -> CallToolResult:
     """What the SDK's conversion makes of a `str` tool's `str` return. (Built by validation, as
-    the SDK builds it: pydantic's `model_construct` is slower than its validating constructor.)"""
+    the SDK builds it, not with pydantic's `model_construct`, which saves nothing for these models.)"""
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content={"result": text})
 
 
@@ -227,8 +227,8 @@ def install(tool: Tool) -> None:
 
 def validated_as(arguments: dict[str, Any], validated: dict[str, Any]) -> Token[Any]:
     """From now until `done(token)`, `arguments` (this very dict) validates to `validated` for
-    installed tools. (Two calls rather than a context manager: this is on every durable run,
-    and a generator-based one cost more than the rest of this module.)"""
+    installed tools. (Two calls rather than a generator-based context manager: this is on every
+    durable run.)"""
     return _VALIDATED.set((arguments, validated))
 
 

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from mcp_types import CallToolResult, TextContent
+from mcp import MCPError
+from mcp_types import URL_ELICITATION_REQUIRED, CallToolResult, TextContent
 
 from ..engine import CallOutcome
 from ..errors import DurableError
@@ -31,6 +32,9 @@ META_ATTEMPT = "mcp-durable/attempt"
 META_SUPERSEDED = "mcp-durable/superseded"
 #: Where every refusal carries its `{error, message, …}` (valid for every client, whatever the tool's output schema).
 META_ERROR = "mcp-durable/error"
+#: Where a JSON-RPC error a tool (or an upstream) answered with, kept as its result under
+#: `exceptions="persist"`, carries its `{code, message, data?}` (`protocol_error_result`).
+META_JSONRPC_ERROR = "mcp-durable/jsonrpc-error"
 
 
 def dump_result(result: CallToolResult) -> bytes:
@@ -164,3 +168,30 @@ def refusal(
         is_error=True,
         _meta=meta,
     )
+
+
+def asks_for_input(error: MCPError) -> bool:
+    """Whether a JSON-RPC error asks the client to act and call again (URL elicitation required,
+    -32042): an interim answer like `InputRequiredResult`, never to be kept as the call's result."""
+    return error.code == URL_ELICITATION_REQUIRED
+
+
+def protocol_error_result(error: MCPError) -> CallToolResult:
+    """A JSON-RPC error a tool raised (or an upstream answered) as the `isError` result that is
+    journaled and replayed in its place (`exceptions="persist"`).
+
+    The text is the error's message (a tool raising `MCPError` means it for the client, unlike an
+    unexpected exception's); `_meta["mcp-durable/jsonrpc-error"]` keeps `{code, message, data}`,
+    `data` only when it is JSON. No `structuredContent`: it would have to fit the tool's output
+    schema, and this is no refusal of ours.
+    """
+    body: dict[str, Any] = {"code": error.code, "message": error.message}
+    if error.data is not None:
+        try:
+            orjson.dumps(error.data)
+        except TypeError:  # not JSON: the code and message still say what happened
+            pass
+        else:
+            body["data"] = error.data
+    return CallToolResult(content=[TextContent(type="text", text=error.message)], is_error=True,
+                          _meta={META_JSONRPC_ERROR: body})

@@ -285,24 +285,42 @@ class TaskProtocol:
         return out
 
     async def cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        """`tasks/cancel`, one rule in both generations: a task whose status is terminal
+        (completed, failed — in doubt under `refuse`, parked, its reconcile hook failed — or
+        cancelled) is left exactly as it is; any other task is recorded `cancelled` and its tool
+        stopped. Only the answer differs: 2025-11-25 gives the cancelled task, and -32602 for a
+        terminal one; 2026-07-28 acknowledges with an empty result either way (idempotent).
+
+        The terminal check is the face's own, on the status the requestor sees: an in-doubt
+        record is not final to the engine, but its `failed` task must not become `cancelled`,
+        which would end the refusal that keeps its key from running a second time. The engine's
+        `cancel_task` refuses such a record too, atomically with its write: a task that turns
+        terminal between this read and that write is caught there.
+        """
         modern = _modern(ctx)
         if modern:
             self._check_modern(ctx, params.task_id)
         found = await self._find(ctx, params.task_id)
         policy = self._policy(found)
-        if not modern and task_view(found, policy).terminal:
-            status = self.legacy_task(found)["status"]
-            raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
+        if task_view(found, policy).terminal:
+            return self._cancel_refused(found, modern)
         retention = policy.retention if policy is not None else None
         record, changed = await self.host.engine.cancel_task(self._principal(ctx), params.task_id, retention)
         if record is None:
             raise _not_found()
+        if not changed:
+            return self._cancel_refused(record, modern)
         if modern:
             return {}  # an acknowledgement; the status is what the next tasks/get shows
-        if not changed:
-            status = self.legacy_task(record)["status"]
-            raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
         return self.legacy_task(record)
+
+    def _cancel_refused(self, record: CallRecord, modern: bool) -> dict[str, Any]:
+        """The answer to cancelling a task that is terminal (nothing was changed): 2026-07-28's
+        empty acknowledgement, 2025-11-25's -32602 naming the status the task keeps."""
+        if modern:
+            return {}
+        status = self.legacy_task(record)["status"]
+        raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
         """2026-07-28 `tasks/update`: durable tools never ask for input, so nothing is outstanding."""

@@ -12,7 +12,9 @@ from mcp_durable.journal import CallIdentity, CallRecord, CallState, Reason
 from mcp_durable.tasks import CANCELLED_REASON, new_task_id, task_view
 
 
-def record(state: CallState, *, error: str | None = None, attempts: int = 1, reason: Reason | None = None) -> CallRecord:
+def record(
+    state: CallState, *, error: str | None = None, attempts: int = 1, reason: Reason | None = None
+) -> CallRecord:
     return CallRecord(identity=CallIdentity("local", "t", "k"), fingerprint="f", state=state, version=1,
                       run_id="r", attempts=attempts, created_at=1.0, updated_at=1.0, error=error,
                       task_id="task", reason=reason)
