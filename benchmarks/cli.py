@@ -4,7 +4,8 @@ Not a case of the suite (it times a process start, not the engine): it builds a 
 with a few records in a temporary folder, runs `mcp-durable journal stats --journal URL` N times
 as a fresh process (`python -m mcp_durable.cli`, the console script's entry point) and prints
 the median, the quartiles and, for the record, which `mcp_durable.server*` modules that
-process loaded (none is the goal: issue 17). docs/performance.md keeps the figures.
+process loaded (none is the goal: issue 17). docs/dev/performance-notebook.md keeps the figures
+("The operator CLI starts without the MCP face").
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ async def run(settings: Settings) -> CaseResult:
         "CPU per call (from /proc, over every repetition): the clients' process, the server's, and the local "
         "Postgres's processes (a diagnosis, not judged); idle cores: how many of the machine's cores were idle on "
         "average while measuring. A row under its bar with cores idle is waiting, not short of CPU: its "
-        "calls wait on commits while the clients have nothing to send (docs/performance.md, \"Streamable "
+        "calls wait on commits while the clients have nothing to send (docs/dev/performance-notebook.md, \"Streamable "
         "HTTP on Postgres: waiting, not short of CPU\")."
     )
     table.notes.extend(skipped_journals())

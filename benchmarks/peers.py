@@ -123,7 +123,7 @@ async def _measure_phase(settings: Settings, variants: list[Variant]) -> None:
         for round_number in range(rounds):
             # Misses and replays are separate cells in a new (seeded) order each round, as in
             # case 1: a replay right after a run of misses would pay their idle-CPU penalty
-            # (performance.md) every time.
+            # (docs/dev/performance-notebook.md, "Sequential miss ≤ plain + 2 × fsync") every time.
             order = [(variant, kind) for variant in live for kind in ("miss", "replay")]
             random.Random(round_number).shuffle(order)
             for variant, kind in order:

@@ -71,8 +71,9 @@ def write_markdown(path: Path, *, machine: dict[str, str], results: Sequence[Cas
         + (" (quick mode: small samples, no 1,000,000-record recovery)" if quick else "")
         + ". Every ratio compares figures measured side by side in the same run; the machine is",
         "shared with other work, so absolute figures are noisy and the ratios are what to read.",
-        "Regenerate with `make bench` (full) or `make bench-quick` (smoke run). Why the targets not met",
-        "yet are not, measured piece by piece: [performance.md](performance.md).",
+        "Regenerate with `make bench` (full) or `make bench-quick` (smoke run). What the figures mean for a",
+        "deployment: [performance.md](performance.md); why the targets not met yet are not, measured piece by",
+        "piece: [dev/performance-notebook.md](dev/performance-notebook.md).",
         "",
         "## Machine",
         "",

@@ -103,7 +103,8 @@ async def run(settings: Settings) -> CaseResult:
                         # full collection falling due): in a fixed order plain would always follow
                         # durable and pay for it. (In a five-server script a plain burst after a
                         # durable one cost ~10% more CPU; in this case's runs the two orders gave
-                        # the same ratios within their noise: docs/performance.md, 2026-12-02.)
+                        # the same ratios within their noise: docs/dev/performance-notebook.md,
+                        # "Reading the runs of 2026-12-02 11:14 and 11:53 UTC".)
                         for key, call, args in in_turn(pair, rep):
                             await measure(key, callers, call, args, total)
             gc.collect()

@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # the class for type checkers; at run time it is loaded on fi
 
 
 def __getattr__(name: str) -> object:
-    # The MCP face imports the whole SDK (about a second); loading it only when asked keeps the
-    # operator CLI and journal-only users (workers on the process journal) fast to start.
+    # The MCP face imports the whole SDK; loading it only when asked keeps the operator CLI and
+    # journal-only users (workers on the process journal) fast to start.
     if name == "DurableServer":
         from .server import DurableServer
 

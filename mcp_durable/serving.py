@@ -23,14 +23,12 @@ INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 def freeze_startup_heap() -> int:
     """Move every object alive now into the collector's permanent generation; returns how many.
 
-    For `serve`, once the server is built: the SDK, pydantic's schemas and the tools are about
-    90,000 objects the cyclic collector tracks and would walk in every full collection, though
-    none of them is ever garbage. A durable call waits for its fsync with its request state
-    alive, so full collections come more often than on a plain server (docs/performance.md);
-    frozen, they skip the start-up heap. Measured (docs/performance.md): the collector's share
-    of a 64-caller in-process run fell from 22% to 9-11% (durable misses +10-20%); over HTTP at
-    16 clients the gain is a few percent. Frozen objects are still freed by reference counting;
-    only a cycle among them is kept.
+    For `serve`, once the server is built: the SDK, pydantic's schemas and the tools are objects
+    the cyclic collector tracks and would walk in every full collection, though none of them is
+    ever garbage. A durable call waits for its fsync with its request state alive, so full
+    collections come more often than on a plain server; frozen, they skip the start-up heap
+    (what that was measured to buy: docs/dev/performance-notebook.md). Frozen objects are still
+    freed by reference counting; only a cycle among them is kept.
     A process setting, so the library never does this: `serve` owns its process.
     """
     gc.collect()

@@ -44,11 +44,11 @@ def iso(ts: float | None) -> str | None:
     """Epoch seconds as ISO 8601 UTC (`2026-11-29T08:00:00.123456Z`), None stays None: exactly
     `datetime.fromtimestamp(ts, UTC).isoformat()` with "Z" for "+00:00".
 
-    Every durable answer's `_meta` carries one (`server/results.py`), so the whole seconds are
-    formatted once per second and the microseconds added to them: at 64 callers in process,
-    building the `datetime` per call cost ~9 µs of a miss's CPU (docs/performance.md). The
-    microseconds are rounded as `datetime.fromtimestamp` rounds them (half to even, carried into
-    the next second).
+    Every durable answer's `_meta` carries one (`server/results.py`), so this is on every call's
+    path: the whole seconds are formatted once per second and the microseconds added to them,
+    rather than a `datetime` built per call (docs/dev/performance-notebook.md). The microseconds
+    are rounded as `datetime.fromtimestamp` rounds them (half to even, carried into the next
+    second).
     """
     if ts is None:
         return None
