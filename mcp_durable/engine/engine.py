@@ -278,7 +278,8 @@ class Engine:
         lost_own_run = False  # this call ran the tool and lost the record: its answer is `superseded`
         while True:
             now = self.clock()
-            decision = decide(record, fingerprint, policy, now, self.owners.alive)
+            # (A first call of a `claim_reads` journal has read nothing: nothing to decide on.)
+            decision = Decision.CLAIM if record is None else decide(record, fingerprint, policy, now, self.owners.alive)
             try:
                 if decision is Decision.CLAIM:
                     fresh = transitions.claimed(identity, fingerprint, args_json, self.instance_id, now, policy.lease)
