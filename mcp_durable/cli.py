@@ -1,6 +1,11 @@
 """The `mcp-durable` command: `serve` a module's MCP server; `journal …` to inspect and operate.
 
 Exit codes: 0 ok, 1 a `DurableError`, 2 a usage error. No traceback without `--debug`.
+
+The command reads the environment (`MCP_DURABLE_JOURNAL`, `MCP_DURABLE_TOKENS`, …: see
+mcp_durable/config.py): `main` turns the process default of `trust_env` on before anything is
+loaded, so a served module's `DurableServer(...)` takes its settings from there (docs/cli.md),
+and restores it on return (tests call `main` in their own process).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import config
 from .errors import ConfigError, DurableError
 from .journal import ENV_JOURNAL, create_journal, default_journal_url
 from .serving import INSPECTOR, add_serving_options, announce, freeze_startup_heap, run_uvicorn, serve_server
@@ -95,17 +101,16 @@ def _with_policies(server: Any, path: str, journal: str | None) -> Any:
 
 def _console(args: argparse.Namespace) -> int:
     from .engine import LOCAL_PRINCIPAL
-    from .server.admin import admins_from_env
     from .server.app import default_principal
-    from .server.auth import StaticTokenVerifier, tokens_from_env
+    from .server.auth import StaticTokenVerifier
 
     try:
         from .console import JournalSource, standalone_app
     except ImportError as exc:
         raise ConfigError("the console needs Jinja2: pip install 'mcp-durable[console]'") from exc
-    tokens = tokens_from_env()
+    tokens = config.tokens()  # the environment is trusted here: `main` turned it on
     verifier = StaticTokenVerifier(tokens) if tokens else None
-    source = JournalSource(args.journal or default_journal_url(), verifier=verifier, admins=admins_from_env(),
+    source = JournalSource(args.journal or default_journal_url(), verifier=verifier, admins=config.admins(),
                            principal_of=default_principal)
     app = standalone_app(source, args.host)
     signin = "a bearer token of $MCP_DURABLE_TOKENS" if tokens else f"none configured: everyone is {LOCAL_PRINCIPAL!r}"
@@ -183,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        # Every command reads its settings from the environment, as documented (docs/cli.md):
+        # turned on before the target module is loaded, so its DurableServer(...) does too.
+        with config.environment_used():
+            return int(args.handler(args) or 0)
     except DurableError as exc:
         if args.debug:
             raise

@@ -1,9 +1,15 @@
 """Configuration from the environment, in one place: every variable's name and its parsing.
 
-No other module of the package reads `os.environ` (a test holds it): the library below the CLI
-takes its settings as arguments and falls back to these functions only where a default comes
-from the environment, so a reader finds every knob here. Each function reads the environment
-when called (tests and subprocesses set variables after import).
+No other module of the package reads `os.environ` (a test holds it). The library reads none of
+these variables unless it is asked to: like httpx's `trust_env`, `DurableServer(trust_env=…)`
+turns the environment on for one server, and `use_environment()` sets the process default that
+`trust_env=None` follows. The default is off, so a server built in a library user's code (a test
+process, an application) is configured by that code alone: `MCP_DURABLE_TOKENS` set in a shell
+cannot silently turn on bearer auth there. The command line (`mcp-durable serve`, `proxy`,
+`console`, `journal …`) turns it on before it loads a target module: a served module's
+`DurableServer("payments")` then takes its journal, tokens, admins and replica name from the
+environment, as docs/cli.md describes. Each function reads the environment when called (tests
+and subprocesses set variables after import).
 
 | variable | read by | format |
 |---|---|---|
@@ -14,6 +20,12 @@ when called (tests and subprocesses set variables after import).
 | `MCP_DURABLE_UPSTREAM_TOKEN` | `upstream_token()`: `proxy --upstream-url`'s token | text |
 | `PAYMENTS_LEDGER`, `WAREHOUSE_DB`, `MAILER_OUTBOX` | `demo_path()`: the demo tools' files | a path |
 
+The five `MCP_DURABLE_…` readers answer "not set" unless the environment is trusted
+(`trusts_environment`). The demo stand-ins' paths are not settings of mcp-durable (they stand
+for a downstream system's own configuration) and are read whenever a stand-in is built without
+a path. `environment()` copies the environment for a child process (the proxy's stdio
+upstream); it configures nothing here.
+
 The power-loss harness's switch `MCP_DURABLE_TEST_SKIP_FSYNC` (tests only) is read where it
 acts, in `journal/fsync.py`.
 """
@@ -21,7 +33,8 @@ acts, in `journal/fsync.py`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from .errors import ConfigError
 
@@ -33,14 +46,49 @@ UPSTREAM_TOKEN = "MCP_DURABLE_UPSTREAM_TOKEN"
 #: Variables holding secrets: never handed to a child process (a stdio upstream).
 SECRETS = (TOKENS, UPSTREAM_TOKEN)
 
+# The process default of `trust_env`: a module global, not a context variable, because an
+# embedder turning it on at start-up means every thread and task of the process.
+_trusted = False
+
+
+def use_environment(on: bool = True) -> bool:
+    """Set the process default of `trust_env` (what `trust_env=None` means); returns the
+    previous default. The command line calls it before it loads a target; an application that
+    wants its servers configured like `mcp-durable serve`'s calls it once at start-up."""
+    global _trusted
+    previous, _trusted = _trusted, on
+    return previous
+
+
+@contextmanager
+def environment_used(on: bool = True) -> Iterator[None]:
+    """`use_environment(on)` for the duration of the block, the previous default restored after
+    (the command's `main`, which tests also call in their own process)."""
+    previous = use_environment(on)
+    try:
+        yield
+    finally:
+        use_environment(previous)
+
+
+def trusts_environment(trust_env: bool | None = None) -> bool:
+    """Whether settings come from the environment: `trust_env` when given, else the process
+    default (`use_environment`; off unless the command line or the application turned it on)."""
+    return _trusted if trust_env is None else trust_env
+
 
 def _text(name: str) -> str | None:
     return os.environ.get(name) or None
 
 
-def journal_url() -> str | None:
-    """`$MCP_DURABLE_JOURNAL`, if set and not empty."""
-    return _text(JOURNAL)
+def _setting(name: str, trust_env: bool | None) -> str | None:
+    """`$name` if the environment is trusted and it is set and not empty, else None."""
+    return _text(name) if trusts_environment(trust_env) else None
+
+
+def journal_url(trust_env: bool | None = None) -> str | None:
+    """`$MCP_DURABLE_JOURNAL`, if trusted, set and not empty."""
+    return _setting(JOURNAL, trust_env)
 
 
 def comma_list(text: str) -> list[str]:
@@ -59,25 +107,26 @@ def parse_token_map(text: str) -> dict[str, str]:
     return tokens
 
 
-def tokens() -> dict[str, str] | None:
-    """The bearer tokens of `$MCP_DURABLE_TOKENS` (None: not set); `ConfigError` if malformed."""
-    text = _text(TOKENS)
+def tokens(trust_env: bool | None = None) -> dict[str, str] | None:
+    """The bearer tokens of `$MCP_DURABLE_TOKENS` (None: not set, or not trusted); `ConfigError`
+    if malformed."""
+    text = _setting(TOKENS, trust_env)
     return parse_token_map(text) if text else None
 
 
-def admins() -> frozenset[str]:
-    """The admin principals named in `$MCP_DURABLE_ADMINS` (comma-separated), if any."""
-    return frozenset(comma_list(os.environ.get(ADMINS, "")))
+def admins(trust_env: bool | None = None) -> frozenset[str]:
+    """The admin principals named in `$MCP_DURABLE_ADMINS` (comma-separated), if trusted and any."""
+    return frozenset(comma_list(_setting(ADMINS, trust_env) or ""))
 
 
-def instance() -> str | None:
-    """This replica's name among several sharing a journal (`$MCP_DURABLE_INSTANCE`)."""
-    return _text(INSTANCE)
+def instance(trust_env: bool | None = None) -> str | None:
+    """This replica's name among several sharing a journal (`$MCP_DURABLE_INSTANCE`), if trusted."""
+    return _setting(INSTANCE, trust_env)
 
 
-def upstream_token() -> str | None:
-    """The bearer token for the proxy's HTTP upstream (`$MCP_DURABLE_UPSTREAM_TOKEN`)."""
-    return _text(UPSTREAM_TOKEN)
+def upstream_token(trust_env: bool | None = None) -> str | None:
+    """The bearer token for the proxy's HTTP upstream (`$MCP_DURABLE_UPSTREAM_TOKEN`), if trusted."""
+    return _setting(UPSTREAM_TOKEN, trust_env)
 
 
 def demo_path(variable: str, default: str) -> str:

@@ -2,7 +2,7 @@
 
 ```
 DurableError                 base: `except mcp_durable.DurableError` catches all we raise
-├── ConfigError              bad journal URL or policy; a missing extra names the pip command
+├── ConfigError              bad journal URL, policy or option: a programmer's error, never a refusal
 ├── MissingKeyError          .tool                      (code missing_key)
 ├── InvalidKeyError          .tool .reason              (code invalid_key)
 ├── KeyReuseError            .tool .key                 (code key_reuse: same key, other arguments)
@@ -11,7 +11,8 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 ├── NonFiniteArgumentError   .tool .argument            (code non_finite_argument: NaN, ±Infinity, 1e400)
 ├── ArgumentsTooDeepError    .tool .limit               (code arguments_too_deep: nesting over the limit)
 ├── DeterminismError         .step_index .expected .got (a durable step differs from the journal)
-├── OperatorError            an operator action that does not apply (no such record, not in doubt)
+├── OperatorError            an operator action that does not apply (not in doubt, …) (code operator_error)
+│   └── CallNotFoundError    .tool .key: no such call, or one the asker may not see (code not_found)
 ├── UpstreamUnavailableError .upstream: the proxy's upstream server cannot be reached (code upstream_unavailable)
 ├── OutcomeUnknownError      .reason: a run whose effect may or may not have happened (the call is left in doubt)
 ├── ForbiddenError           .principal: an admin tool called by a principal that is not an admin (code forbidden)
@@ -29,8 +30,16 @@ DurableError                 base: `except mcp_durable.DurableError` catches all
 Every refusal the MCP face sends carries `code` as `error` in the result's
 `_meta["mcp-durable/error"]` (and as `structuredContent` where the tool's output schema allows
 it); the mapping lives here (`DurableError.code`) so the face turns any of these into a result
-in one place (`server/results.py::refusal`). A subclass added later needs nothing more than its
-`code` (and `details()` for extra machine-readable fields).
+in one place (`server/results.py::refusal`), into a JSON-RPC error in one
+(`server/results.py::refusal_error`), and the console into an HTTP status by one table
+(`wire_errors.py`: each code's HTTP status and JSON-RPC code). A subclass added later needs
+nothing more than its `code` (and `details()` for extra machine-readable fields), and a row in
+that table for a new code.
+
+`ConfigError` shares the root so that `except DurableError` still catches everything we raise,
+but it is no refusal: it is raised where a server is built (a policy, a journal URL, an option)
+and, should one surface while serving, it is raised again to the server's log instead of being
+answered on the wire (`wire_errors.wire_of`).
 """
 
 from __future__ import annotations
@@ -221,6 +230,18 @@ class OperatorError(DurableError):
     """An operator action (resolve, purge) that does not apply to the journal's state."""
 
     code = "operator_error"
+
+
+class CallNotFoundError(OperatorError):
+    """There is no call `tool`/`key` (or it expired), or there is one the asker may not see: another
+    principal's record is answered exactly like a missing one."""
+
+    code = "not_found"
+    tool: str
+    key: str
+
+    def __init__(self, tool: str, key: str) -> None:
+        super().__init__(f"no call {tool}/{key}", tool=tool, key=key)
 
 
 class UpstreamUnavailableError(DurableError):

@@ -23,7 +23,7 @@ import anyio
 import orjson
 
 from .engine.operators import RESOLUTIONS
-from .errors import ConfigError, DurableError, JournalError
+from .errors import CallNotFoundError, ConfigError, DurableError, JournalError
 from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
 from .journal.base import Maintainable
 
@@ -49,6 +49,7 @@ def read_only_url(url: str) -> str:
 
 
 def _url(args: argparse.Namespace, *, read_only: bool) -> str:
+    # Without --journal: $MCP_DURABLE_JOURNAL (the command trusts the environment: `cli.main`).
     url = getattr(args, "journal_url", None) or default_journal_url()
     return read_only_url(url) if read_only else url
 
@@ -138,7 +139,7 @@ async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:
     """The one record an operator command acts on (`args.tool`, `args.key`, `args.principal`)."""
     records = await _find(journal, args.tool, args.key, args.principal)
     if not records:
-        raise DurableError(f"no call {args.tool}/{args.key}")
+        raise CallNotFoundError(args.tool, args.key)
     if len(records) > 1:
         owners = ", ".join(r.identity.principal for r in records)
         raise UsageError(f"{args.tool}/{args.key} exists for several principals ({owners}): pass --principal")

@@ -9,6 +9,11 @@
 Plain HTML forms: everything but live updates works with JavaScript off. Identities travel in
 query strings, never in paths (a key may hold `/`). A record the viewer may not see answers
 exactly like one that does not exist.
+
+A refusal (`DurableError`) is answered with the HTTP status and title of its code's row in
+`wire_errors.WIRE`, the one table every face uses: 403 `forbidden`, 404 `not_found`, 409
+`operator_error` (an action that does not apply), 503 `journal_unavailable`, …; a `ConfigError`
+is no refusal and propagates (a 500, and a traceback in the log).
 """
 
 from __future__ import annotations
@@ -27,10 +32,11 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..engine.operators import RESOLUTIONS
-from ..errors import DurableError, OperatorError
+from ..errors import CallNotFoundError, DurableError, ForbiddenError, OperatorError
 from ..journal.model import CallIdentity, CallState
 from ..server.redact import iso, record_summary
 from ..server.resources import decode_cursor, encode_cursor
+from ..wire_errors import WIRE, Wire, wire_of
 from .auth import COOKIE, SESSION_SECONDS, Sessions, Viewer, csrf_ok, same_origin
 from .queries import CallFilter, call_detail, call_page, chart, in_doubt, overview, parse_time
 from .source import ConsoleSource
@@ -128,11 +134,15 @@ class Console:
                 return await handler(request, viewer)
             except ValueError as exc:
                 return self.render(request, "error.html", status=400, viewer=viewer, message=str(exc))
-            except DurableError as exc:  # e.g. the journal cannot be read right now
-                return self.render(request, "error.html", status=503, viewer=viewer,
-                                   message=f"The journal is unavailable: {exc.message}")
+            except DurableError as exc:  # the journal cannot be read right now, no such call, …
+                return self.refused(request, viewer, wire_of(exc), exc.message, exc.code)
 
         return endpoint
+
+    def refused(self, request: Request, viewer: Viewer, wire: Wire, message: str, code: str) -> HTMLResponse:
+        """The error page of a refusal: its code's status and title (`wire_errors.WIRE`), its message."""
+        return self.render(request, "error.html", status=wire.status, viewer=viewer, title=wire.title,
+                           message=message[:1].upper() + message[1:], code=code)
 
     def _anonymous(self, request: Request) -> Response:
         # No auth configured (as the MCP endpoint then): a session for `local`, for the CSRF token.
@@ -234,8 +244,7 @@ class Console:
                 sensitive = await self.source.sensitive(journal, identity.tool)
                 detail = await call_detail(journal, identity, sensitive)
         if detail is None:  # another's record answers exactly like a missing one
-            return self.render(request, "error.html", status=404, viewer=viewer,
-                               message=f"No call {identity.tool}/{identity.key}.")
+            raise CallNotFoundError(identity.tool, identity.key)
         from ..uris import record_uri
 
         return self.render(request, "call.html", viewer=viewer, d=detail, v=detail["view"],
@@ -266,8 +275,7 @@ class Console:
         async with self.source.reading() as journal:
             record = await journal.get(identity)
         if record is None:
-            return self.render(request, "error.html", status=404, viewer=viewer,
-                               message=f"No call {identity.tool}/{identity.key}.")
+            raise CallNotFoundError(identity.tool, identity.key)
         return self.render(request, "confirm.html", viewer=viewer, action=action, label=ACTIONS[action],
                            call=record_summary(record), error=None, note="", result="", from_step="")
 
@@ -295,19 +303,22 @@ class Console:
                                    retention=self.source.retention(identity.tool))
             else:
                 raise OperatorError(f"unknown action {action!r}")
-        except DurableError as exc:
+        except DurableError as exc:  # the form again, with the refusal, at its code's status
             summary = {"principal": identity.principal, "tool": identity.tool, "key": identity.key}
-            return self.render(request, "confirm.html", status=409, viewer=viewer, action=action,
-                               label=ACTIONS.get(action, action), call=summary, error=exc.message, note=note,
-                               result=result_text, from_step=from_step)
+            return self.render(request, "confirm.html", status=wire_of(exc).status, viewer=viewer, action=action,
+                               label=ACTIONS.get(action, action), call=summary, error=exc.message, code=exc.code,
+                               note=note, result=result_text, from_step=from_step)
         base = request.scope.get("root_path", "")
         query = urlencode({"principal": identity.principal, "tool": identity.tool, "key": identity.key,
                            "done": ACTIONS[action]})
         return RedirectResponse(f"{base}/call?{query}", status_code=303)
 
     def _forbidden(self, request: Request, viewer: Viewer) -> Response:
-        why = "read-only: this console cannot write the journal" if viewer.admin else "only a journal admin may act"
-        return self.render(request, "error.html", status=403, viewer=viewer, message=f"Forbidden: {why}.")
+        if not viewer.admin:
+            raise ForbiddenError(viewer.principal)
+        # An admin on a console that cannot write (a file journal beside its server): refused the same way.
+        return self.refused(request, viewer, WIRE["forbidden"], "read-only: this console cannot write the journal",
+                            ForbiddenError.code)
 
     # -- live updates -------------------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The journal: records, the `Journal` protocol, backends, and `open_journal(url)`.
 
 URLs (DESIGN.md §3): `file://PATH` (a directory; the embedded default), `sqlite:///PATH`,
-`postgresql://…`, `memory://`. The environment variable `MCP_DURABLE_JOURNAL` sets the default.
+`postgresql://…`, `memory://`. Where the environment is trusted (the command line, or
+`trust_env=True`: mcp_durable/config.py), the variable `MCP_DURABLE_JOURNAL` sets the default.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ ENV_JOURNAL = config.JOURNAL
 DEFAULT_JOURNAL_URL = "file://.mcp-durable/journal"
 
 
-def default_journal_url() -> str:
-    """The journal URL to use when none is given: `$MCP_DURABLE_JOURNAL`, else the embedded default."""
-    return config.journal_url() or DEFAULT_JOURNAL_URL
+def default_journal_url(trust_env: bool | None = None) -> str:
+    """The journal URL to use when none is given: `$MCP_DURABLE_JOURNAL` where the environment is
+    trusted (`trust_env`, None: the process default, `config.trusts_environment`), else the
+    embedded default `DEFAULT_JOURNAL_URL`."""
+    return config.journal_url(trust_env) or DEFAULT_JOURNAL_URL
 
 
 def create_journal(url: str | None = None) -> Journal:

@@ -4,7 +4,9 @@
     mcp-durable proxy --upstream-url http://127.0.0.1:9000/mcp --upstream-token "$TOKEN" --transport http
     mcp-durable proxy --upstream-command "…" --print-config > policies.toml
 
-Reads the environment once here (the upstream token); the library below takes values only.
+Reads the environment here (the journal, the upstream token, a stdio upstream's environment),
+with `trust_env` on as for every command (`cli.main`); `ProxyServer` reads the tokens, admins and
+replica name the same way, as `serve`'s server does.
 """
 
 from __future__ import annotations

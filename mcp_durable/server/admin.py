@@ -1,7 +1,8 @@
 """Operator tools over MCP: resolve an in-doubt call, purge expired records. Admins only.
 
 Registered by `DurableServer` only when it has admin principals (`DurableServer(admin_principals=…)`, or
-`$MCP_DURABLE_ADMINS`, a comma-separated list); a call from any other principal is refused
+`$MCP_DURABLE_ADMINS`, a comma-separated list, where the environment is trusted: `trust_env`, the
+command line; mcp_durable/config.py); a call from any other principal is refused
 before anything is read. Over HTTP the principal is the bearer token's identity; on stdio and
 in memory it is `local`, which may be configured as an admin.
 
@@ -34,20 +35,12 @@ from mcp.server.mcpserver import Context
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
-from .. import config
 from ..engine.operators import Resolution
 from ..errors import ForbiddenError, OperatorError
 from ..journal.model import CallIdentity
 from .ports import DurableHost, ToolSpec
 from .redact import record_view
 from .results import dump_result
-
-ENV_ADMINS = config.ADMINS
-
-
-def admins_from_env() -> frozenset[str]:
-    """The admin principals named in `$MCP_DURABLE_ADMINS` (comma-separated), if any."""
-    return config.admins()
 
 
 def operator_payload(value: Any, *, failed: bool, note: str = "") -> bytes:

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 from .. import config, keys, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
-from ..journal import CallRecord, Journal, create_journal, display_url
+from ..journal import CallRecord, Journal, create_journal, default_journal_url, display_url
 from ..policy import ToolPolicy, as_policy
 from ..recovery import BackgroundRecovery, ReconcilePass
 from ..retention import BackgroundRetention, RetentionSchedule
@@ -50,8 +50,8 @@ from ..schedule import check_interval
 from ..steps import DurableCall
 from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
-from .admin import admin_tools, admins_from_env
-from .auth import token_auth_kwargs, tokens_from_env
+from .admin import admin_tools
+from .auth import token_auth_kwargs
 from .lookup import journal_lookup_tool
 from .notifications import JournalNotifier
 from .ports import ScopedSubscriptionBus, ToolSpec
@@ -107,9 +107,14 @@ class DurableServer(MCPServer[Any]):
     """An `MCPServer` with a journal; tools registered `durable=` are deduplicated by key.
 
     `journal` is a URL (`file://…`, `sqlite:///…`, `postgresql://…`, `memory://`), a `Journal`,
-    or None for `$MCP_DURABLE_JOURNAL` or the embedded default. `principal` maps a request to
+    or None for the embedded default `file://.mcp-durable/journal`. `principal` maps a request to
     the identity records are scoped by. `clock` is injected into the engine for tests. `tokens`
-    (`{bearer_token: principal}`, default `$MCP_DURABLE_TOKENS`) turns on bearer auth on HTTP.
+    (`{bearer_token: principal}`) turns on bearer auth on HTTP. `trust_env` (like httpx's): True
+    reads what is not passed from the environment (`journal` from `$MCP_DURABLE_JOURNAL`,
+    `tokens` from `$MCP_DURABLE_TOKENS`, `admin_principals` from `$MCP_DURABLE_ADMINS`, the
+    replica's name from `$MCP_DURABLE_INSTANCE`); False never does; None (the default) follows
+    the process default, off unless the command line (`mcp-durable serve`, `proxy`) or the
+    application turned it on (`mcp_durable.config.use_environment()`).
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
     (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
     durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
@@ -141,10 +146,13 @@ class DurableServer(MCPServer[Any]):
         lookup_tool: bool = False,
         reconcile_interval: float | None = DEFAULT_RECONCILE_INTERVAL,
         retention_schedule: RetentionSchedule | None = DEFAULT_RETENTION_SCHEDULE,
+        trust_env: bool | None = None,
         **kwargs: Any,
     ) -> None:
+        # Settings not passed come from the environment only where it is trusted (config.py).
+        from_env = config.trusts_environment(trust_env)
         if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
-            tokens = tokens_from_env()
+            tokens = config.tokens(from_env)
         if tokens:
             # Bearer tokens mapped to principals: requests without a valid token are refused (401).
             kwargs.update(token_auth_kwargs(tokens))
@@ -161,10 +169,13 @@ class DurableServer(MCPServer[Any]):
         tasks_extension = TasksExtension()
         kwargs["extensions"] = [*(kwargs.get("extensions") or ()), tasks_extension]
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
-        store = journal if journal is not None and not isinstance(journal, str) else create_journal(journal)
+        if journal is None or isinstance(journal, str):
+            store = create_journal(journal or default_journal_url(from_env))
+        else:
+            store = journal
         # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
         # on a shared journal one replica's `running` must not read as another's unclean stop.
-        replica = config.instance()
+        replica = config.instance(from_env)
         process_id = f"server/{self.name}" + (f"/{replica}" if replica else "")
         engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": process_id}
         if clock is not None:
@@ -178,8 +189,8 @@ class DurableServer(MCPServer[Any]):
         self.policies: dict[str, ToolPolicy] = {}
         #: Compiled output schemas: a refusal is `structuredContent` only where it fits (results.py).
         self.output_schemas = OutputSchemas()
-        # `admin_principals` (default `$MCP_DURABLE_ADMINS`) see every record and may operate.
-        self.admin_principals: frozenset[str] = frozenset(admin_principals) or admins_from_env()
+        # `admin_principals` (or `$MCP_DURABLE_ADMINS`, trusted) see every record and may operate.
+        self.admin_principals: frozenset[str] = frozenset(admin_principals) or config.admins(from_env)
         self.telemetry: Telemetry | None = Telemetry() if telemetry is True else (telemetry or None)
         if self.telemetry is not None:
             self.telemetry.attach(self.engine)

@@ -3,6 +3,8 @@
 `StaticTokenVerifier({"token-a": "alice"})` verifies bearer tokens against a map and makes the
 mapped name the request's principal (`AccessToken.client_id`), which scopes its journal records.
 Use the SDK's OAuth support (`token_verifier=` any `TokenVerifier`) for anything larger.
+Nothing here reads the environment: `DurableServer` reads `MCP_DURABLE_TOKENS` (through
+mcp_durable/config.py) only where the environment is trusted (`trust_env`, the command line).
 """
 
 from __future__ import annotations
@@ -15,10 +17,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from pydantic import AnyHttpUrl
 
-from .. import config
 from ..errors import ConfigError
-
-ENV_TOKENS = config.TOKENS
 
 
 class StaticTokenVerifier:
@@ -63,8 +62,3 @@ def point_auth_at(settings: AuthSettings | None, base_url: str) -> AuthSettings 
     if settings is None or str(settings.resource_server_url).rstrip("/") != DEFAULT_BASE_URL:
         return settings
     return _auth_settings(base_url)
-
-
-def tokens_from_env() -> dict[str, str] | None:
-    """The bearer tokens of `$MCP_DURABLE_TOKENS` (`config.tokens`)."""
-    return config.tokens()

@@ -36,9 +36,8 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from mcp.shared.exceptions import MCPError
-from mcp_types import INTERNAL_ERROR, INVALID_PARAMS, ReadResourceRequestParams
+from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
 
-from ..errors import DurableError
 from ..journal.base import CallCursor, CallQuery, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.replay import ReplayEngine
@@ -59,7 +58,7 @@ from ..uris import (
 )
 from .ports import DurableHost
 from .redact import SensitiveNames, iso, record_summary, record_view
-from .results import refusal_body
+from .results import refusals_as_jsonrpc
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -127,18 +126,16 @@ def answering_durable_errors(read: _Read) -> _Read:
     """`read` with a `DurableError` (e.g. the journal unavailable) answered as a clear JSON-RPC error.
 
     Left alone, the SDK answers any exception of a resource function with "-32603 Error reading
-    resource" and keeps the cause in the server's log. The message is here the one a refused
-    tool call shows (`journal_unavailable: …`) and `data` carries the same refusal object.
+    resource" and keeps the cause in the server's log. Here it is `results.refusal_error`: the
+    code of the refusal's row in `wire_errors.WIRE`, the message a refused tool call shows
+    (`journal_unavailable: …`), and `data` the same refusal object, after the resource's `uri`.
     """
 
     @functools.wraps(read)
     async def answered(*args: Any, **kwargs: Any) -> str:
-        try:
+        reading = _READING.get()[1]
+        with refusals_as_jsonrpc(**({"uri": reading} if reading else {})):
             return await read(*args, **kwargs)
-        except DurableError as exc:
-            body = refusal_body(exc)
-            uri = {"uri": _READING.get()[1]} if _READING.get()[1] else {}
-            raise MCPError(INTERNAL_ERROR, f"{exc.code}: {exc.message}", data={**uri, **body}) from exc
 
     return answered  # type: ignore[return-value]
 

@@ -1,6 +1,9 @@
-"""Turning engine answers into MCP results: replay marking, and refusals as `isError` results.
+"""Turning engine answers into MCP results: replay marking, and refusals on the wire.
 
-The one function that turns a `DurableError` into a result is `refusal()`. The refusal object
+The one function that turns a `DurableError` into a result is `refusal()`; the one that turns it
+into a JSON-RPC error (a resource read, a task's method: no result to carry it) is
+`refusal_error()`, with the JSON-RPC code of `wire_errors.WIRE`. Neither answers a `ConfigError`:
+a programmer's error is raised again, to the server's log (`wire_errors.wire_of`). The refusal object
 `{"error": code, "message": …, …details}` is always in the result's `_meta["mcp-durable/error"]`
 (one place every client can read it), and is also the result's `structuredContent` only where
 that is valid against the tool's declared output schema: a client that validates structured
@@ -11,7 +14,8 @@ message.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -21,6 +25,7 @@ from mcp_types import URL_ELICITATION_REQUIRED, CallToolResult, TextContent
 from ..engine import CallOutcome
 from ..errors import DurableError
 from ..views import iso
+from ..wire_errors import wire_of
 
 META_KEY = "mcp-durable/key"
 META_REPLAYED = "mcp-durable/replayed"
@@ -155,8 +160,10 @@ def refusal(
     The refusal is in `_meta["mcp-durable/error"]` always, and is the `structuredContent` too
     when `fits(refusal)` (the tool's output schema accepts it; None: the tool declares none).
     `text` replaces the default human message `"<code>: <message>"`. `key` goes in
-    `_meta["mcp-durable/key"]` when the call's key is known.
+    `_meta["mcp-durable/key"]` when the call's key is known. Raises `error` itself when it is a
+    `ConfigError` (`wire_errors.wire_of`): no refusal.
     """
+    wire_of(error)  # a ConfigError is raised here, never answered
     body = refusal_body(error)
     meta: dict[str, Any] = {META_ERROR: body}
     if key is not None:
@@ -168,6 +175,27 @@ def refusal(
         is_error=True,
         _meta=meta,
     )
+
+
+def refusal_error(error: DurableError, **context: Any) -> MCPError:
+    """`error` as a JSON-RPC error, where no result can carry it (a resource read, a task's method).
+
+    Its code is the refusal code's in `wire_errors.WIRE` (-32602 for a refusal of the request as
+    it stands, -32603 for a failure of the server), its message `"<code>: <message>"` (what a
+    refused tool call's text says), its `data` the refusal object `refusal_body(error)` after the
+    `context` fields (e.g. the resource's `uri`). Raises `error` itself when it is a `ConfigError`.
+    """
+    wire = wire_of(error)
+    return MCPError(wire.jsonrpc, f"{error.code}: {error.message}", data={**context, **refusal_body(error)})
+
+
+@contextmanager
+def refusals_as_jsonrpc(**context: Any) -> Iterator[None]:
+    """A `DurableError` raised in the block is raised again as `refusal_error(error, **context)`."""
+    try:
+        yield
+    except DurableError as exc:
+        raise refusal_error(exc, **context) from exc
 
 
 def asks_for_input(error: MCPError) -> bool:

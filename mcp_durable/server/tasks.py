@@ -26,7 +26,6 @@ caller's own tasks.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -48,19 +47,17 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from ..engine import CallOutcome
-from ..errors import DurableError, JournalError
 from ..journal import CallQuery, CallRecord
 from ..policy import ToolPolicy
 from ..tasks import task_view
 from . import task_wire as wire
 from .ports import DurableHost
-from .results import answer
+from .results import answer, refusals_as_jsonrpc
 from .task_wire import LEGACY_CAPABILITY, RELATED_TASK, TASK_NOT_FOUND, TASKS_EXTENSION
 
 __all__ = ["RELATED_TASK", "TASK_NOT_FOUND", "TASKS_EXTENSION", "TaskProtocol", "TasksExtension",
            "skip_idle_interceptor"]
 
-logger = logging.getLogger(__name__)
 
 LEGACY_VERSIONS = frozenset({"2025-11-25"})
 #: `tasks/list` page size.
@@ -100,13 +97,6 @@ def _not_found() -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=TASK_NOT_FOUND)
 
 
-def _journal_unavailable(exc: JournalError) -> MCPError:
-    # The journal's own message names paths or hosts: it goes to the server's log, not to callers.
-    logger.warning("a task request found the journal unavailable: %s", exc)
-    return MCPError(code=INTERNAL_ERROR, message="journal_unavailable: the journal cannot be used right now",
-                    data={"error": "journal_unavailable"})
-
-
 #: Submits a task-creating call of a durable tool for the request being served: `submit(name,
 #: arguments, request)` is `DurableServer.submit_task` in that request's context.
 TaskSubmitter = Callable[[str, dict[str, Any], ServerRequestContext[Any, Any]], Awaitable[CallRecord]]
@@ -141,26 +131,20 @@ class TaskProtocol:
         return any(p.task_support != "forbidden" for p in self.host.policies.values())
 
     async def _find(self, ctx: ServerRequestContext[Any, Any], task_id: str) -> CallRecord:
-        try:
-            record = await self.host.engine.task(self._principal(ctx), task_id)
-        except JournalError as exc:
-            raise _journal_unavailable(exc) from exc
+        record = await self.host.engine.task(self._principal(ctx), task_id)
         if record is None:
             raise _not_found()
         return record
 
     async def _create(self, ctx: ServerRequestContext[Any, Any], name: str, arguments: dict[str, Any]) -> CallRecord:
-        """Submit a task-creating call; refusals become JSON-RPC errors (there is no task to show them)."""
+        """Submit a task-creating call; refusals become JSON-RPC errors (there is no task to show
+        them): `results.refusal_error`, as every method of the tasks answers a `DurableError`."""
         try:
-            return await self._submit(name, arguments, ctx)
+            with refusals_as_jsonrpc():
+                return await self._submit(name, arguments, ctx)
         except ValidationError as exc:
             fields = sorted({".".join(str(p) for p in e["loc"]) for e in exc.errors()})
             raise MCPError(code=INVALID_PARAMS, message=f"Invalid arguments for tool {name!r}: {fields}") from None
-        except JournalError as exc:
-            raise _journal_unavailable(exc) from exc
-        except DurableError as exc:
-            data = {"error": exc.code, "message": exc.message, **exc.details()}
-            raise MCPError(code=INVALID_PARAMS, message=f"{exc.code}: {exc.message}", data=data) from None
 
     # -- wire shapes (server/task_wire.py), with each record's tool policy ------------------------
 
@@ -179,7 +163,8 @@ class TaskProtocol:
             if ctx.method == "subscriptions/listen":
                 wanted = ((ctx.params or {}).get("notifications") or {}).get("taskIds")
                 if wanted is not None:
-                    return await self.listen(ctx, wanted)
+                    with refusals_as_jsonrpc():
+                        return await self.listen(ctx, wanted)
             return await call_next(ctx)
         method = ctx.method
         if method == "tools/call":
@@ -408,20 +393,27 @@ class TasksExtension(Extension):
         return self.protocol
 
     def methods(self) -> Sequence[MethodBinding]:
+        # A `DurableError` (the journal failing under a read, a cancel) is answered by every
+        # method as `results.refusal_error`, the JSON-RPC error a resource read gets too.
         async def get(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
-            return await self._bound().get(ctx, params)
+            with refusals_as_jsonrpc():
+                return await self._bound().get(ctx, params)
 
         async def result(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
-            return await self._bound().result(ctx, params)
+            with refusals_as_jsonrpc():
+                return await self._bound().result(ctx, params)
 
         async def list_tasks(ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> HandlerResult:
-            return await self._bound().list(ctx, params)
+            with refusals_as_jsonrpc():
+                return await self._bound().list(ctx, params)
 
         async def cancel(ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> HandlerResult:
-            return await self._bound().cancel(ctx, params)
+            with refusals_as_jsonrpc():
+                return await self._bound().cancel(ctx, params)
 
         async def update(ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> HandlerResult:
-            return await self._bound().update(ctx, params)
+            with refusals_as_jsonrpc():
+                return await self._bound().update(ctx, params)
 
         modern = frozenset(MODERN_PROTOCOL_VERSIONS)
         return (

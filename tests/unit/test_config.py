@@ -46,12 +46,29 @@ def test_settings_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(config.ADMINS, " alice, ,bob ")
     monkeypatch.setenv(config.TOKENS, "t1=alice, t2=bob")
     monkeypatch.setenv(config.JOURNAL, "")
-    assert config.admins() == {"alice", "bob"}
-    assert config.tokens() == {"t1": "alice", "t2": "bob"}
-    assert config.journal_url() is None  # empty is unset
+    assert config.admins(trust_env=True) == {"alice", "bob"}
+    assert config.tokens(trust_env=True) == {"t1": "alice", "t2": "bob"}
+    assert config.journal_url(trust_env=True) is None  # empty is unset
     monkeypatch.setenv(config.TOKENS, "t1")
     with pytest.raises(ConfigError):
-        config.tokens()
+        config.tokens(trust_env=True)
+
+
+def test_no_setting_is_read_unless_the_environment_is_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = {config.JOURNAL: "memory://", config.TOKENS: "t1=alice", config.ADMINS: "ops",
+                config.INSTANCE: "replica-1", config.UPSTREAM_TOKEN: "up"}
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    readers = (config.journal_url, config.tokens, config.admins, config.instance, config.upstream_token)
+    assert config.trusts_environment() is False  # the library's process default
+    assert [bool(read()) for read in readers] == [False] * 5
+    assert [bool(read(False)) for read in readers] == [False] * 5
+    assert [bool(read(True)) for read in readers] == [True] * 5
+    with config.environment_used():  # what the command line does
+        assert config.trusts_environment() is True
+        assert [bool(read()) for read in readers] == [True] * 5
+        assert config.tokens(False) is None  # an explicit False wins over the process default
+    assert config.trusts_environment() is False  # restored
 
 
 def test_secrets_stay_out_of_a_child_environment() -> None:
