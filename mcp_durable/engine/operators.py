@@ -32,7 +32,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
-from ..errors import OperatorError
+from ..errors import CallNotFoundError, OperatorError
 from ..journal.base import Journal
 from ..journal.model import CallIdentity, CallRecord, CallState, JournalEntry, Reason
 from ..policy import DEFAULT_RETENTION
@@ -129,14 +129,14 @@ def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, n
     """The successor of `record` (the current record of `identity`, None if there is none) under
     `verdict`, at `now`; `owner_alive` tells whether a PENDING record's owner may still run it.
 
-    Raises `OperatorError` when the verdict does not apply: no such call (or it expired: an
-    expired, e.g. forgotten, record is no call any more); `Resolve` and `Forget` of a call not
+    Raises `OperatorError` when the verdict does not apply: `CallNotFoundError` for no such call
+    (or it expired: an expired, e.g. forgotten, record is no call any more); `Resolve` and `Forget` of a call not
     in doubt (in doubt: IN_DOUBT, RELEASED, or PENDING with its owner gone; a call still
     running cannot be resolved); `Cancel` of one neither running nor in doubt; `Rerun` of one
     not completed or failed. A `Rerun`'s record has a new random `run_id`.
     """
     if record is None or record.is_expired(now):
-        raise OperatorError(f"no call {identity.tool}/{identity.key} for principal {identity.principal}")
+        raise CallNotFoundError(identity.tool, identity.key)
     state = record.state
     suffix = verdict._suffix()
     if isinstance(verdict, Cancel):

@@ -55,6 +55,7 @@ from ..keys import KEY_META
 from ..policy import ToolPolicy
 from ..policy_file import Policies
 from ..server.app import DurableServer
+from ..server.results import refusal_error
 from ..steps import DurableCall
 from ..uris import SCHEME
 from .router import Router
@@ -257,7 +258,7 @@ class ProxyServer(DurableServer):
         try:
             return await self._client()
         except UpstreamUnavailableError as exc:
-            raise MCPError(code=INTERNAL_ERROR, message=exc.message, data=exc.details()) from exc
+            raise refusal_error(exc) from exc
 
     def _install_forwarding(self) -> None:
         lowlevel = self._lowlevel_server
