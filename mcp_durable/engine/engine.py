@@ -33,6 +33,7 @@ import asyncio
 import logging
 import time
 import uuid
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Unpack
@@ -44,10 +45,9 @@ from .. import keys, observe
 from ..errors import CallCancelledError, ConfigError, InDoubtError, InProgressError, KeyReuseError, TaskCancelledError
 from ..journal.base import Journal
 from ..journal.model import CallIdentity, CallRecord, CallState, Reason
-from ..journal.replay import ProcessJournal
+from ..journal.processes import ProcessJournal
 from ..keys import LOCAL_PRINCIPAL
 from ..policy import DEFAULT_RETENTION, NotApplied, ToolPolicy
-from ..runtimes import RunTimes
 from ..steps import STEP_ENTRY, DurableCall, bind, load_steps, steps_process_id, unbind
 from . import lifecycle, operators, transitions
 from .decide import Decision, decide
@@ -55,6 +55,7 @@ from .leases import LeaseKeeper
 from .live_owners import LiveOwners
 from .outcomes import CallArguments, CallOutcome, ChangeListener, Encoder, Runner, TaskResumer
 from .runner import CallRunner, Run, Superseded
+from .runtimes import RunTimes
 from .tasks import TaskRuns
 
 logger = logging.getLogger("mcp_durable.engine")
@@ -82,6 +83,22 @@ def superseded(record: CallRecord) -> CallOutcome:
     )
     return CallOutcome(record.identity.key, None, record.result, replayed=False,
                        first_completed_at=record.completed_at, attempt=record.attempts, superseded=True)
+
+
+Finals = dict[CallIdentity, tuple[CallRecord, CallOutcome]]
+#: The replay cache of each single-writer journal object, shared by the engines of this process
+#: on it (as their live owners are, `live_owners.py`).
+_FINALS: weakref.WeakKeyDictionary[Any, Finals] = weakref.WeakKeyDictionary()
+
+
+def finals_of(journal: Journal) -> Finals | None:
+    """The replay cache of `journal` (None where other processes write it: no cache)."""
+    if not journal.single_writer:
+        return None
+    try:
+        return _FINALS.setdefault(journal, {})
+    except TypeError:  # a journal object that cannot be weakly referenced: a cache of its own
+        return {}
 
 
 def cancelled_error(record: CallRecord) -> CallCancelledError | TaskCancelledError:
@@ -119,8 +136,6 @@ class Engine:
         #: Background runs (tasks, resumptions): they outlive the request that made them, not the engine.
         self.background: set[asyncio.Task[None]] = set()
         self.closing = False
-        #: Recently seen COMPLETED / FAILED records and their replay answers (`_remember`).
-        self._finals: dict[CallIdentity, tuple[CallRecord, CallOutcome]] = {}
         self.opened = False
         self.open_lock = anyio.Lock()
         self.orphans_found = 0
@@ -148,6 +163,9 @@ class Engine:
 
     def _use(self, journal: Journal) -> None:
         self.journal = journal
+        #: Recently seen COMPLETED / FAILED records and their replay answers (`_remember`), shared
+        #: by the engines of this process on `journal`; None on a journal other processes write.
+        self._finals = finals_of(journal)
         #: Whose PENDING records are alive, this instance's running calls counted (live_owners.py).
         self.owners = LiveOwners(journal, self.instance_id)
         self.leases = LeaseKeeper(journal, self.instance_id, self.clock)
@@ -161,7 +179,8 @@ class Engine:
 
     async def aclose(self) -> None:
         """Stop the background runs, journal `stopping → stopped` and close the journal."""
-        self._finals.clear()
+        if self._finals is not None:
+            self._finals.clear()
         await lifecycle.close(self)
 
     async def sweep(self) -> int:
@@ -181,7 +200,7 @@ class Engine:
     async def notify_changed(self, record: CallRecord) -> None:
         """Tell the listeners (resources, notifications) of a change. Never raises: a listener's
         failure must not fail, or leave half-done, the call whose record changed."""
-        if not record.state.is_final:
+        if not record.state.is_final and self._finals is not None:
             self._finals.pop(record.identity, None)
         # A final record is not kept here but when a repeat reads it (`_remember`): most calls
         # are never repeated, and keeping each one made the long-lived heap grow by a record
@@ -205,23 +224,29 @@ class Engine:
     def _remember(self, record: CallRecord) -> None:
         """Keep a final record for repeats (the engine's replay cache, `_finals`).
 
-        A COMPLETED or FAILED record never changes until it expires (only PENDING, IN_DOUBT and
-        RELEASED records are ever resolved or taken over, purges drop expired records only, and
-        an owner's late write is fenced out), so a copy of it answers a repeat exactly as a read
-        would; `execute` checks its expiry and fingerprint first. Filled when a repeat reads a
-        final record (most calls are never repeated); an entry is dropped when its record
-        changes to a non-final state here (`notify_changed`: an operator's re-run), when it is
-        the oldest and the cache is full (at most `FINALS_KEPT` records whose result is at most
-        `FINALS_MAX_RESULT` bytes), and all at `aclose`. Not the MCP face's cache of built
-        results (`server/results.py`).
+        A COMPLETED or FAILED record changes only by an operator's re-run (to RELEASED) or its
+        expiry (purges drop expired records only, and an owner's late write is fenced out), so
+        a copy of it answers a repeat exactly as a read would — as long as every change of it
+        is seen here. That holds on a single-writer journal: its one writer is this process, and
+        every engine of the process on that journal object shares one cache, dropping an entry
+        whenever it changes a record to a non-final state (`notify_changed`). On a journal other
+        processes write (SQLite shared, Postgres), a replica cannot see another's re-run, so
+        there is no cache and every repeat reads the journal (one claim that writes nothing,
+        `claim_reads`). `execute` checks the expiry and fingerprint of a cached record first.
+        Filled when a repeat reads a final record (most calls are never repeated); bounded to
+        `FINALS_KEPT` records whose result is at most `FINALS_MAX_RESULT` bytes, oldest out
+        first. Not the MCP face's cache of built results (`server/results.py`).
         """
-        if record.result is not None and len(record.result) > FINALS_MAX_RESULT:
-            self._finals.pop(record.identity, None)
+        finals = self._finals
+        if finals is None:
             return
-        if record.identity not in self._finals and len(self._finals) >= FINALS_KEPT:
-            del self._finals[next(iter(self._finals))]
+        if record.result is not None and len(record.result) > FINALS_MAX_RESULT:
+            finals.pop(record.identity, None)
+            return
+        if record.identity not in finals and len(finals) >= FINALS_KEPT:
+            del finals[next(iter(finals))]
         # The replay answer is kept with it: the same (immutable) outcome for every repeat.
-        self._finals[record.identity] = (record, replayed(record))
+        finals[record.identity] = (record, replayed(record))
 
     # -- the call ---------------------------------------------------------------------------------
 
@@ -263,7 +288,7 @@ class Engine:
             outcome = await run(None)
             return CallOutcome(None, outcome.value, None, replayed=False, first_completed_at=None)
         identity = CallIdentity(principal, tool, key)
-        known = self._finals.get(identity)
+        known = None if self._finals is None else self._finals.get(identity)
         if known is not None and not known[0].is_expired(self.clock()):
             if known[0].fingerprint != fingerprint:
                 raise KeyReuseError(tool, key)
