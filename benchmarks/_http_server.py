@@ -16,7 +16,7 @@ import sys
 import anyio
 import uvicorn
 
-from mcp_durable.cli import freeze_startup_heap
+from mcp_durable.cli.commands import freeze_startup_heap
 
 from .servers import durable_server, plain_server
 

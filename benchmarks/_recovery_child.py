@@ -16,7 +16,7 @@ import anyio
 import orjson
 
 from mcp_durable.journal import create_journal
-from mcp_durable.journal.replay import ReplayEngine
+from mcp_durable.journal.processes import ReplayEngine
 
 from .build import PROCESS, call_identity
 

@@ -18,7 +18,7 @@ import anyio
 from mcp import Client
 
 from mcp_durable import DurableServer, ToolPolicy, current_call
-from mcp_durable.retention import RetentionSchedule
+from mcp_durable.operations.retention import RetentionSchedule
 
 from .common import CaseResult, Settings, Table, dir_size, journal_urls, median, skipped_journals
 from .timing import check_result

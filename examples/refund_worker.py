@@ -38,7 +38,7 @@ import orjson
 
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.journal import create_journal
-from mcp_durable.journal.replay import ProcessJournal, ReplayEngine
+from mcp_durable.journal.processes import ProcessJournal, ReplayEngine
 
 ORDERS = 10
 AMOUNT_CENTS = 1_250

@@ -51,7 +51,7 @@ from .errors import ConfigError, JournalCorruptError
 from .journal import Journal, create_journal
 from .journal import JournalEntry as StoredEntry
 from .journal.base import CHECKPOINT
-from .journal.replay import CONTEXT_UPDATE, SEED_ENVELOPE, SEED_FORMAT, RecoveredProcess, apply, seed_envelope
+from .journal.processes import CONTEXT_UPDATE, SEED_ENVELOPE, SEED_FORMAT, RecoveredProcess, apply, seed_envelope
 
 __all__ = [
     "FileJournal",

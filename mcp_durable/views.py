@@ -13,7 +13,7 @@ masked wherever they appear at the top level of the arguments and anywhere in th
 sensitive names (see `SensitiveNames`) so the CLI, which only has a journal URL, masks the same.
 
 Journal URLs are masked elsewhere, below the face (no `mcp` import): `journal.display_url`
-(`mcp_durable/journal/secrets.py`) is the one function every printed or logged URL goes through.
+(`mcp_durable/journal/masked_urls.py`) is the one function every printed or logged URL goes through.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import config
-from .errors import ConfigError, DurableError
-from .journal import ENV_JOURNAL, create_journal, default_journal_url
+from .. import config
+from ..errors import ConfigError, DurableError
+from ..journal import ENV_JOURNAL, create_journal, default_journal_url
 from .serving import INSPECTOR, add_serving_options, announce, freeze_startup_heap, run_uvicorn, serve_server
 
 __all__ = ["INSPECTOR", "build_parser", "freeze_startup_heap", "load_target", "main", "serve_server"]
@@ -74,7 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
     server = load_target(args.target)
     # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
     logging.getLogger().setLevel(args.log_level.upper())
-    from .server import DurableServer
+    from ..server import DurableServer
 
     if args.policies:
         server = _with_policies(server, args.policies, args.journal)
@@ -89,23 +89,23 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _with_policies(server: Any, path: str, journal: str | None) -> Any:
     """`serve --policies`: a plain MCPServer made durable in process (`make_durable`)."""
-    from .policy_file import load_policies
-    from .server import DurableServer
+    from ..policy_file import load_policies
+    from ..server import DurableServer
 
     if isinstance(server, DurableServer):
         raise ConfigError("--policies is for a plain MCPServer; a DurableServer declares its policies in code")
-    from .proxy import make_durable
+    from ..proxy import make_durable
 
     return make_durable(server, load_policies(path), journal=journal)
 
 
 def _console(args: argparse.Namespace) -> int:
-    from .engine import LOCAL_PRINCIPAL
-    from .server.app import default_principal
-    from .server.auth import StaticTokenVerifier
+    from ..engine import LOCAL_PRINCIPAL
+    from ..server.app import default_principal
+    from ..server.auth import StaticTokenVerifier
 
     try:
-        from .console import JournalSource, standalone_app
+        from ..console import JournalSource, standalone_app
     except ImportError as exc:
         raise ConfigError("the console needs Jinja2: pip install 'mcp-durable[console]'") from exc
     tokens = config.tokens()  # the environment is trusted here: `main` turned it on
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="make a plain MCPServer durable in process with this policies file (docs/proxy.md)")
     serve.set_defaults(handler=_serve)
 
-    from .proxy.cli import add_proxy_command
+    from .proxy import add_proxy_command
 
     add_proxy_command(commands)
 
@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     crash.set_defaults(handler=_demo_crash)
 
     try:
-        from .journal_cli import add_journal_commands
+        from .journal import add_journal_commands
     except ImportError:  # pragma: no cover - the operator CLI lands with the resources issue
         pass
     else:

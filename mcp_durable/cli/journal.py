@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import orjson
 
-from .engine.operators import RESOLUTIONS
-from .errors import CallNotFoundError, ConfigError, DurableError, JournalError
-from .journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
-from .journal.base import Maintainable
+from ..engine.operators import RESOLUTIONS
+from ..errors import CallNotFoundError, ConfigError, DurableError, JournalError
+from ..journal import CallIdentity, CallRecord, CallState, Journal, create_journal, default_journal_url, display_url
+from ..journal.base import Maintainable
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..engine import Engine
 
 Handler = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -120,7 +120,7 @@ def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 
 async def _sensitive(journal: Journal) -> dict[str, tuple[str, ...]]:
-    from .views import SensitiveNames
+    from ..views import SensitiveNames
 
     return await SensitiveNames.load(journal)
 
@@ -130,7 +130,7 @@ async def _find(journal: Journal, tool: str, key: str, principal: str | None) ->
     if principal is not None:
         record = await journal.get(CallIdentity(principal, tool, key))
         return [] if record is None else [record]
-    from .journal.transfer import iter_calls
+    from ..journal.transfer import iter_calls
 
     return [record async for record in iter_calls(journal, tool=tool) if record.identity.key == key]
 
@@ -150,7 +150,7 @@ async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:
 
 
 async def _stats(args: argparse.Namespace) -> int:
-    from .views import iso
+    from ..views import iso
 
     journal = await _open(args)
     try:
@@ -180,8 +180,8 @@ def _state(value: str | None) -> CallState | None:
 
 
 async def _list(args: argparse.Namespace) -> int:
-    from .journal.transfer import iter_calls
-    from .views import record_summary
+    from ..journal.transfer import iter_calls
+    from ..views import record_summary
 
     state = _state(args.state)
     journal = await _open(args)
@@ -207,7 +207,7 @@ async def _list(args: argparse.Namespace) -> int:
 
 
 async def _show(args: argparse.Namespace) -> int:
-    from .views import record_view
+    from ..views import record_view
 
     journal = await _open(args)
     try:
@@ -231,7 +231,7 @@ async def _show(args: argparse.Namespace) -> int:
 
 
 def _print_entries(args: argparse.Namespace, entries: list[Any]) -> None:
-    from .views import iso
+    from ..views import iso
 
     for entry in entries:
         line = {"seq": entry.seq, "ts": iso(entry.ts), "process_id": entry.process_id,
@@ -249,7 +249,7 @@ async def _tail(args: argparse.Namespace) -> int:
         if args.after is not None:
             after = args.after
         else:  # the last N entries: find the end without reading the whole log into memory
-            from .journal.transfer import iter_entries
+            from ..journal.transfer import iter_entries
 
             last: list[Any] = []
             end = 0
@@ -276,7 +276,7 @@ async def _tail(args: argparse.Namespace) -> int:
 
 
 async def _verify(args: argparse.Namespace) -> int:
-    from .journal.integrity import verify_url
+    from ..journal.integrity import verify_url
 
     url = _url(args, read_only=True)
     with _progress("verifying", None) as bar:
@@ -314,7 +314,7 @@ async def _compact(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from .journal.transfer import export_journal, open_export_file, totals
+    from ..journal.transfer import export_journal, open_export_file, totals
 
     journal = await _open(args)
     try:
@@ -330,7 +330,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 
 async def _import(args: argparse.Namespace) -> int:
-    from .journal.transfer import import_journal, read_header
+    from ..journal.transfer import import_journal, read_header
 
     source = Path(args.file)
     if not source.is_file():
@@ -353,9 +353,9 @@ async def _import(args: argparse.Namespace) -> int:
 
 
 async def _resolve(args: argparse.Namespace) -> int:
-    from .engine import Engine
-    from .server.admin import operator_payload
-    from .views import record_view
+    from ..engine import Engine
+    from ..server.admin import operator_payload
+    from ..views import record_view
 
     result: Any = None
     if args.result is not None:
@@ -389,8 +389,8 @@ async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity
                    said: str) -> int:
     """An operator action on the one record `args` name: `act` through an engine on the journal,
     then the record (masked) as JSON or `said` (formatted with `who`) as a message."""
-    from .engine import Engine
-    from .views import record_view
+    from ..engine import Engine
+    from ..views import record_view
 
     journal = await _open(args, read_only=False)
     try:

@@ -25,7 +25,7 @@ ENV_UPSTREAM_TOKEN = config.UPSTREAM_TOKEN
 
 
 def add_proxy_command(commands: Any) -> None:
-    from ..serving import add_serving_options
+    from .serving import add_serving_options
 
     proxy = commands.add_parser(
         "proxy", help="serve another MCP server (a command or a URL) with durable tools",
@@ -47,7 +47,7 @@ def add_proxy_command(commands: Any) -> None:
 
 def _proxy(args: argparse.Namespace) -> int:
     from ..policy_file import Policies, load_policies
-    from ..serving import serve_server
+    from .serving import serve_server
 
     logging.getLogger().setLevel(args.log_level.upper())
     policies = load_policies(args.policies) if args.policies else Policies()
@@ -57,7 +57,7 @@ def _proxy(args: argparse.Namespace) -> int:
 
         sys.stdout.write(anyio.run(_render_config, spec, policies))
         return 0
-    from .server import ProxyServer
+    from ..proxy.server import ProxyServer
 
     journal = args.journal or config.journal_url()
     server = ProxyServer(spec, policies, name=args.name, journal=journal)
@@ -65,7 +65,7 @@ def _proxy(args: argparse.Namespace) -> int:
 
 
 def _spec(args: argparse.Namespace) -> Any:
-    from .upstream import UpstreamSpec, child_environment
+    from ..proxy.upstream import UpstreamSpec, child_environment
 
     token = args.upstream_token or config.upstream_token()
     if args.upstream_url:
@@ -80,8 +80,8 @@ async def _render_config(spec: Any, policies: Any) -> str:
     import anyio
 
     from ..policy_file import render_policies
-    from .router import Router
-    from .upstream import Upstream
+    from ..proxy.router import Router
+    from ..proxy.upstream import Upstream
 
     upstream = Upstream(spec, Router())
     async with anyio.create_task_group() as tg:

@@ -12,8 +12,8 @@ import gc
 import sys
 from typing import Any
 
-from .errors import ConfigError
-from .journal import ENV_JOURNAL, display_url
+from ..errors import ConfigError
+from ..journal import ENV_JOURNAL, display_url
 
 #: The MCP Inspector the serve banner names: pinned, so the command works as printed (an
 #: unpinned `npx` resolves whatever is newest, whose CLI may differ). The docs pin the same one.
@@ -38,7 +38,7 @@ def freeze_startup_heap() -> int:
 
 def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
     """Serve `server` over `args.transport` (stdio, or streamable HTTP on `args.host:args.port`)."""
-    from .server import DurableServer
+    from ..server import DurableServer
 
     journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
     if args.transport == "stdio":
@@ -46,7 +46,7 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
         print(f"mcp-durable: serving {label} over stdio; journal {journal}{frozen}", file=sys.stderr)
         server.run("stdio")
         return 0
-    from .server.auth import point_auth_at
+    from ..server.auth import point_auth_at
 
     base_url = f"http://{args.host}:{args.port}"
     server.settings.auth = point_auth_at(server.settings.auth, base_url)  # 401s name this port
@@ -105,12 +105,12 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
 
 def _mount_console(app: Any, server: Any, base_url: str) -> str:
     """Mount the operator console at /console when it can be (a DurableServer, Jinja2 installed)."""
-    from .server import DurableServer
+    from ..server import DurableServer
 
     if not isinstance(server, DurableServer):
         return "off (a plain MCPServer has no journal)"
     try:
-        from .console import mount_console
+        from ..console import mount_console
 
         mount_console(app, server)
     except (ImportError, ConfigError):

@@ -158,7 +158,7 @@ class JournalSource:
         principal_of: Callable[[Any], str],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        from ..journal_cli import read_only_url
+        from ..cli.journal import read_only_url
 
         self._url = read_only_url(url)
         self.verifier = verifier

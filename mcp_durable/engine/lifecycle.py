@@ -22,7 +22,7 @@ import anyio
 from ..errors import DurableError
 from ..journal.base import CallCursor, CallQuery, Journal
 from ..journal.model import CallRecord, CallState, Reason
-from ..journal.replay import ProcessJournal, ReplayEngine
+from ..journal.processes import ProcessJournal, ReplayEngine
 from . import transitions
 from .live_owners import LiveOwners
 from .tasks import TaskRuns

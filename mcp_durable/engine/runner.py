@@ -40,11 +40,11 @@ from ..errors import (
 from ..journal.base import Journal
 from ..journal.model import CallIdentity, CallRecord, Fence, Reason
 from ..policy import ToolPolicy
-from ..runtimes import RunTimes
 from ..steps import DurableCall, bind, load_steps, unbind
 from . import transitions
 from .leases import LeaseKeeper
 from .outcomes import CallOutcome, Runner, ToolOutcome
+from .runtimes import RunTimes
 
 logger = logging.getLogger("mcp_durable.engine")
 

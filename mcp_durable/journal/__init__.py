@@ -10,8 +10,8 @@ from __future__ import annotations
 from .. import config
 from ..errors import ConfigError
 from .base import CallCursor, CallQuery, Journal
+from .masked_urls import display_url
 from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats, Reason
-from .secrets import display_url
 
 ENV_JOURNAL = config.JOURNAL
 DEFAULT_JOURNAL_URL = "file://.mcp-durable/journal"

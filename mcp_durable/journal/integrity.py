@@ -23,8 +23,8 @@ import orjson
 
 from ..errors import ConfigError, DurableError
 from .base import Problem, VerifyReport
+from .masked_urls import display_url
 from .model import CallState, Reason
-from .secrets import display_url
 
 Progress = Callable[[int, int | None], None]  # (done, total or None when unknown)
 _STATES = frozenset(state.value for state in CallState)

@@ -41,9 +41,9 @@ import orjson
 from ..errors import ConfigError, JournalError
 from .base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
 from .fsync import make_dirs
+from .masked_urls import display_url
 from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 from .record_json import step_data, step_index
-from .secrets import display_url
 from .sql_rows import CALL_COLUMNS as _COLUMNS
 from .sql_rows import call_record as _record
 from .sql_rows import call_row as _row

@@ -18,11 +18,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
-from .engine import Encoder, Engine
-from .errors import DurableError
-from .journal.base import CallCursor, CallQuery
-from .journal.model import CallState
-from .policy import ToolPolicy
+from ..engine import Encoder, Engine
+from ..errors import DurableError
+from ..journal.base import CallCursor, CallQuery
+from ..journal.model import CallState
+from ..policy import ToolPolicy
 from .schedule import run_every
 
 logger = logging.getLogger(__name__)

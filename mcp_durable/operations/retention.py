@@ -25,9 +25,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .engine import Engine
-from .journal.base import CallCursor, CallQuery
-from .steps import steps_process_id
+from ..engine import Engine
+from ..journal.base import CallCursor, CallQuery
+from ..steps import steps_process_id
 
 #: Processes whose state a checkpoint holds whole: entries before their last checkpoint are dropped.
 CHECKPOINTED_PROCESSES = ("mcp-durable/redaction",)
@@ -126,7 +126,7 @@ async def _fold_checkpointed(engine: Engine) -> int:
 
 
 async def _compact_if_worth_it(engine: Engine, schedule: RetentionSchedule, now: float) -> tuple[bool, int]:
-    from .journal.file import FileJournal
+    from ..journal.file import FileJournal
 
     journal = engine.journal
     if schedule.compact_garbage_ratio is None or not isinstance(journal, FileJournal) or journal.read_only:

@@ -29,7 +29,7 @@ async def run_every(interval: float, job: Callable[[], Awaitable[object]], what:
 
 def check_interval(name: str, value: float | None) -> float | None:
     """`value` if it is None (off) or positive seconds; else `ConfigError`."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if value is not None and not value > 0:
         raise ConfigError(f"{name} must be positive seconds or None (off), not {value!r}")

@@ -36,17 +36,17 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
-from . import observe
-from .errors import ConfigError, DurableError, InDoubtError
-from .journal.base import CallCursor, CallQuery, Journal
-from .journal.model import CallIdentity, CallRecord, CallState
-from .version import __version__
+from .. import observe
+from ..errors import ConfigError, DurableError, InDoubtError
+from ..journal.base import CallCursor, CallQuery, Journal
+from ..journal.model import CallIdentity, CallRecord, CallState
+from ..version import __version__
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
     from opentelemetry.trace import Span, TracerProvider
 
-    from .engine import CallOutcome, Engine
+    from ..engine import CallOutcome, Engine
 
 PREFIX = "mcp_durable."
 

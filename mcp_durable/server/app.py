@@ -43,12 +43,12 @@ from .. import config, keys, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
 from ..errors import ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, default_journal_url, display_url
+from ..operations.recovery import BackgroundRecovery, ReconcilePass
+from ..operations.retention import BackgroundRetention, RetentionSchedule
+from ..operations.schedule import check_interval
+from ..operations.telemetry import ObservedCall, Telemetry
 from ..policy import ToolPolicy, as_policy
-from ..recovery import BackgroundRecovery, ReconcilePass
-from ..retention import BackgroundRetention, RetentionSchedule
-from ..schedule import check_interval
 from ..steps import DurableCall
-from ..telemetry import ObservedCall, Telemetry
 from . import prevalidated
 from .admin import admin_tools
 from .auth import token_auth_kwargs

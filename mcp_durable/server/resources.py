@@ -40,7 +40,7 @@ from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
 
 from ..journal.base import CallCursor, CallQuery, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
-from ..journal.replay import ReplayEngine
+from ..journal.processes import ReplayEngine
 from ..journal.transfer import iter_calls
 from ..policy import DEFAULT_RETENTION
 from ..uris import (
@@ -62,8 +62,8 @@ from .results import refusals_as_jsonrpc
 
 if TYPE_CHECKING:
     from ..engine import Engine
-    from ..recovery import BackgroundRecovery
-    from ..retention import BackgroundRetention
+    from ..operations.recovery import BackgroundRecovery
+    from ..operations.retention import BackgroundRetention
 
 JSON = "application/json"
 DEFAULT_LIMIT = 50

@@ -22,10 +22,10 @@ from tests.helpers import REPO
 
 PROBE = """
 import sys, json
-import mcp_durable.cli as cli
+import mcp_durable.cli.commands as cli
 rc = cli.main(sys.argv[1:])
 face = ("mcp_durable.server", "mcp_durable.console", "mcp_durable.proxy.", "mcp.", "mcp_types")
-parser_only = ("mcp_durable.proxy.cli",)
+parser_only = ("mcp_durable.cli.proxy",)
 loaded = sorted(m for m in sys.modules
                 if m == "mcp" or (m.startswith(face) and m not in parser_only))
 print(json.dumps({"rc": rc, "loaded": loaded}), file=sys.stderr)

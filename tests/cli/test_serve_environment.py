@@ -16,7 +16,7 @@ import httpx2
 import orjson
 
 from mcp_durable import config
-from mcp_durable.cli import main
+from mcp_durable.cli.commands import main
 from tests.helpers import REPO, client_as, key_meta, serve_cli_http, serve_command, serve_http
 
 COUNTING = "tests/server/servers/counting.py:make_server"

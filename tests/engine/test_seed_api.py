@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from mcp_durable import ConfigError, JournalCorruptError, JournalError, create_journal
-from mcp_durable.journal.replay import ProcessJournal
-from mcp_durable.journal.replay import ReplayEngine as NativeReplayEngine
+from mcp_durable.journal.processes import ProcessJournal
+from mcp_durable.journal.processes import ReplayEngine as NativeReplayEngine
 from mcp_durable.seed import (
     FileJournal,
     InMemoryJournal,

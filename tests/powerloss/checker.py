@@ -31,7 +31,7 @@ import anyio
 import orjson
 
 from mcp_durable import Engine
-from mcp_durable.cli import main as cli_main
+from mcp_durable.cli.commands import main as cli_main
 from mcp_durable.errors import DurableError
 from mcp_durable.journal import CallIdentity, CallState
 from mcp_durable.journal.base import Journal

@@ -20,9 +20,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp_types import ToolAnnotations
 
 from mcp_durable import CallIdentity
+from mcp_durable.operations.retention import RetentionSchedule
 from mcp_durable.policy_file import parse_policies
 from mcp_durable.proxy import ProxyServer, make_durable
-from mcp_durable.retention import RetentionSchedule
 from tests.helpers import meta_of
 from tests.server.connections import two_connections
 

@@ -120,7 +120,7 @@ async def test_make_durable_wraps_a_plain_server_object(tmp_path: Path) -> None:
 
 
 def test_a_bad_policies_file_names_the_line_and_the_key(tmp_path: Path) -> None:
-    from mcp_durable.cli import main
+    from mcp_durable.cli.commands import main
 
     policies = tmp_path / "policies.toml"
     policies.write_text('[tools.record]\nkey = "derived"\n\n[tools.plain]\nwait = "soon"\n')

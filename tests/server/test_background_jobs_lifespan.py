@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from mcp_durable import CallIdentity, DurableServer, ToolPolicy
-from mcp_durable.retention import RetentionSchedule
+from mcp_durable.operations.retention import RetentionSchedule
 from tests.server.connections import two_connections
 
 INTERVAL = 0.05

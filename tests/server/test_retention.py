@@ -12,7 +12,7 @@ import pytest
 from mcp import Client
 
 from mcp_durable import CallIdentity, DurableServer, ToolPolicy, current_call
-from mcp_durable.retention import RetentionSchedule
+from mcp_durable.operations.retention import RetentionSchedule
 from mcp_durable.steps import steps_process_id
 from tests.helpers import resource_text
 

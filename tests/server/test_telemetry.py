@@ -29,7 +29,7 @@ from mcp_durable.journal import CallQuery
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.model import CallIdentity, CallRecord, CallState
 from mcp_durable.keys import canonical_json, fingerprint
-from mcp_durable.telemetry import Telemetry
+from mcp_durable.operations.telemetry import Telemetry
 from tests.helpers import key_meta
 
 MODES = ["legacy", "auto"]

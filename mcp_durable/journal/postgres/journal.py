@@ -54,9 +54,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
 from ..base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
+from ..masked_urls import display_url
 from ..model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 from ..record_json import step_data, step_index
-from ..secrets import display_url
 from ..sql_rows import CALL_COLUMNS as _COLUMNS
 from ..sql_rows import call_record as _record
 from ..sql_rows import call_row as _params

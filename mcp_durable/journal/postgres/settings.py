@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from ...errors import ConfigError
-from ..secrets import display_url
+from ..masked_urls import display_url
 
 DEFAULT_SCHEMA = "mcp_durable"
 #: Postgres identifiers are at most 63 bytes; the schema also names the NOTIFY channel
