@@ -161,6 +161,8 @@ class Ledger:
     final: bytes | None = None
     final_expires: float | None = None
     attempts: int | None = None
+    #: The `created_at` of the record `attempts` was read from (a key's new record starts again).
+    attempts_since: float | None = None
     cancel: CancelMark | None = None
     effects: int = 0
     permits: int = 1

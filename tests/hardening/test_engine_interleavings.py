@@ -483,8 +483,12 @@ class Interleavings(RuleBasedStateMachine):
 
     def observe_attempts(self, ident: Ident, live: CallRecord | None, ledger: Ledger) -> None:
         if live is None:
-            ledger.attempts = None
+            ledger.attempts = ledger.attempts_since = None
             return
+        if ledger.attempts_since != live.created_at:
+            # Another record of the key: the one seen expired and a new call claimed the key
+            # (within one rule, with no look in between). Its attempts count afresh.
+            ledger.attempts, ledger.attempts_since = None, live.created_at
         if ledger.attempts is not None and live.attempts < ledger.attempts:
             self.violate("6", f"{ident}'s attempts went from {ledger.attempts} down to {live.attempts}: "
                               f"{describe(live)}")
