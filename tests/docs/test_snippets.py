@@ -49,6 +49,10 @@ ELSEWHERE: dict[str, str] = {
         "tests/crash/test_replicas_concurrency.py::"
         "test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once",
     "examples/replicas.sh --demo": f"{EXAMPLES}::test_the_replicas_script_demo_refunds_once_through_three_replicas",
+    # The long run of the interleaving model test takes many minutes; CI runs it with its default examples.
+    r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_interleavings\.py":
+        "tests/hardening/test_engine_interleavings.py::"
+        "test_engines_sharing_a_journal_keep_every_invariant_through_stalls_crashes_cancels_and_operators",
     # The full crash runs take an hour; CI runs the same tests with the default trial count.
     r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
         "tests/crash/test_danger_window.py::"

@@ -77,7 +77,7 @@ The invariants, checked after every step (numbered as the lead cites them):
 "E" marks an answer no rule can explain (an unexpected exception type, `key_reuse` for a key
 called with one set of arguments, a journal error on a live engine).
 
-Knobs: `MCP_DURABLE_PROPERTY_EXAMPLES` (default per backend, about a minute each in `make
+Knobs: `MCP_DURABLE_PROPERTY_EXAMPLES` (default per backend, about half a minute each in `make
 test`) and `MCP_DURABLE_PROPERTY_STEPS` (30), as in `test_engine_model.py`; raise them for a
 long run (e.g. `MCP_DURABLE_PROPERTY_EXAMPLES=5000`). `MCP_DURABLE_INVARIANTS` (e.g. "6,7")
 checks only those invariants, to find the smallest example of each.
@@ -142,7 +142,7 @@ from tests.hardening.interleaving_model import (
     task_terminal,
 )
 
-DEFAULT_EXAMPLES = {"memory": 800, "sqlite": 350}  # about a minute each
+DEFAULT_EXAMPLES = {"memory": 500, "sqlite": 200}  # about half a minute each on a quiet machine
 STEPS = int(os.environ.get("MCP_DURABLE_PROPERTY_STEPS", "30"))
 CHECKED = {part.strip() for part in os.environ.get("MCP_DURABLE_INVARIANTS", "").split(",") if part.strip()}
 
