@@ -1,6 +1,6 @@
 """Idempotency keys: resolution, validation, canonical JSON and fingerprints. Pure, no I/O.
 
-Resolution order for a call (DESIGN.md §2):
+Resolution order for a call (docs/policies.md, "Keys"):
   1. the caller's key in `_meta["mcp-durable/idempotency-key"]`, else under the policy's
      `key_meta` names, in order;
   2. the tool's declared key argument (e.g. `idempotency_key`), when the caller filled it;

@@ -24,7 +24,7 @@ A hold ends its run (calls `on_lost` with the reason, once, and stops renewing) 
 One `LeaseKeeper` per engine watches every hold from a single event-loop timer, set for the
 earliest renewal, lease end or timeout due. Holding is a dict insertion and letting go a
 removal: most calls end long before their first renewal, and a timer (or a task group) per
-call costs more than a whole no-op call. A renewal runs as a task when it is due; the next one
+call would cost more than the call itself. A renewal runs as a task when it is due; the next one
 counts from its end. A renewal that raises (a transient journal error) is skipped: the lease
 end it could not extend then stops the run. Outside asyncio (trio) each hold gets a task
 group of its own instead.
@@ -173,7 +173,7 @@ class LeaseKeeper:
 
 
 class _Holding:
-    """The asyncio form of `LeaseKeeper.kept`: a plain class, cheaper than a generator."""
+    """The asyncio form of `LeaseKeeper.kept`: a plain class rather than a generator (it is on every call's path)."""
 
     __slots__ = ("keeper", "identity", "fence", "policy", "on_lost", "lease_until", "held")
 

@@ -1,6 +1,6 @@
 """The journal: records, the `Journal` protocol, backends, and `open_journal(url)`.
 
-URLs (DESIGN.md §3): `file://PATH` (a directory; the embedded default), `sqlite:///PATH`,
+URLs (docs/backends.md): `file://PATH` (a directory; the embedded default), `sqlite:///PATH`,
 `postgresql://…`, `memory://`. Where the environment is trusted (the command line, or
 `trust_env=True`: mcp_durable/config.py), the variable `MCP_DURABLE_JOURNAL` sets the default.
 """

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 
 class CallState(str, Enum):
-    """Where a call is in its life (DESIGN.md §2)."""
+    """Where a call is in its life (docs/architecture.md, "Call states")."""
 
     PENDING = "pending"  # claimed; the owner runs the tool and renews its lease
     COMPLETED = "completed"  # result persisted; repeats are replayed
@@ -101,8 +101,8 @@ class CallIdentity(NamedTuple):
     """The identity of a durable call: `(principal, tool, key)`. Never flattened into a string.
 
     A named tuple rather than a frozen dataclass: it is a dict key on every step of every call
-    (~15 lookups per miss), and a tuple's hash and equality run in C where a dataclass's
-    generated `__hash__` builds a tuple in Python each time (4x slower, timed). Immutable and
+    (many lookups per call), and a tuple's hash and equality run in C where a dataclass's
+    generated `__hash__` builds a tuple in Python each time. Immutable and
     ordered as before; like any tuple it also equals a plain `(principal, tool, key)`.
     """
 
@@ -163,7 +163,7 @@ class CallRecord:
     def evolve(self, **changes: Any) -> CallRecord:
         """A copy with `changes` applied and the version bumped by one.
 
-        Spelled out rather than `dataclasses.replace` (twice as slow): it runs on every change
+        Spelled out rather than `dataclasses.replace` (which does more per call): it runs on every change
         of every call.
         """
         if not changes.keys() <= _EVOLVABLE:

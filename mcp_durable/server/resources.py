@@ -1,4 +1,4 @@
-"""The journal and the recovery state as MCP resources (DESIGN.md §3), scoped by principal.
+"""The journal and the recovery state as MCP resources (docs/resources.md), scoped by principal.
 
 | URI | what | who |
 |---|---|---|

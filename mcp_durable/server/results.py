@@ -155,7 +155,7 @@ def refusal(
     fits: Callable[[dict[str, Any]], bool] | None = None,
     text: str | None = None,
 ) -> CallToolResult:
-    """A refused call as an `isError` result (DESIGN.md §3, "error codes").
+    """A refused call as an `isError` result (docs/policies.md, "Refusals and error codes").
 
     The refusal is in `_meta["mcp-durable/error"]` always, and is the `structuredContent` too
     when `fits(refusal)` (the tool's output schema accepts it; None: the tool declares none).
