@@ -32,7 +32,6 @@ from ..errors import (
     CallCancelledError,
     DeterminismError,
     DurableError,
-    FencedOutError,
     InDoubtError,
     OutcomeUnknownError,
     TaskCancelledError,
@@ -197,8 +196,6 @@ class CallRunner:
                     logger.warning("could not release %s", identity, exc_info=True)
         if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
             raise failure.__cause__  # the face wrapped it; it is ours to report with its code
-        if isinstance(failure.__cause__, FencedOutError) and not isinstance(failure, DurableError):
-            raise Superseded from failure
         raise failure
 
     def _raise_cancelled(self, record: CallRecord) -> NoReturn:
