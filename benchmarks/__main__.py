@@ -43,8 +43,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small samples, skip the 1M recovery")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case numbers (default: all)")
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"markdown report path (default: {DEFAULT_OUTPUT} for a full run, none for --quick)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"markdown report path (default: {DEFAULT_OUTPUT} for a full run, none for --quick)",
+    )
     return parser.parse_args(argv)
 
 

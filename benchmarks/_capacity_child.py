@@ -57,9 +57,12 @@ async def main(url: str, callers: int, seconds: float) -> None:
     await burst(began + seconds)
     elapsed = time.perf_counter() - began
     report = {
-        "calls": calls, "seconds": elapsed,
-        "claim_statements": journal._claims.batches - claims[0], "claims": journal._claims.items - claims[1],
-        "swap_statements": journal._swaps.batches - swaps[0], "swaps": journal._swaps.items - swaps[1],
+        "calls": calls,
+        "seconds": elapsed,
+        "claim_statements": journal._claims.batches - claims[0],
+        "claims": journal._claims.items - claims[1],
+        "swap_statements": journal._swaps.batches - swaps[0],
+        "swaps": journal._swaps.items - swaps[1],
     }
     print(orjson.dumps(report).decode(), flush=True)
     await anyio.to_thread.run_sync(sys.stdin.readline)  # the parent reads the database's counters first

@@ -132,7 +132,12 @@ async def run(settings: Settings) -> CaseResult:
         result.targets.append(Target(rate_name, f"≥ {rate(TARGET_RATE)}", rate(measured), measured >= TARGET_RATE))
         base = median(rates[(TARGET_WRITERS, "baseline")])
         value = median(rates[(TARGET_WRITERS, "file")]) / base
-        result.targets.append(Target(name, f"≥ {TARGET_RATIO:.0f}x",
-                                     f"{ratio(value)} ({rate(value * base)} vs {rate(base)})",
-                                     value >= TARGET_RATIO))
+        result.targets.append(
+            Target(
+                name,
+                f"≥ {TARGET_RATIO:.0f}x",
+                f"{ratio(value)} ({rate(value * base)} vs {rate(base)})",
+                value >= TARGET_RATIO,
+            )
+        )
     return result

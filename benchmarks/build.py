@@ -41,9 +41,17 @@ def call_record(i: int) -> CallRecord:
     identity = call_identity(i)
     created = T0 + i * 0.001
     return CallRecord(
-        identity=identity, fingerprint=identity.key[7:], state=CallState.COMPLETED, version=2,
-        run_id=hashlib.md5(identity.key.encode()).hexdigest(), attempts=1, created_at=created,
-        updated_at=created, completed_at=created, expires_at=None, result=RESULT,
+        identity=identity,
+        fingerprint=identity.key[7:],
+        state=CallState.COMPLETED,
+        version=2,
+        run_id=hashlib.md5(identity.key.encode()).hexdigest(),
+        attempts=1,
+        created_at=created,
+        updated_at=created,
+        completed_at=created,
+        expires_at=None,
+        result=RESULT,
         arguments=b'{"n":%d}' % i,
     )
 
@@ -138,8 +146,10 @@ def _fill_sqlite(path: Path, kind: str, count: int, batch: int = 50_000) -> None
             stop = min(count, start + batch)
             conn.execute("BEGIN")
             if kind == "calls":
-                conn.executemany(f"INSERT INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})",
-                                 (_row(call_record(i)) for i in range(start, stop)))
+                conn.executemany(
+                    f"INSERT INTO calls ({_COLUMNS}) VALUES ({_PLACEHOLDERS})",
+                    (_row(call_record(i)) for i in range(start, stop)),
+                )
             else:
                 conn.executemany(
                     "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",

@@ -33,9 +33,16 @@ def _commits() -> int:
 
 
 def _run_replicas(url: str, replicas: int, seconds: float) -> tuple[list[dict[str, float]], int, float | None]:
-    children = [subprocess.Popen([sys.executable, "-m", "benchmarks._capacity_child", url, str(CALLERS), str(seconds)],
-                                 cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                for _ in range(replicas)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks._capacity_child", url, str(CALLERS), str(seconds)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(replicas)
+    ]
     try:
         for child in children:
             assert child.stdout is not None
@@ -67,8 +74,15 @@ async def run(settings: Settings) -> CaseResult:
     result = CaseResult("capacity")
     table = Table(
         "10. Capacity: durable misses one Postgres carries for N replica processes (engine only, 64 callers each)",
-        ["replicas", "calls/s, all", "calls/s per replica", "calls per claim statement",
-         "calls per swap statement", "commits per call", "Postgres CPU per call"],
+        [
+            "replicas",
+            "calls/s, all",
+            "calls/s per replica",
+            "calls per claim statement",
+            "calls per swap statement",
+            "commits per call",
+            "Postgres CPU per call",
+        ],
     )
     if not postgres_available():
         table.add("–", "no Postgres at " + PG_BASE, "", "", "", "", "")
@@ -82,8 +96,15 @@ async def run(settings: Settings) -> CaseResult:
         total = sum(r["calls"] / r["seconds"] for r in reports)
         per_claim = sum(r["claims"] for r in reports) / max(1, sum(r["claim_statements"] for r in reports))
         per_swap = sum(r["swaps"] for r in reports) / max(1, sum(r["swap_statements"] for r in reports))
-        table.add(replicas, rate(total), rate(total / replicas), f"{per_claim:.1f}", f"{per_swap:.1f}",
-                  f"{commits / max(1, calls):.3f}", "–" if cpu is None else us(cpu / max(1, calls)))
+        table.add(
+            replicas,
+            rate(total),
+            rate(total / replicas),
+            f"{per_claim:.1f}",
+            f"{per_swap:.1f}",
+            f"{commits / max(1, calls):.3f}",
+            "–" if cpu is None else us(cpu / max(1, calls)),
+        )
     table.notes.append(
         f"{seconds:g} s per row, every replica started at once on one schema; each call is a claim and a "
         "completion (two statements, batched with the replica's other calls). Postgres and the replicas share "

@@ -34,9 +34,18 @@ async def _fill(url: str, records: int) -> None:
     try:
         for n in range(records):
             now = time.time()
-            record = CallRecord(identity=CallIdentity("local", "refund", f"k{n}"), fingerprint="f",
-                                state=CallState.PENDING, version=1, run_id=f"r{n}", attempts=1,
-                                created_at=now, updated_at=now, owner="bench", lease_until=now + 60)
+            record = CallRecord(
+                identity=CallIdentity("local", "refund", f"k{n}"),
+                fingerprint="f",
+                state=CallState.PENDING,
+                version=1,
+                run_id=f"r{n}",
+                attempts=1,
+                created_at=now,
+                updated_at=now,
+                owner="bench",
+                lease_until=now + 60,
+            )
             await journal.claim(record, now)
     finally:
         await journal.aclose()
@@ -57,8 +66,12 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             subprocess.run(command, check=True, capture_output=True)
             times.append(time.perf_counter() - started)
-        probe = subprocess.run([sys.executable, "-c", LOADED, "journal", "stats", "--journal", url],
-                               check=True, capture_output=True, text=True)
+        probe = subprocess.run(
+            [sys.executable, "-c", LOADED, "journal", "stats", "--journal", url],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     q1, median, q3 = statistics.quantiles(times, n=4)
     print(f"mcp-durable journal stats ({args.runs} runs, {args.records} records, file journal)")
     print(f"  median {median * 1000:.0f} ms   quartiles {q1 * 1000:.0f}–{q3 * 1000:.0f} ms")

@@ -106,8 +106,10 @@ async def _console_cost(settings: Settings, kind: str, total: int) -> tuple[floa
     pairs = settings.pick(4, 8)
     fresh = fresh_arguments(itertools.count(1))
     async with AsyncExitStack() as stack:
-        urls = [(await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind])))[0]
-                for server in ("durable", "console")]
+        urls = [
+            (await stack.enter_async_context(http_server(server, journal_urls(settings, memory=False)[kind])))[0]
+            for server in ("durable", "console")
+        ]
         sides = [[await stack.enter_async_context(Client(url, mode=MODE)) for _ in range(CLIENTS)] for url in urls]
         for clients in sides:
             await _rate(clients, fresh, 2 * CLIENTS)  # warm-up
@@ -162,16 +164,24 @@ async def run(settings: Settings) -> CaseResult:
         table.add(f"durable, {name} journal, {kind}", rate(value), ratio(value / plain), *_cpu_cells(meter))
         bar = TARGET_RATIOS.get(name)
         if kind == "miss" and bar is not None:
-            result.targets.append(Target(
-                f"HTTP miss at {CLIENTS} clients ≥ {bar}× plain [{name}]", f"≥ {bar:.2f}x",
-                f"{ratio(value / plain)} ({rate(value)} vs {rate(plain)})", value / plain >= bar,
-            ))
+            result.targets.append(
+                Target(
+                    f"HTTP miss at {CLIENTS} clients ≥ {bar}× plain [{name}]",
+                    f"≥ {bar:.2f}x",
+                    f"{ratio(value / plain)} ({rate(value)} vs {rate(plain)})",
+                    value / plain >= bar,
+                )
+            )
     # The console mounted and nobody looking, against the same server without it (the first journal).
     first = next(iter(urls), None)
     if first is not None:
         without, with_console, ratios = await _console_cost(settings, first, total)
-        table.add(f"durable, {first} journal, miss, console mounted", rate(with_console), ratio(with_console / without),
-                  *["–"] * 4)
+        table.add(
+            f"durable, {first} journal, miss, console mounted",
+            rate(with_console),
+            ratio(with_console / without),
+            *["–"] * 4,
+        )
         table.notes.append(
             f"console mounted, nobody looking: {median(ratios):.2f}x the misses of the same server without it "
             f"(median of {len(ratios)} alternating pairs, both servers up at once: {rate(with_console)} "
@@ -188,8 +198,8 @@ async def run(settings: Settings) -> CaseResult:
         "CPU per call (from /proc, over every repetition): the clients' process, the server's, and the local "
         "Postgres's processes (a diagnosis, not judged); idle cores: how many of the machine's cores were idle on "
         "average while measuring. A row under its bar with cores idle is waiting, not short of CPU: its "
-        "calls wait on commits while the clients have nothing to send (docs/dev/performance-notebook.md, \"Streamable "
-        "HTTP on Postgres: waiting, not short of CPU\")."
+        'calls wait on commits while the clients have nothing to send (docs/dev/performance-notebook.md, "Streamable '
+        'HTTP on Postgres: waiting, not short of CPU").'
     )
     table.notes.extend(skipped_journals())
     result.tables.append(table)

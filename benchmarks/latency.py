@@ -88,8 +88,17 @@ async def run(settings: Settings) -> CaseResult:
     fsync = median(samples[("", "fsync", "")])
     table = Table(
         "1. Sequential latency, in-memory client (median per call)",
-        ["journal", "era", "plain", "miss", "miss − plain", "replay", "replay / plain",
-         "replay ≤ 1.0x", "miss ≤ plain + 2·fsync"],
+        [
+            "journal",
+            "era",
+            "plain",
+            "miss",
+            "miss − plain",
+            "replay",
+            "replay / plain",
+            "replay ≤ 1.0x",
+            "miss ≤ plain + 2·fsync",
+        ],
     )
     table.notes.append(
         f"{rounds} interleaved rounds × {per_round} calls per cell ({per_round_miss} for misses); "
@@ -117,24 +126,39 @@ async def run(settings: Settings) -> CaseResult:
             replay_s = median(samples[(era, "replay", name)])
             replay_ok = replay_s <= plain_s
             miss_ok = miss_s <= plain_s + 2 * fsync
-            table.add(name, era_label, us(plain_s), us(miss_s), us(miss_s - plain_s), us(replay_s),
-                      ratio(replay_s / plain_s, 3), verdict(replay_ok), verdict(miss_ok))
+            table.add(
+                name,
+                era_label,
+                us(plain_s),
+                us(miss_s),
+                us(miss_s - plain_s),
+                us(replay_s),
+                ratio(replay_s / plain_s, 3),
+                verdict(replay_ok),
+                verdict(miss_ok),
+            )
             verdicts.setdefault(name, []).append((era, replay_s / plain_s, replay_ok, miss_s - plain_s, miss_ok))
     result.tables.append(table)
     result.tables.append(control)
     for name, rows in verdicts.items():
-        result.targets.append(Target(
-            f"Replay latency ≤ 1.0× plain [{name}]", "≤ 1.000x in both eras",
-            ", ".join(f"{ERAS[era].split(' ')[0]}: {ratio(r, 3)}" for era, r, _, _, _ in rows),
-            all(ok for _, _, ok, _, _ in rows),
-        ))
+        result.targets.append(
+            Target(
+                f"Replay latency ≤ 1.0× plain [{name}]",
+                "≤ 1.000x in both eras",
+                ", ".join(f"{ERAS[era].split(' ')[0]}: {ratio(r, 3)}" for era, r, _, _, _ in rows),
+                all(ok for _, _, ok, _, _ in rows),
+            )
+        )
         if name != "file":
             # Nothing to fsync in memory; SQLite and Postgres show their extra in the table, but
             # the bar is the embedded default's (issue 15), as a database's commit is not one fsync.
             continue
-        result.targets.append(Target(
-            f"Sequential miss ≤ plain + 2 × fsync [{name}]", f"extra ≤ {us(2 * fsync)}",
-            ", ".join(f"{ERAS[era].split(' ')[0]}: +{us(extra)}" for era, _, _, extra, _ in rows),
-            all(ok for *_, ok in rows),
-        ))
+        result.targets.append(
+            Target(
+                f"Sequential miss ≤ plain + 2 × fsync [{name}]",
+                f"extra ≤ {us(2 * fsync)}",
+                ", ".join(f"{ERAS[era].split(' ')[0]}: +{us(extra)}" for era, _, _, extra, _ in rows),
+                all(ok for *_, ok in rows),
+            )
+        )
     return result

@@ -108,8 +108,12 @@ def dbos_session(system_database_url: str, schema: str | None = None) -> Iterato
     from dbos import DBOS
 
     _dbos_registered()
-    config: dict[str, Any] = {"name": "mcp-durable-bench-peers", "system_database_url": system_database_url,
-                              "run_admin_server": False, "log_level": "WARNING"}
+    config: dict[str, Any] = {
+        "name": "mcp-durable-bench-peers",
+        "system_database_url": system_database_url,
+        "run_admin_server": False,
+        "log_level": "WARNING",
+    }
     if schema is not None:
         config["dbos_system_schema"] = schema
     DBOS(config=config)  # type: ignore[arg-type]
@@ -193,9 +197,27 @@ def redis_fsync_always() -> Iterator[int]:
     directory = tempfile.mkdtemp(prefix="bench-redis-")
     port = _free_port()
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--appendonly", "yes",
-         "--appendfsync", "always", "--save", "", "--protected-mode", "yes", "--daemonize", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            directory,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         import redis

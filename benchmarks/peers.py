@@ -205,22 +205,35 @@ async def run(settings: Settings) -> CaseResult:
         aof_port = stack.enter_context(redis_fsync_always())
         redis_variants = [(f"Powertools + Redis ({redis_config(aof_port)})", aof_port)]
         if shared:
-            redis_variants.append((f"Powertools + Redis as configured here ({redis_config(SHARED_REDIS_PORT)})",
-                                   SHARED_REDIS_PORT))
-        backends = [("sqlite", f"sqlite:///{settings.workdir}/peers-{uuid.uuid4().hex[:8]}.db",
-                     f"sqlite:///{settings.workdir}/dbos-{uuid.uuid4().hex[:8]}.db", None)]
+            redis_variants.append(
+                (f"Powertools + Redis as configured here ({redis_config(SHARED_REDIS_PORT)})", SHARED_REDIS_PORT)
+            )
+        backends = [
+            (
+                "sqlite",
+                f"sqlite:///{settings.workdir}/peers-{uuid.uuid4().hex[:8]}.db",
+                f"sqlite:///{settings.workdir}/dbos-{uuid.uuid4().hex[:8]}.db",
+                None,
+            )
+        ]
         if pg:
             schema = f"bench_dbos_{uuid.uuid4().hex[:8]}"
             backends.append(("postgres", postgres_url(), _pg_base(), schema))
         for backend, journal, dbos_url, dbos_schema in backends:
             with dbos_session(dbos_url, dbos_schema):
-                variants = [Variant("plain MCPServer", plain_server()),
-                            Variant(f"mcp-durable, {backend}", durable_peer(journal)),
-                            Variant(f"DBOS, {backend}", dbos_peer())]
+                variants = [
+                    Variant("plain MCPServer", plain_server()),
+                    Variant(f"mcp-durable, {backend}", durable_peer(journal)),
+                    Variant(f"DBOS, {backend}", dbos_peer()),
+                ]
                 variants += [Variant(name, powertools_peer(port)) for name, port in redis_variants]
                 if backend == "sqlite" and file_journal_available():  # the embedded default, for reference
-                    variants.append(Variant("mcp-durable, file (the default)",
-                                            durable_peer(f"file://{settings.workdir}/peers-{uuid.uuid4().hex[:8]}")))
+                    variants.append(
+                        Variant(
+                            "mcp-durable, file (the default)",
+                            durable_peer(f"file://{settings.workdir}/peers-{uuid.uuid4().hex[:8]}"),
+                        )
+                    )
                 await _measure_phase(settings, variants)
                 for variant in variants:
                     closer = getattr(variant.server, "aclose", None)
@@ -263,8 +276,16 @@ def _drop_schema(schema: str | None) -> None:
 def _figures_table(phases: dict[str, list[Variant]]) -> Table:
     table = Table(
         "9. Peers side by side: the same no-op tool, idempotent by key, in-memory client (2026-07-28)",
-        ["phase", "system", "miss", "replay", f"misses/s at {CALLERS}", "miss / plain", "replay / plain",
-         "misses/s / plain"],
+        [
+            "phase",
+            "system",
+            "miss",
+            "replay",
+            f"misses/s at {CALLERS}",
+            "miss / plain",
+            "replay / plain",
+            "misses/s / plain",
+        ],
     )
     for phase, variants in phases.items():
         plain = variants[0]
@@ -275,10 +296,16 @@ def _figures_table(phases: dict[str, list[Variant]]) -> Table:
                 continue
             miss, replay = median(variant.miss), median(variant.replay)
             throughput = median(variant.rates) if variant.rates else float("nan")
-            table.add(phase, variant.name, us(miss), us(replay),
-                      rate(throughput) if variant.rates else f"failed: {variant.failure}",
-                      ratio(miss / p_miss), ratio(replay / p_replay, 3),
-                      ratio(throughput / p_rate) if variant.rates else "–")
+            table.add(
+                phase,
+                variant.name,
+                us(miss),
+                us(replay),
+                rate(throughput) if variant.rates else f"failed: {variant.failure}",
+                ratio(miss / p_miss),
+                ratio(replay / p_replay, 3),
+                ratio(throughput / p_rate) if variant.rates else "–",
+            )
     table.notes.append(
         "per phase, every system measured side by side: latency in interleaved rounds (5 misses and 5 replays per "
         "system per round, each a cell of its own in a new order every round; medians), then misses per second "
@@ -307,10 +334,13 @@ def _targets(phases: dict[str, list[Variant]]) -> list[Target]:
             replay = median(rival.replay) / median(ours.replay)
             speed = median(ours.rates) / median(rival.rates) if rival.rates and ours.rates else float("inf")
             ahead = miss > 1 and replay > 1 and speed > 1
-            measured = (f"peer/ours: miss {ratio(miss)}, replay {ratio(replay)}; ours/peer misses/s {ratio(speed)}"
-                        + ("" if ahead else " — PEER AHEAD on " + ", ".join(
-                            what for what, value in (("miss", miss), ("replay", replay), ("misses/s", speed))
-                            if value <= 1)))
+            measured = f"peer/ours: miss {ratio(miss)}, replay {ratio(replay)}; ours/peer misses/s {ratio(speed)}" + (
+                ""
+                if ahead
+                else " — PEER AHEAD on "
+                + ", ".join(
+                    what for what, value in (("miss", miss), ("replay", replay), ("misses/s", speed)) if value <= 1
+                )
+            )
             targets.append(Target(name, "> 1.00x on each", measured, ahead))
     return targets
-

@@ -38,9 +38,16 @@ async def measure(url: str, callers: int, seconds: float) -> tuple[float, float]
             i += 1
             began = time.perf_counter()
             record = CallRecord(
-                identity=CallIdentity("bench", "noop", f"{n}-{i}-{uuid.uuid4().hex[:6]}"), fingerprint="f",
-                state=CallState.PENDING, version=1, run_id=uuid.uuid4().hex, attempts=1, created_at=T0,
-                updated_at=T0, owner="bench", lease_until=T0 + 30,
+                identity=CallIdentity("bench", "noop", f"{n}-{i}-{uuid.uuid4().hex[:6]}"),
+                fingerprint="f",
+                state=CallState.PENDING,
+                version=1,
+                run_id=uuid.uuid4().hex,
+                attempts=1,
+                created_at=T0,
+                updated_at=T0,
+                owner="bench",
+                lease_until=T0 + 30,
             )
             won, _ = await journal.claim(record, T0)
             assert won

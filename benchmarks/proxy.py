@@ -51,8 +51,11 @@ async def run(settings: Settings) -> CaseResult:
         variants.append((("direct", "upstream", ""), direct.call_tool, lambda: {"n": 1}))
         for name, url in urls.items():
             counter = itertools.count(1)
-            proxy = ProxyServer(UpstreamSpec(command=[sys.executable, "-m", "benchmarks._proxy_upstream"]),
-                                journal=url, log_level="WARNING")
+            proxy = ProxyServer(
+                UpstreamSpec(command=[sys.executable, "-m", "benchmarks._proxy_upstream"]),
+                journal=url,
+                log_level="WARNING",
+            )
             for era in ERAS:
                 client = await stack.enter_async_context(Client(proxy, mode=era))
                 variants.append(((era, "pass", name), renamed(client.call_tool, PASS_TOOL), lambda: {"n": 1}))
@@ -79,8 +82,17 @@ async def run(settings: Settings) -> CaseResult:
             pass_s = median(samples[(era, "pass", name)])
             miss_s = median(samples[(era, "miss", name)])
             replay_s = median(samples[(era, "replay", name)])
-            table.add(name, era_label, us(direct_s), us(pass_s), us(pass_s - direct_s), us(miss_s),
-                      us(miss_s - direct_s), us(replay_s), us(replay_s - direct_s))
+            table.add(
+                name,
+                era_label,
+                us(direct_s),
+                us(pass_s),
+                us(pass_s - direct_s),
+                us(miss_s),
+                us(miss_s - direct_s),
+                us(replay_s),
+                us(replay_s - direct_s),
+            )
     table.notes.append(
         f"{rounds} interleaved rounds × {per_round} calls per cell ({per_round // 2} for misses). direct = the SDK "
         "client over stdio to the upstream (2025-11-25); through the proxy = an in-process client of a ProxyServer "

@@ -65,9 +65,16 @@ async def run(settings: Settings) -> CaseResult:
                 peak = max(r["peak_rss"] for r in runs)
                 above = median(r["peak_rss"] - r["baseline_rss"] for r in runs)
                 figures[(backend, kind, count)] = (ready, peak)
-                table.add(backend, "call records" if kind == "calls" else "process entries", f"{count:,}",
-                          ms(median(r["open_s"] for r in runs)), ms(ready), mb(peak), mb(above),
-                          "cached" if built is None else f"built in {built:,.0f} s")
+                table.add(
+                    backend,
+                    "call records" if kind == "calls" else "process entries",
+                    f"{count:,}",
+                    ms(median(r["open_s"] for r in runs)),
+                    ms(ready),
+                    mb(peak),
+                    mb(above),
+                    "cached" if built is None else f"built in {built:,.0f} s",
+                )
     table.notes.append(
         f"median of {reps} fresh processes; ready = open + the last call record fetched (calls) or "
         f"ReplayEngine.recover() (entries, a checkpoint every {build.CHECKPOINT_EVERY:,}); peak RSS = "
@@ -85,6 +92,12 @@ async def run(settings: Settings) -> CaseResult:
             result.targets.append(Target(name, "≤ 1.5 s, ≤ 300 MB", why, None))
             continue
         ready, peak = figure
-        result.targets.append(Target(name, "≤ 1.5 s, ≤ 300 MB", f"{ready:.2f} s, {peak / 1e6:,.0f} MB",
-                                     ready <= TARGET_SECONDS and peak <= TARGET_RSS))
+        result.targets.append(
+            Target(
+                name,
+                "≤ 1.5 s, ≤ 300 MB",
+                f"{ready:.2f} s, {peak / 1e6:,.0f} MB",
+                ready <= TARGET_SECONDS and peak <= TARGET_RSS,
+            )
+        )
     return result

@@ -17,8 +17,12 @@ console = Console(width=None if Console().is_terminal else 200)
 
 
 def print_table(table: Table) -> None:
-    rich = RichTable(title=escape(table.title), title_justify="left", caption_justify="left",
-                     caption=escape("\n".join(table.notes)) or None)
+    rich = RichTable(
+        title=escape(table.title),
+        title_justify="left",
+        caption_justify="left",
+        caption=escape("\n".join(table.notes)) or None,
+    )
     for i, column in enumerate(table.columns):
         rich.add_column(column, justify="left" if i == 0 else "right")
     for row in table.rows:
@@ -57,8 +61,15 @@ def markdown_table(table: Table, level: str = "##") -> str:
     return "\n".join(lines)
 
 
-def write_markdown(path: Path, *, machine: dict[str, str], results: Sequence[CaseResult], quick: bool,
-                   started: dt.datetime, command: str) -> None:
+def write_markdown(
+    path: Path,
+    *,
+    machine: dict[str, str],
+    results: Sequence[CaseResult],
+    quick: bool,
+    started: dt.datetime,
+    command: str,
+) -> None:
     """Write the whole report: when, where, the targets, then every case's tables."""
     targets = [t for r in results for t in r.targets]
     met = sum(1 for t in targets if t.met)

@@ -27,8 +27,9 @@ TOOL = "work"
 
 
 def _server(url: str, schedule: RetentionSchedule | None) -> DurableServer:
-    server = DurableServer("bench-retention", journal=url, retention_schedule=schedule, reconcile_interval=None,
-                           log_level="WARNING")
+    server = DurableServer(
+        "bench-retention", journal=url, retention_schedule=schedule, reconcile_interval=None, log_level="WARNING"
+    )
 
     async def work(n: int) -> str:
         await current_call().step("one", lambda: n)
@@ -54,6 +55,7 @@ async def _load(
     sizes: list[int] = []
     latencies: list[float] = []
     async with Client(server) as client, anyio.create_task_group() as group:
+
         async def sample() -> None:
             for _ in range(seconds + 1):
                 sizes.append(_size(name, url))
@@ -79,10 +81,10 @@ async def run(settings: Settings) -> CaseResult:
     seconds = settings.pick(6, 30)
     schedule = RetentionSchedule(interval=0.5, compact_garbage_ratio=0.5, compact_min_bytes=256 * 1024)
     urls = {k: v for k, v in journal_urls(settings, memory=False).items() if k in ("file", "sqlite")}
-    over_time = Table(f"11. Journal size over time under steady load, records kept 1 s ({seconds} s)",
-                      ["journal", "retention", "calls",
-                       *[f"{t} s" for t in range(0, seconds + 1, max(1, seconds // 6))],
-                       "max"])
+    over_time = Table(
+        f"11. Journal size over time under steady load, records kept 1 s ({seconds} s)",
+        ["journal", "retention", "calls", *[f"{t} s" for t in range(0, seconds + 1, max(1, seconds // 6))], "max"],
+    )
     latency = Table("11. Call latency while retention runs", ["journal", "retention", "median", "p99", "max"])
     for name, url in urls.items():
         for label, chosen in (("on", schedule), ("off", None)):
@@ -93,8 +95,9 @@ async def run(settings: Settings) -> CaseResult:
             over_time.add(name, label, f"{calls:,}", *[_kib(s) for s in picks], _kib(max(sizes)))
             ordered = sorted(latencies)
             p99 = ordered[int(len(ordered) * 0.99)]
-            latency.add(name, label, f"{median(ordered) * 1e3:.2f} ms", f"{p99 * 1e3:.2f} ms",
-                        f"{ordered[-1] * 1e3:.2f} ms")
+            latency.add(
+                name, label, f"{median(ordered) * 1e3:.2f} ms", f"{p99 * 1e3:.2f} ms", f"{ordered[-1] * 1e3:.2f} ms"
+            )
     over_time.notes.append(
         "each call a new key and one durable step; retention on: RetentionSchedule(interval=0.5, "
         "compact_garbage_ratio=0.5, compact_min_bytes=256 KiB); sizes are the journal's files (SQLite: "

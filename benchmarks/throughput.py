@@ -44,8 +44,9 @@ TARGET_CONCURRENCY = 64
 TARGET_RATIOS = {"memory": 0.85, "file": 0.70, "sqlite": 0.40, "postgres": 0.50}
 
 
-async def _burst(call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], callers: int,
-                 total: int) -> float:
+async def _burst(
+    call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], callers: int, total: int
+) -> float:
     """Calls per second of `total` calls made by `callers` concurrent tasks."""
     remaining = total
 
@@ -74,8 +75,9 @@ async def run(settings: Settings) -> CaseResult:
     gc_meters: dict[str, GcMeter] = {}  # at the target concurrency, per variant
     gc_time: dict[str, float] = {}
 
-    async def measure(key: str, callers: int, call: Callable[..., Awaitable[Any]],
-                      args: Callable[[], dict[str, int]], total: int) -> None:
+    async def measure(
+        key: str, callers: int, call: Callable[..., Awaitable[Any]], args: Callable[[], dict[str, int]], total: int
+    ) -> None:
         if callers != TARGET_CONCURRENCY:
             rates.setdefault((callers, key), []).append(await _burst(call, args, callers, total))
             return
@@ -97,8 +99,10 @@ async def run(settings: Settings) -> CaseResult:
                 for callers in CONCURRENCY:
                     total = max(settings.pick(32, 2000), settings.pick(1, 2) * callers)
                     for rep in range(target_reps if callers == TARGET_CONCURRENCY else reps):
-                        pair = [(f"plain:{name}", plain.call_tool, lambda: {"n": 1}),
-                                (name, client.call_tool, durable_args)]
+                        pair = [
+                            (f"plain:{name}", plain.call_tool, lambda: {"n": 1}),
+                            (name, client.call_tool, durable_args),
+                        ]
                         # A durable burst leaves the collector more debt (survivors promoted, a
                         # full collection falling due): in a fixed order plain would always follow
                         # durable and pay for it. (In a five-server script a plain burst after a
@@ -125,21 +129,27 @@ async def run(settings: Settings) -> CaseResult:
     if gc_meters:
         shares = ", ".join(
             f"{name} {gc_meters[name].seconds / gc_time[name]:.0%} ({gc_meters[name].full} full)"
-            for name in ["plain", *names] if name in gc_meters
+            for name in ["plain", *names]
+            if name in gc_meters
         )
         table.notes.append(
             f"share of the run the garbage collector took at {TARGET_CONCURRENCY} callers (full collections): "
             f"{shares}. Durable calls wait for their fsync with their request state alive, so more of it "
             "reaches the oldest generation and whole-heap collections come more often."
         )
+
     def plain_of(callers: int, name: str) -> float:
         return median(rates[(callers, f"plain:{name}")])
 
     for callers in CONCURRENCY:
         all_plain = median([r for n in names for r in rates[(callers, f"plain:{n}")]])
         durable = [median(rates[(callers, n)]) for n in names]
-        table.add(callers, rate(all_plain), *[rate(r) for r in durable],
-                  *[ratio(r / plain_of(callers, n)) for r, n in zip(durable, names, strict=True)])
+        table.add(
+            callers,
+            rate(all_plain),
+            *[rate(r) for r in durable],
+            *[ratio(r / plain_of(callers, n)) for r, n in zip(durable, names, strict=True)],
+        )
     result.tables.append(table)
     result.tables.append(await _waiting_control(settings, reps))
     # Every journal has its bar (issue 15): memory measures the engine's own cost, the others
@@ -148,11 +158,14 @@ async def run(settings: Settings) -> CaseResult:
         bar = TARGET_RATIOS[name]
         plain_rate = plain_of(TARGET_CONCURRENCY, name)
         r = median(rates[(TARGET_CONCURRENCY, name)]) / plain_rate
-        result.targets.append(Target(
-            f"Miss throughput at {TARGET_CONCURRENCY} callers ≥ {bar}× plain [{name}]",
-            f"≥ {bar:.2f}x", f"{ratio(r)} ({rate(median(rates[(TARGET_CONCURRENCY, name)]))} "
-            f"vs {rate(plain_rate)})", r >= bar,
-        ))
+        result.targets.append(
+            Target(
+                f"Miss throughput at {TARGET_CONCURRENCY} callers ≥ {bar}× plain [{name}]",
+                f"≥ {bar:.2f}x",
+                f"{ratio(r)} ({rate(median(rates[(TARGET_CONCURRENCY, name)]))} vs {rate(plain_rate)})",
+                r >= bar,
+            )
+        )
     return result
 
 
@@ -168,8 +181,14 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
     table = Table(
         f"2b. Control: a tool that sleeps (asks for {WAIT_S * 1e6:.0f} µs), {TARGET_CONCURRENCY} callers "
         "(in-memory client, 2026-07-28)",
-        ["server", "tool", "calls/s", "/ plain, same tool", "collector's share",
-         "young / middle / full collections per 1,000 calls"],
+        [
+            "server",
+            "tool",
+            "calls/s",
+            "/ plain, same tool",
+            "collector's share",
+            "young / middle / full collections per 1,000 calls",
+        ],
     )
     total = settings.pick(64, 2000)
     variants: list[tuple[str, str, Any, Callable[[], dict[str, int]]]] = [
@@ -195,8 +214,14 @@ async def _waiting_control(settings: Settings, reps: int) -> Table:
     for i, (server, tool, _, _) in enumerate(variants):
         same_tool = 1 if tool == "waits" else 0
         collections = " / ".join(f"{n * 1000 / calls:.1f}" for n in meters[i].collections)
-        table.add(server, tool, rate(median(rates[i])), ratio(median(rates[i]) / median(rates[same_tool])),
-                  f"{meters[i].seconds / seconds[i]:.0%}", collections)
+        table.add(
+            server,
+            tool,
+            rate(median(rates[i])),
+            ratio(median(rates[i]) / median(rates[same_tool])),
+            f"{meters[i].seconds / seconds[i]:.0%}",
+            collections,
+        )
     slept, deciles = median(SLEPT), statistics.quantiles(SLEPT, n=10)
     SLEPT.clear()
     table.notes.append(

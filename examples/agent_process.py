@@ -38,8 +38,11 @@ def open_seed_journal(spec: str) -> SeedJournal:
 
 
 async def transition(journal: SeedJournal, from_state: str, to_state: str) -> None:
-    await journal.append(JournalEntry(process_id=PROCESS_ID, entry_type="state_transition",
-                                      data={"from_state": from_state, "to_state": to_state}))
+    await journal.append(
+        JournalEntry(
+            process_id=PROCESS_ID, entry_type="state_transition", data={"from_state": from_state, "to_state": to_state}
+        )
+    )
 
 
 async def run(spec: str, steps: int, checkpoint_every: int, crash_after: int | None) -> dict[str, Any]:
@@ -54,8 +57,9 @@ async def run(spec: str, steps: int, checkpoint_every: int, crash_after: int | N
             finding = f"finding {step}"
             for key, value in ((f"finding_{step}", finding), ("steps_done", step + 1)):
                 context[key] = value
-                await journal.append(JournalEntry(process_id=PROCESS_ID, entry_type="context_update",
-                                                  data={"key": key, "value": value}))
+                await journal.append(
+                    JournalEntry(process_id=PROCESS_ID, entry_type="context_update", data={"key": key, "value": value})
+                )
             ran.append(step)
             if (step + 1) % checkpoint_every == 0:
                 await journal.checkpoint(PROCESS_ID, {"context_state": context, "lifecycle_state": "running"})
@@ -63,8 +67,10 @@ async def run(spec: str, steps: int, checkpoint_every: int, crash_after: int | N
                 os.kill(os.getpid(), signal.SIGKILL)
         await transition(journal, "running", "done")
         await journal.checkpoint(PROCESS_ID, {"context_state": context, "lifecycle_state": "done"})
-        return {"recovered": {k: recovered[k] for k in ("context_state", "lifecycle_state", "entries_replayed")},
-                "ran": ran}
+        return {
+            "recovered": {k: recovered[k] for k in ("context_state", "lifecycle_state", "entries_replayed")},
+            "ran": ran,
+        }
 
 
 def main(argv: list[str] | None = None) -> int:

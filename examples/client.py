@@ -71,8 +71,9 @@ async def main(target: Any, key: str, order: str, amount: int) -> int:
         print(f"journal://calls/refund/{key}:", json.dumps(record))
     replayed = bool((second.meta or {}).get(REPLAYED))
     same = first.structured_content == second.structured_content and not first.is_error
-    print(f"second call replayed from the journal: {'yes' if replayed else 'NO'}; "
-          f"same refund: {'yes' if same else 'NO'}")
+    print(
+        f"second call replayed from the journal: {'yes' if replayed else 'NO'}; same refund: {'yes' if same else 'NO'}"
+    )
     return 0 if replayed and same else 1
 
 

@@ -166,7 +166,8 @@ async def _run_server(kind: str, plan_of: list[tuple[int, str]], workdir: Path, 
     factory = "durable_server" if kind == "mcp-durable" else "plain_server"
     command, *prefix = _serve_command()
     params = StdioServerParameters(
-        command=command, args=[*prefix, "serve", f"{Path(__file__).resolve()}:{factory}", "--journal", url],
+        command=command,
+        args=[*prefix, "serve", f"{Path(__file__).resolve()}:{factory}", "--journal", url],
         env={"PAYMENTS_LEDGER": str(ledger.path), ENV_PLAN: str(plan.path), "PATH": os.environ.get("PATH", "")},
         cwd=str(home),
     )
@@ -241,8 +242,9 @@ async def _explain_durable(tally: Tally, url: str, ledger: PaymentProvider, repl
         tally.resolutions["replayed from journal (not in doubt)"] += replayed
 
 
-async def run_experiment(trials: int = 50, seed: int = 7, journal: str = "sqlite",
-                         workdir: Path | None = None) -> list[Tally]:
+async def run_experiment(
+    trials: int = 50, seed: int = 7, journal: str = "sqlite", workdir: Path | None = None
+) -> list[Tally]:
     """Run both servers over the same crash schedule; returns their tallies (plain first)."""
     plan_of = schedule(trials, seed)
     own = workdir is None
@@ -259,8 +261,16 @@ def render(tallies: Sequence[Tally], *, seed: int, journal: str) -> Any:
     from rich.table import Table
 
     table = Table(title=f"kill -9 during a 10-refund batch over MCP (seed {seed}, journal {journal})")
-    for column in ("server", "trials", "kills before/window/after", "trials with duplicates",
-                   "duplicate refunds", "lost refunds", "in doubt detected", "resolved by"):
+    for column in (
+        "server",
+        "trials",
+        "kills before/window/after",
+        "trials with duplicates",
+        "duplicate refunds",
+        "lost refunds",
+        "in doubt detected",
+        "resolved by",
+    ):
         table.add_column(column, overflow="fold", no_wrap=column == "server")
     for t in tallies:
         kills = " / ".join(str(t.kills[p]) for p in POINTS)
@@ -268,8 +278,16 @@ def render(tallies: Sequence[Tally], *, seed: int, journal: str) -> Any:
         where = ", ".join(f"{n} {p.replace('_', ' ')}" for p, n in sorted(t.duplicate_trials.items()))
         detected = str(t.in_doubt) if t.server == "mcp-durable" else "— no journal"
         how = "\n".join(f"{n} {what}" for what, n in t.resolutions.items()) or "—"
-        table.add_row(t.server, str(t.trials), kills, f"{dup}/{t.trials}" + (f" ({where})" if where else ""),
-                      str(t.duplicate_refunds), str(t.lost_refunds), detected, how)
+        table.add_row(
+            t.server,
+            str(t.trials),
+            kills,
+            f"{dup}/{t.trials}" + (f" ({where})" if where else ""),
+            str(t.duplicate_refunds),
+            str(t.lost_refunds),
+            detected,
+            how,
+        )
     return table
 
 

@@ -51,7 +51,9 @@ def _die_if(step: int, phase: str, crash_step: int | None, crash_phase: str | No
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def work(directory: Path, *, key: bool, crash_step: int | None = None, crash_phase: str | None = None) -> dict[str, Any]:
+async def work(
+    directory: Path, *, key: bool, crash_step: int | None = None, crash_phase: str | None = None
+) -> dict[str, Any]:
     """Refund the orders not done yet; returns where it resumed from and what it refunded."""
     journal = create_journal(f"file://{directory}/journal")
     provider = PaymentProvider(directory / "ledger.db")
@@ -96,8 +98,9 @@ class Trial:
 
 
 def _worker(directory: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, __file__, "worker", "--dir", str(directory), *args],
-                          capture_output=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, __file__, "worker", "--dir", str(directory), *args], capture_output=True, timeout=300
+    )
 
 
 def run_trial(root: Path, index: int, key: bool, step: int, phase: str) -> Trial:
@@ -114,11 +117,19 @@ def run_trial(root: Path, index: int, key: bool, step: int, phase: str) -> Trial
     expected_from = step + 1 if phase == "after" else step
     effects = Counter(e["subject"] for e in PaymentProvider(directory / "ledger.db").effects(op="refund"))
     complete = set(effects) == {f"O-{i}" for i in range(ORDERS)}
-    return Trial(key, step, phase, killed, outcome["resumed_from"] == expected_from and complete,
-                 sum(1 for count in effects.values() if count > 1))
+    return Trial(
+        key,
+        step,
+        phase,
+        killed,
+        outcome["resumed_from"] == expected_from and complete,
+        sum(1 for count in effects.values() if count > 1),
+    )
 
 
-def run_trials(n: int, *, seed: int | None = None, parallel: int | None = None, root: Path | None = None) -> list[Trial]:
+def run_trials(
+    n: int, *, seed: int | None = None, parallel: int | None = None, root: Path | None = None
+) -> list[Trial]:
     """`n` trials per variant (without, then with the idempotency key), at random steps and phases."""
     rng = random.Random(seed)
     plan = [(i, key, rng.randrange(ORDERS), rng.choice(PHASES)) for key in (False, True) for i in range(n)]
@@ -132,15 +143,17 @@ def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
     rows = []
     for key in (False, True):
         mine = [t for t in trials if t.key == key]
-        rows.append({
-            "variant": "with idempotency key" if key else "without key",
-            "trials": len(mine),
-            "killed": sum(t.killed for t in mine),
-            "resumed": sum(t.resumed for t in mine),
-            "trials_with_duplicates": sum(t.duplicates > 0 for t in mine),
-            "danger_window_crashes": sum(t.danger for t in mine),
-            "duplicates_outside_danger_window": sum(t.duplicates > 0 and not t.danger for t in mine),
-        })
+        rows.append(
+            {
+                "variant": "with idempotency key" if key else "without key",
+                "trials": len(mine),
+                "killed": sum(t.killed for t in mine),
+                "resumed": sum(t.resumed for t in mine),
+                "trials_with_duplicates": sum(t.duplicates > 0 for t in mine),
+                "danger_window_crashes": sum(t.danger for t in mine),
+                "duplicates_outside_danger_window": sum(t.duplicates > 0 and not t.danger for t in mine),
+            }
+        )
     return rows
 
 
@@ -152,8 +165,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     for column in ("variant", "trials", "resumed", "trials with duplicates", "crashes in the danger window"):
         table.add_column(column, justify="left" if column == "variant" else "right")
     for r in rows:
-        table.add_row(r["variant"], str(r["trials"]), f"{r['resumed']}/{r['trials']}",
-                      str(r["trials_with_duplicates"]), str(r["danger_window_crashes"]))
+        table.add_row(
+            r["variant"],
+            str(r["trials"]),
+            f"{r['resumed']}/{r['trials']}",
+            str(r["trials_with_duplicates"]),
+            str(r["danger_window_crashes"]),
+        )
     Console(width=120).print(table)
 
 
@@ -172,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     trials.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     args = parser.parse_args(argv)
     if args.command == "worker":
-        outcome = anyio.run(lambda: work(args.dir, key=args.key, crash_step=args.crash_step,
-                                         crash_phase=args.crash_phase))
+        outcome = anyio.run(
+            lambda: work(args.dir, key=args.key, crash_step=args.crash_step, crash_phase=args.crash_phase)
+        )
         sys.stdout.write(orjson.dumps(outcome).decode() + "\n")
         return 0
     rows = summarize(run_trials(args.n, seed=args.seed, parallel=args.parallel))

@@ -1,12 +1,12 @@
 """mcp-durable: an MCP server and library in which a tool's `idempotentHint` is enforced.
 
-    from mcp_durable import DurableServer, ToolPolicy, current_call
+from mcp_durable import DurableServer, ToolPolicy, current_call
 
-    server = DurableServer("payments")
+server = DurableServer("payments")
 
-    @server.tool(durable=ToolPolicy(key_fields=("order_id",)))
-    def refund(order_id: str, amount_cents: int) -> dict[str, object]:
-        return provider.refund(order_id, amount_cents, idempotency_key=current_call().key)
+@server.tool(durable=ToolPolicy(key_fields=("order_id",)))
+def refund(order_id: str, amount_cents: int) -> dict[str, object]:
+    return provider.refund(order_id, amount_cents, idempotency_key=current_call().key)
 """
 
 from typing import TYPE_CHECKING
@@ -56,6 +56,7 @@ def __getattr__(name: str) -> object:
 
         return DurableServer
     raise AttributeError(f"module 'mcp_durable' has no attribute {name!r}")
+
 
 __all__ = [
     "KEY_META",

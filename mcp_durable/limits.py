@@ -87,7 +87,9 @@ def check_arguments_size(tool: str, payload: bytes, limit: int | None) -> bytes:
         raise TooLargeError(
             f"the arguments of tool {tool!r} are {len(payload)} bytes of canonical JSON; "
             f"the limit is {limit} bytes (max_argument_bytes). Pass large content by reference",
-            what="arguments", size=len(payload), limit=limit,
+            what="arguments",
+            size=len(payload),
+            limit=limit,
         )
     return payload
 
@@ -98,7 +100,9 @@ def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
         raise TooLargeError(
             f"the result of tool {tool!r} is {len(payload)} bytes of JSON; the limit is {limit} bytes "
             "(max_result_bytes)",
-            what="result", size=len(payload), limit=limit,
+            what="result",
+            size=len(payload),
+            limit=limit,
         )
     return payload
 
@@ -106,8 +110,10 @@ def check_result(tool: str, payload: bytes, limit: int | None) -> bytes:
 def outcome_text(error: LimitExceeded, *, released: bool) -> str:
     """What the caller reads when a result could not be journaled (`released`: a retry runs again)."""
     if released:
-        return (f"{error.code}: {error.message}. The call was not journaled: its claim was released and a retry "
-                "runs the tool again")
+        return (
+            f"{error.code}: {error.message}. The call was not journaled: its claim was released and a retry "
+            "runs the tool again"
+        )
     return f"{error.code}: {error.message}. This error is journaled and replayed for the key"
 
 

@@ -112,8 +112,10 @@ class ToolPolicy:
         if self.timeout is not None and not self.timeout > 0:
             raise ConfigError("timeout must be positive seconds, or None for runs without a bound")
         if self.tool_errors not in ("persist", "release") or self.exceptions not in ("persist", "release"):
-            raise ConfigError(f"tool_errors and exceptions must be 'persist' or 'release', "
-                              f"not {self.tool_errors!r} / {self.exceptions!r}")
+            raise ConfigError(
+                f"tool_errors and exceptions must be 'persist' or 'release', "
+                f"not {self.tool_errors!r} / {self.exceptions!r}"
+            )
         if self.key_argument is not None and (not isinstance(self.key_argument, str) or not self.key_argument):
             raise ConfigError(f"key_argument must be an argument name, not {self.key_argument!r}")
         if (self.key_fn is not None and not callable(self.key_fn)) or (

@@ -75,8 +75,14 @@ class JournalEntry:
 
     __slots__ = ("data", "entry_id", "entry_type", "process_id", "timestamp")
 
-    def __init__(self, entry_id: str = "", process_id: str = "", timestamp: datetime | None = None,
-                 entry_type: str = "", data: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        entry_id: str = "",
+        process_id: str = "",
+        timestamp: datetime | None = None,
+        entry_type: str = "",
+        data: dict[str, Any] | None = None,
+    ) -> None:
         self.entry_id = entry_id or str(uuid.uuid4())
         self.process_id = process_id
         self.timestamp = timestamp if timestamp is not None else datetime.now(UTC)
@@ -84,14 +90,23 @@ class JournalEntry:
         self.data: dict[str, Any] = data if data is not None else {}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"entry_id": self.entry_id, "process_id": self.process_id, "timestamp": self.timestamp.isoformat(),
-                "entry_type": self.entry_type, "data": self.data}
+        return {
+            "entry_id": self.entry_id,
+            "process_id": self.process_id,
+            "timestamp": self.timestamp.isoformat(),
+            "entry_type": self.entry_type,
+            "data": self.data,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JournalEntry:
-        return cls(str(data.get("entry_id") or ""), str(data.get("process_id", "")),
-                   datetime.fromisoformat(data["timestamp"]), str(data.get("entry_type", "")),
-                   dict(data.get("data") or {}))
+        return cls(
+            str(data.get("entry_id") or ""),
+            str(data.get("process_id", "")),
+            datetime.fromisoformat(data["timestamp"]),
+            str(data.get("entry_type", "")),
+            dict(data.get("data") or {}),
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, JournalEntry) and self.to_dict() == other.to_dict()
@@ -115,8 +130,13 @@ def _to_seed(entry: StoredEntry) -> JournalEntry:
     """A stored entry as the seed sees it (native entries get a stable id and their `ts`)."""
     envelope = seed_envelope(entry)
     if envelope is not None:
-        return JournalEntry(envelope["entry_id"], entry.process_id, datetime.fromisoformat(envelope["timestamp"]),
-                            entry.entry_type, envelope["data"])
+        return JournalEntry(
+            envelope["entry_id"],
+            entry.process_id,
+            datetime.fromisoformat(envelope["timestamp"]),
+            entry.entry_type,
+            envelope["data"],
+        )
     entry_id = str(uuid.uuid5(_ID_NAMESPACE, f"{entry.process_id}:{entry.seq}"))
     return JournalEntry(entry_id, entry.process_id, datetime.fromtimestamp(entry.ts, UTC), entry.entry_type, entry.data)
 
@@ -146,13 +166,18 @@ class SeedJournal:
         data = _checked(entry.data, f"data of the {entry.entry_type!r} entry")
         if entry.entry_type == CONTEXT_UPDATE and "key" not in data:
             raise ValueError("a context_update entry needs data {'key': …, 'value': …} (else replay ignores it)")
-        envelope = {"format": SEED_FORMAT, "entry_id": entry.entry_id, "timestamp": entry.timestamp.isoformat(),
-                    "data": data}
+        envelope = {
+            "format": SEED_FORMAT,
+            "entry_id": entry.entry_id,
+            "timestamp": entry.timestamp.isoformat(),
+            "data": data,
+        }
         journal = await self._ready()
         await journal.append(entry.process_id, entry.entry_type, {SEED_ENVELOPE: envelope}, entry.timestamp.timestamp())
 
-    async def read(self, process_id: str, *, since: datetime | None = None, entry_type: str | None = None,
-                   limit: int | None = None) -> list[JournalEntry]:
+    async def read(
+        self, process_id: str, *, since: datetime | None = None, entry_type: str | None = None, limit: int | None = None
+    ) -> list[JournalEntry]:
         """The process's entries in journal order, filtered like the seed's `read`."""
         journal = await self._ready()
         out: list[JournalEntry] = []
@@ -166,8 +191,11 @@ class SeedJournal:
 
     async def checkpoint(self, process_id: str, state: dict[str, Any]) -> None:
         """Record `state` (conventionally `context_state`, `lifecycle_state`, `mission`) as the last checkpoint."""
-        await self.append(JournalEntry(process_id=process_id, entry_type=CHECKPOINT,
-                                       data={"state": _checked(dict(state), "checkpoint state")}))
+        await self.append(
+            JournalEntry(
+                process_id=process_id, entry_type=CHECKPOINT, data={"state": _checked(dict(state), "checkpoint state")}
+            )
+        )
 
     async def last_checkpoint(self, process_id: str) -> dict[str, Any] | None:
         """The state of the process's last checkpoint, or None."""

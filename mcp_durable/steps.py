@@ -169,4 +169,3 @@ def bind(call: DurableCall | None) -> Any:
 
 def unbind(token: Any) -> None:
     _current.reset(token)
-

@@ -130,8 +130,9 @@ def sensitive_values(arguments: Any, names: Collection[str]) -> list[str]:
     wherever it appears in a view (a result's free text, an error message), not only under its name."""
     if not names or not isinstance(arguments, dict):
         return []
-    found = {str(v) for k, v in arguments.items()
-             if k in names and isinstance(v, str | int) and not isinstance(v, bool)}
+    found = {
+        str(v) for k, v in arguments.items() if k in names and isinstance(v, str | int) and not isinstance(v, bool)
+    }
     return sorted((v for v in found if len(v) >= 4), key=len, reverse=True)
 
 

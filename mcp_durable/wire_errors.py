@@ -66,25 +66,27 @@ def _refused(status: int, title: str) -> Wire:
 
 
 #: Every code a `DurableError` is answered with (a test holds it equal to the codes of errors.py).
-WIRE = MappingProxyType({
-    "missing_key": _refused(400, "An idempotency key is required"),
-    "invalid_key": _refused(400, "Invalid idempotency key"),
-    "non_finite_argument": _refused(400, "An argument is not a finite number"),
-    "arguments_too_deep": _refused(400, "The arguments nest too deep"),
-    "too_large": _refused(400, "Too large to journal"),
-    "not_serialisable": _refused(400, "Not JSON the journal can store"),
-    "key_reuse": _refused(422, "Key used with other arguments"),
-    "forbidden": _refused(403, "Forbidden"),
-    "not_found": _refused(404, "Not found"),
-    "in_progress": _refused(409, "Still in progress"),
-    "in_doubt": _refused(409, "In doubt"),
-    "cancelled": _refused(409, "Cancelled"),
-    "operator_error": _refused(409, "The action does not apply"),
-    "determinism_error": _refused(500, "The durable steps differ from the journal"),
-    "internal": _refused(500, "Internal error"),
-    "upstream_unavailable": _refused(502, "The upstream is unavailable"),
-    "journal_unavailable": _refused(503, "The journal is unavailable"),
-})
+WIRE = MappingProxyType(
+    {
+        "missing_key": _refused(400, "An idempotency key is required"),
+        "invalid_key": _refused(400, "Invalid idempotency key"),
+        "non_finite_argument": _refused(400, "An argument is not a finite number"),
+        "arguments_too_deep": _refused(400, "The arguments nest too deep"),
+        "too_large": _refused(400, "Too large to journal"),
+        "not_serialisable": _refused(400, "Not JSON the journal can store"),
+        "key_reuse": _refused(422, "Key used with other arguments"),
+        "forbidden": _refused(403, "Forbidden"),
+        "not_found": _refused(404, "Not found"),
+        "in_progress": _refused(409, "Still in progress"),
+        "in_doubt": _refused(409, "In doubt"),
+        "cancelled": _refused(409, "Cancelled"),
+        "operator_error": _refused(409, "The action does not apply"),
+        "determinism_error": _refused(500, "The durable steps differ from the journal"),
+        "internal": _refused(500, "Internal error"),
+        "upstream_unavailable": _refused(502, "The upstream is unavailable"),
+        "journal_unavailable": _refused(503, "The journal is unavailable"),
+    }
+)
 
 
 def wire_of(error: DurableError) -> Wire:

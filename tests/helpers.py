@@ -125,8 +125,12 @@ def _start_cli(cli_args: Sequence[str], port: int, env: Mapping[str, str] | None
     log = tempfile.NamedTemporaryFile(prefix="mcp-durable-serve-", suffix=".log", delete=False)  # noqa: SIM115
     args = [*serve_command(), *cli_args, "--transport", "http", "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(
-        args, cwd=REPO, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=log,
+        args,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
     )
     return ServedHttp(f"http://127.0.0.1:{port}/mcp", port, proc, Path(log.name), [log])
 

@@ -21,11 +21,26 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
     env = {**os.environ, "MCP_DURABLE_BENCH_CACHE": str(tmp_path / "cache"), "COLUMNS": "200"}
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--output", str(report)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout[-6000:]}\nstderr:\n{done.stderr[-6000:]}"
     text = report.read_text()
-    for heading in ("## Machine", "1. Sequential latency", "2. Throughput", "3. Journal appends",
-                    "4. Recovery", "5. Streamable HTTP", "6. Bytes on disk", "7. Proxy", "8. MCP tasks",
-                    "9. Peers side by side", "11. Journal size over time", "Targets"):
+    for heading in (
+        "## Machine",
+        "1. Sequential latency",
+        "2. Throughput",
+        "3. Journal appends",
+        "4. Recovery",
+        "5. Streamable HTTP",
+        "6. Bytes on disk",
+        "7. Proxy",
+        "8. MCP tasks",
+        "9. Peers side by side",
+        "11. Journal size over time",
+        "Targets",
+    ):
         assert heading in text, f"the report lacks {heading!r}"

@@ -110,8 +110,9 @@ def _console(args: argparse.Namespace) -> int:
         raise ConfigError("the console needs Jinja2: pip install 'mcp-durable[console]'") from exc
     tokens = config.tokens()  # the environment is trusted here: `main` turned it on
     verifier = StaticTokenVerifier(tokens) if tokens else None
-    source = JournalSource(args.journal or default_journal_url(), verifier=verifier, admins=config.admins(),
-                           principal_of=default_principal)
+    source = JournalSource(
+        args.journal or default_journal_url(), verifier=verifier, admins=config.admins(), principal_of=default_principal
+    )
     app = standalone_app(source, args.host)
     signin = "a bearer token of $MCP_DURABLE_TOKENS" if tokens else f"none configured: everyone is {LOCAL_PRINCIPAL!r}"
     announce(
@@ -152,8 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a module's MCP server")
     serve.add_argument("target", help="module, module:attr, or path/to/file.py[:attr]")
     add_serving_options(serve)
-    serve.add_argument("--policies", metavar="FILE",
-                       help="make a plain MCPServer durable in process with this policies file (docs/proxy.md)")
+    serve.add_argument(
+        "--policies",
+        metavar="FILE",
+        help="make a plain MCPServer durable in process with this policies file (docs/proxy.md)",
+    )
     serve.set_defaults(handler=_serve)
 
     from .proxy import add_proxy_command

@@ -95,8 +95,14 @@ def _table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None
 def _progress(description: str, total: int | None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=_console(stderr=True), transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_console(stderr=True),
+        transient=False,
+    )
 
 
 def _run(handler: Handler) -> Callable[[argparse.Namespace], int]:
@@ -157,9 +163,15 @@ async def _stats(args: argparse.Namespace) -> int:
         stats = await journal.stats()
     finally:
         await journal.aclose()
-    body = {"backend": stats.backend, "calls": sum(stats.calls_by_state.values()),
-            "calls_by_state": stats.calls_by_state, "calls_by_tool": stats.calls_by_tool, "entries": stats.entries,
-            "size_bytes": stats.size_bytes, "oldest_record_at": iso(stats.oldest_record_at)}
+    body = {
+        "backend": stats.backend,
+        "calls": sum(stats.calls_by_state.values()),
+        "calls_by_state": stats.calls_by_state,
+        "calls_by_tool": stats.calls_by_tool,
+        "entries": stats.entries,
+        "size_bytes": stats.size_bytes,
+        "oldest_record_at": iso(stats.oldest_record_at),
+    }
     if _wants_json(args):
         _emit_json(body)
         return 0
@@ -223,8 +235,10 @@ async def _show(args: argparse.Namespace) -> int:
         if _wants_json(args):
             _emit_json(view)
         else:
-            rows = [[name, orjson.dumps(value).decode() if isinstance(value, dict | list) else value]
-                    for name, value in view.items()]
+            rows = [
+                [name, orjson.dumps(value).decode() if isinstance(value, dict | list) else value]
+                for name, value in view.items()
+            ]
             i = record.identity
             _table(f"{i.principal} {i.tool}/{i.key}", ["field", "value"], rows)
     return 0
@@ -234,13 +248,22 @@ def _print_entries(args: argparse.Namespace, entries: list[Any]) -> None:
     from ..views import iso
 
     for entry in entries:
-        line = {"seq": entry.seq, "ts": iso(entry.ts), "process_id": entry.process_id,
-                "entry_type": entry.entry_type, "data": entry.data}
+        line = {
+            "seq": entry.seq,
+            "ts": iso(entry.ts),
+            "process_id": entry.process_id,
+            "entry_type": entry.entry_type,
+            "data": entry.data,
+        }
         if _wants_json(args):
             _emit_json(line)
         else:
-            _console().print(f"{entry.seq:>8} {line['ts']} {entry.process_id} {entry.entry_type} "
-                             f"{orjson.dumps(entry.data).decode()}", markup=False, highlight=False)
+            _console().print(
+                f"{entry.seq:>8} {line['ts']} {entry.process_id} {entry.entry_type} "
+                f"{orjson.dumps(entry.data).decode()}",
+                markup=False,
+                highlight=False,
+            )
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -286,8 +309,9 @@ async def _verify(args: argparse.Namespace) -> int:
         if _wants_json(args):
             _emit_json({"path": problem.path, "offset": problem.offset, "reason": problem.reason})
         else:
-            _console().print(f"CORRUPT {problem.path} at offset {problem.offset}: {problem.reason}",
-                             markup=False, highlight=False)
+            _console().print(
+                f"CORRUPT {problem.path} at offset {problem.offset}: {problem.reason}", markup=False, highlight=False
+            )
     if report.ok:
         _say(f"ok: {report.records} record(s) verified")
         return 0
@@ -347,8 +371,10 @@ async def _import(args: argparse.Namespace) -> int:
         await journal.aclose()
     for identity in counts.skipped_identities[:20]:
         _say(f"kept the existing record {identity.principal} {identity.tool}/{identity.key}")
-    _say(f"imported {counts.calls} call record(s) and {counts.entries} entries; {counts.skipped} already present"
-         + (f", and {counts.skipped_entries} entries already present" if counts.skipped_entries else ""))
+    _say(
+        f"imported {counts.calls} call record(s) and {counts.entries} entries; {counts.skipped} already present"
+        + (f", and {counts.skipped_entries} entries already present" if counts.skipped_entries else "")
+    )
     return 0
 
 
@@ -368,11 +394,18 @@ async def _resolve(args: argparse.Namespace) -> int:
     journal = await _open(args, read_only=False)
     try:
         record = await _one_record(journal, args)
-        payload = None if args.resolution == "not_applied" else operator_payload(
-            result, failed=args.resolution == "failed", note=args.note)
-        resolved = await Engine(journal).resolve(record.identity, args.resolution, payload=payload,
-                                                 note=args.note or "mcp-durable journal resolve",
-                                                 by=_operator())
+        payload = (
+            None
+            if args.resolution == "not_applied"
+            else operator_payload(result, failed=args.resolution == "failed", note=args.note)
+        )
+        resolved = await Engine(journal).resolve(
+            record.identity,
+            args.resolution,
+            payload=payload,
+            note=args.note or "mcp-durable journal resolve",
+            by=_operator(),
+        )
         sensitive = await _sensitive(journal)
     finally:
         await journal.aclose()
@@ -380,13 +413,16 @@ async def _resolve(args: argparse.Namespace) -> int:
     if _wants_json(args):
         _emit_json(view)
     else:
-        _say(f"resolved {resolved.identity.principal} {args.tool}/{args.key} as {args.resolution}: "
-             f"now {resolved.state.value}")
+        _say(
+            f"resolved {resolved.identity.principal} {args.tool}/{args.key} as {args.resolution}: "
+            f"now {resolved.state.value}"
+        )
     return 0
 
 
-async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity], Awaitable[CallRecord]],
-                   said: str) -> int:
+async def _operate(
+    args: argparse.Namespace, act: Callable[[Engine, CallIdentity], Awaitable[CallRecord]], said: str
+) -> int:
     """An operator action on the one record `args` name: `act` through an engine on the journal,
     then the record (masked) as JSON or `said` (formatted with `who`) as a message."""
     from ..engine import Engine
@@ -407,20 +443,28 @@ async def _operate(args: argparse.Namespace, act: Callable[[Engine, CallIdentity
 
 
 async def _forget(args: argparse.Namespace) -> int:
-    return await _operate(args, lambda engine, identity: engine.forget(identity, by=_operator(), note=args.note),
-                          "forgot {who}: the next call with this key runs anew")
+    return await _operate(
+        args,
+        lambda engine, identity: engine.forget(identity, by=_operator(), note=args.note),
+        "forgot {who}: the next call with this key runs anew",
+    )
 
 
 async def _cancel(args: argparse.Namespace) -> int:
-    return await _operate(args, lambda engine, identity: engine.cancel(identity, by=_operator(), note=args.note),
-                          "cancelled {who}: its owner stops it at its next lease renewal or durable step")
+    return await _operate(
+        args,
+        lambda engine, identity: engine.cancel(identity, by=_operator(), note=args.note),
+        "cancelled {who}: its owner stops it at its next lease renewal or durable step",
+    )
 
 
 async def _rerun(args: argparse.Namespace) -> int:
     start = "" if args.from_step is None else f" from step {args.from_step}"
     return await _operate(
-        args, lambda engine, identity: engine.rerun(identity, from_step=args.from_step, by=_operator(), note=args.note),
-        f"re-run {{who}}{start}: the next call with this key runs it")
+        args,
+        lambda engine, identity: engine.rerun(identity, from_step=args.from_step, by=_operator(), note=args.note),
+        f"re-run {{who}}{start}: the next call with this key runs it",
+    )
 
 
 def _operator() -> str:
@@ -440,8 +484,12 @@ def _common() -> argparse.ArgumentParser:
     # SUPPRESS defaults: the options work before and after the subcommand without one
     # level's default overwriting the other's value.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--journal", dest="journal_url", default=argparse.SUPPRESS,
-                        help="journal URL (default: $MCP_DURABLE_JOURNAL or the embedded journal)")
+    common.add_argument(
+        "--journal",
+        dest="journal_url",
+        default=argparse.SUPPRESS,
+        help="journal URL (default: $MCP_DURABLE_JOURNAL or the embedded journal)",
+    )
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="one JSON object per line")
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return common

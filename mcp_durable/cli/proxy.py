@@ -28,18 +28,26 @@ def add_proxy_command(commands: Any) -> None:
     from .serving import add_serving_options
 
     proxy = commands.add_parser(
-        "proxy", help="serve another MCP server (a command or a URL) with durable tools",
+        "proxy",
+        help="serve another MCP server (a command or a URL) with durable tools",
         description="Durability for a server you did not write: see docs/proxy.md.",
     )
     upstream = proxy.add_mutually_exclusive_group(required=True)
-    upstream.add_argument("--upstream-command", metavar="CMD",
-                          help='the upstream as a command speaking stdio, one shell-quoted string ("npx -y …")')
+    upstream.add_argument(
+        "--upstream-command",
+        metavar="CMD",
+        help='the upstream as a command speaking stdio, one shell-quoted string ("npx -y …")',
+    )
     upstream.add_argument("--upstream-url", metavar="URL", help="the upstream's streamable HTTP endpoint")
-    proxy.add_argument("--upstream-token", metavar="TOKEN",
-                       help=f"bearer token for --upstream-url (default: ${ENV_UPSTREAM_TOKEN})")
+    proxy.add_argument(
+        "--upstream-token", metavar="TOKEN", help=f"bearer token for --upstream-url (default: ${ENV_UPSTREAM_TOKEN})"
+    )
     proxy.add_argument("--policies", metavar="FILE", help="per-tool policies (TOML; see --print-config)")
-    proxy.add_argument("--print-config", action="store_true",
-                       help="print the policies the proxy would use for this upstream, as TOML, and exit")
+    proxy.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the policies the proxy would use for this upstream, as TOML, and exit",
+    )
     proxy.add_argument("--name", help="the proxy's server name (default: mcp-durable-proxy)")
     add_serving_options(proxy)
     proxy.set_defaults(handler=_proxy)
@@ -93,8 +101,7 @@ async def _render_config(spec: Any, policies: Any) -> str:
     tools = [(tool.name, _hints(tool), tool.description) for tool in upstream.tools.values()]
     unknown = policies.unknown(upstream.tools)
     if unknown:
-        print(f"mcp-durable: the policies name tools the upstream does not have: {', '.join(unknown)}",
-              file=sys.stderr)
+        print(f"mcp-durable: the policies name tools the upstream does not have: {', '.join(unknown)}", file=sys.stderr)
     text: str = render_policies(tools, policies)
     return text
 

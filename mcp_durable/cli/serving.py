@@ -54,8 +54,11 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
     app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless, host=args.host)
     url = f"{base_url}/mcp"
     console = _mount_console(app, server, base_url) if not args.no_console else "off (--no-console)"
-    heap = "collected as usual (--no-gc-freeze)" if args.no_gc_freeze else (
-        f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
+    heap = (
+        "collected as usual (--no-gc-freeze)"
+        if args.no_gc_freeze
+        else (f"{freeze_startup_heap():,} start-up objects frozen (gc.freeze; --no-gc-freeze to keep collecting them)")
+    )
     announce(
         f"mcp-durable: serving {label} over streamable HTTP at {url}",
         f"  journal: {journal}",
@@ -83,8 +86,14 @@ def run_uvicorn(app: Any, args: argparse.Namespace) -> int:
     import anyio
     import uvicorn
 
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, lifespan="on",
-                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="on",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+    )
     anyio.run(uvicorn.Server(config).serve)
     return 0
 
@@ -97,10 +106,14 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--journal", help=f"journal URL (default: ${ENV_JOURNAL} or the embedded journal)")
     parser.add_argument("--stateless", action="store_true", help="stateless streamable HTTP (no sessions)")
     parser.add_argument("--log-level", default="warning")
-    parser.add_argument("--no-gc-freeze", action="store_true",
-                        help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)")
-    parser.add_argument("--no-console", action="store_true",
-                        help="do not mount the operator console at /console (http)")
+    parser.add_argument(
+        "--no-gc-freeze",
+        action="store_true",
+        help="keep the start-up heap in the garbage collector's generations (see docs/cli.md)",
+    )
+    parser.add_argument(
+        "--no-console", action="store_true", help="do not mount the operator console at /console (http)"
+    )
 
 
 def _mount_console(app: Any, server: Any, base_url: str) -> str:

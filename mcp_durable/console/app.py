@@ -43,8 +43,12 @@ from .source import ConsoleSource
 
 HERE = Path(__file__).parent
 #: The verdicts on a call nobody finished (in doubt, released, or pending past its lease).
-DECISIONS = {"completed": "resolve as completed", "not_applied": "resolve as not applied",
-             "failed": "resolve as failed", "forget": "forget"}
+DECISIONS = {
+    "completed": "resolve as completed",
+    "not_applied": "resolve as not applied",
+    "failed": "resolve as failed",
+    "forget": "forget",
+}
 #: Every operator action the console offers, by the name its form posts.
 ACTIONS = {**DECISIONS, "cancel": "cancel", "rerun": "re-run"}
 
@@ -60,6 +64,8 @@ def actions_for(state: CallState) -> dict[str, str]:
     if state.is_final:
         available["rerun"] = ACTIONS["rerun"]
     return available
+
+
 #: Seconds between keep-alive comments on an idle live-update stream.
 PING_SECONDS = 15.0
 
@@ -71,8 +77,9 @@ def _templates() -> Any:
         from ..errors import ConfigError
 
         raise ConfigError("the console needs Jinja2: pip install 'mcp-durable[console]'") from exc
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"), autoescape=True, undefined=jinja2.StrictUndefined
+    )
     env.filters["json"] = lambda value: orjson.dumps(value, option=orjson.OPT_INDENT_2).decode()
     env.filters["q"] = lambda params: urlencode({k: v for k, v in params.items() if v not in (None, "")})
     return env
@@ -94,11 +101,17 @@ class Console:
     def render(self, request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         base = request.scope.get("root_path", "")
         html = self.env.get_template(name).render(base=base, request=request, **context)
-        return HTMLResponse(html, status_code=status, headers={
-            "Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin",
-            "Content-Security-Policy": "default-src 'self'; style-src 'self'; img-src 'self' data:; "
-                                       "frame-ancestors 'none'; form-action 'self'",
-        })
+        return HTMLResponse(
+            html,
+            status_code=status,
+            headers={
+                "Cache-Control": "no-store",
+                "X-Frame-Options": "DENY",
+                "Referrer-Policy": "same-origin",
+                "Content-Security-Policy": "default-src 'self'; style-src 'self'; img-src 'self' data:; "
+                "frame-ancestors 'none'; form-action 'self'",
+            },
+        )
 
     async def viewer(self, request: Request) -> Viewer | None:
         found = await self.sessions.identify(request)
@@ -122,10 +135,12 @@ class Console:
                 if self.sessions.verifier is None and request.method == "GET":
                     return self._anonymous(request)
                 if request.method != "GET" or request.url.path.endswith("/events"):
-                    return PlainTextResponse("unauthorized: sign in with a bearer token", status_code=401,
-                                             headers={"WWW-Authenticate": "Bearer"})
-                return self.render(request, "login.html", status=401, viewer=None, error=None,
-                                   next=request.url.path)
+                    return PlainTextResponse(
+                        "unauthorized: sign in with a bearer token",
+                        status_code=401,
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
+                return self.render(request, "login.html", status=401, viewer=None, error=None, next=request.url.path)
             if request.method == "POST":
                 form = await request.form()
                 if not same_origin(request) or not csrf_ok(viewer.csrf, _text(form.get("csrf"))):
@@ -141,8 +156,15 @@ class Console:
 
     def refused(self, request: Request, viewer: Viewer, wire: Wire, message: str, code: str) -> HTMLResponse:
         """The error page of a refusal: its code's status and title (`wire_errors.WIRE`), its message."""
-        return self.render(request, "error.html", status=wire.status, viewer=viewer, title=wire.title,
-                           message=message[:1].upper() + message[1:], code=code)
+        return self.render(
+            request,
+            "error.html",
+            status=wire.status,
+            viewer=viewer,
+            title=wire.title,
+            message=message[:1].upper() + message[1:],
+            code=code,
+        )
 
     def _anonymous(self, request: Request) -> Response:
         # No auth configured (as the MCP endpoint then): a session for `local`, for the CSRF token.
@@ -152,8 +174,15 @@ class Console:
         return response
 
     def _set_cookie(self, request: Request, response: Response, sid: str) -> None:
-        response.set_cookie(COOKIE, sid, max_age=SESSION_SECONDS, path=request.scope.get("root_path", "") or "/",
-                            httponly=True, samesite="strict", secure=request.url.scheme == "https")
+        response.set_cookie(
+            COOKIE,
+            sid,
+            max_age=SESSION_SECONDS,
+            path=request.scope.get("root_path", "") or "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
 
     # -- sign in and out ----------------------------------------------------------------------------
 
@@ -171,8 +200,9 @@ class Console:
         token = _text(form.get("token")).strip()
         base = request.scope.get("root_path", "")
         if self.sessions.verifier is None or await self.sessions.verify(token) is None:
-            return self.render(request, "login.html", status=401, viewer=None, next="",
-                               error="That token is not accepted.")
+            return self.render(
+                request, "login.html", status=401, viewer=None, next="", error="That token is not accepted."
+            )
         target = _text(form.get("next"))
         if not target.startswith(base + "/") or target.startswith("//"):
             target = base + "/"
@@ -198,10 +228,18 @@ class Console:
             data = await overview(journal, self.scope(viewer), now)
             recovery = await self.source.recovery(journal, self.scope(viewer))
         oldest = data["oldest_in_doubt"]
-        return self.render(request, "overview.html", viewer=viewer, counts=data["counts"],
-                           chart=chart(data["per_minute"]), in_doubt=data["in_doubt"],
-                           oldest=record_summary(oldest) if oldest else None, recovery=recovery,
-                           journal_url=self.source.journal_url if viewer.admin else None, watch="*")
+        return self.render(
+            request,
+            "overview.html",
+            viewer=viewer,
+            counts=data["counts"],
+            chart=chart(data["per_minute"]),
+            in_doubt=data["in_doubt"],
+            oldest=record_summary(oldest) if oldest else None,
+            recovery=recovery,
+            journal_url=self.source.journal_url if viewer.admin else None,
+            watch="*",
+        )
 
     async def calls(self, request: Request, viewer: Viewer) -> Response:
         q = request.query_params
@@ -211,10 +249,15 @@ class Console:
         limit = int(q.get("limit") or 50)
         if not 1 <= limit <= 500:
             raise ValueError("limit must be between 1 and 500")
-        wanted = CallFilter(tool=q.get("tool") or None, state=CallState(state) if state else None,
-                            principal=(q.get("principal") or None) if viewer.admin else None,
-                            since=parse_time(q.get("since")), until=parse_time(q.get("until")),
-                            key_prefix=q.get("key_prefix", ""), limit=limit)
+        wanted = CallFilter(
+            tool=q.get("tool") or None,
+            state=CallState(state) if state else None,
+            principal=(q.get("principal") or None) if viewer.admin else None,
+            since=parse_time(q.get("since")),
+            until=parse_time(q.get("until")),
+            key_prefix=q.get("key_prefix", ""),
+            limit=limit,
+        )
         try:
             cursor = decode_cursor(q["cursor"]) if q.get("cursor") else None
         except Exception:  # noqa: BLE001 - MCPError(INVALID_PARAMS) from the shared decoder
@@ -223,10 +266,18 @@ class Console:
             records, following = await call_page(journal, self.scope(viewer), wanted, cursor)
             tools = sorted((await journal.stats()).calls_by_tool) if viewer.admin else None
         filters = {k: q.get(k, "") for k in ("tool", "state", "principal", "since", "until", "key_prefix", "limit")}
-        return self.render(request, "calls.html", viewer=viewer, calls=[record_summary(r) for r in records],
-                           filters=filters, states=[s.value for s in CallState], tools=tools,
-                           next_cursor=encode_cursor(following) if following else None,
-                           paged=bool(q.get("cursor")), watch="*")
+        return self.render(
+            request,
+            "calls.html",
+            viewer=viewer,
+            calls=[record_summary(r) for r in records],
+            filters=filters,
+            states=[s.value for s in CallState],
+            tools=tools,
+            next_cursor=encode_cursor(following) if following else None,
+            paged=bool(q.get("cursor")),
+            watch="*",
+        )
 
     def _identity(self, request: Request, viewer: Viewer) -> CallIdentity:
         q = request.query_params
@@ -247,18 +298,31 @@ class Console:
             raise CallNotFoundError(identity.tool, identity.key)
         from ..uris import record_uri
 
-        return self.render(request, "call.html", viewer=viewer, d=detail, v=detail["view"],
-                           ident={"principal": identity.principal, "tool": identity.tool, "key": identity.key},
-                           actions=actions_for(detail["record"].state) if self._can_act(viewer) else {},
-                           done=request.query_params.get("done"), watch=record_uri(identity.tool, identity.key))
+        return self.render(
+            request,
+            "call.html",
+            viewer=viewer,
+            d=detail,
+            v=detail["view"],
+            ident={"principal": identity.principal, "tool": identity.tool, "key": identity.key},
+            actions=actions_for(detail["record"].state) if self._can_act(viewer) else {},
+            done=request.query_params.get("done"),
+            watch=record_uri(identity.tool, identity.key),
+        )
 
     async def in_doubt(self, request: Request, viewer: Viewer) -> Response:
         async with self.source.reading() as journal:
             records = await in_doubt(journal, self.scope(viewer), self.source.clock())
         rows = [{**record_summary(r), "error": r.error, "lease_expired": r.state == CallState.PENDING} for r in records]
         actions = {**DECISIONS, "cancel": ACTIONS["cancel"]}  # every row is in doubt, or pending past its lease
-        return self.render(request, "in_doubt.html", viewer=viewer, calls=rows,
-                           actions=actions if self._can_act(viewer) else {}, watch="*")
+        return self.render(
+            request,
+            "in_doubt.html",
+            viewer=viewer,
+            calls=rows,
+            actions=actions if self._can_act(viewer) else {},
+            watch="*",
+        )
 
     # -- operator actions ---------------------------------------------------------------------------
 
@@ -276,8 +340,18 @@ class Console:
             record = await journal.get(identity)
         if record is None:
             raise CallNotFoundError(identity.tool, identity.key)
-        return self.render(request, "confirm.html", viewer=viewer, action=action, label=ACTIONS[action],
-                           call=record_summary(record), error=None, note="", result="", from_step="")
+        return self.render(
+            request,
+            "confirm.html",
+            viewer=viewer,
+            action=action,
+            label=ACTIONS[action],
+            call=record_summary(record),
+            error=None,
+            note="",
+            result="",
+            from_step="",
+        )
 
     async def act(self, request: Request, viewer: Viewer) -> Response:
         if not self._can_act(viewer):
@@ -294,31 +368,55 @@ class Console:
                 await engine.forget(identity, by=by, note=note)
             elif action in RESOLUTIONS:
                 payload = _payload(action, result_text, note)
-                await engine.resolve(identity, action, payload=payload, note=note or by,
-                                     retention=self.source.retention(identity.tool), by=by)
+                await engine.resolve(
+                    identity,
+                    action,
+                    payload=payload,
+                    note=note or by,
+                    retention=self.source.retention(identity.tool),
+                    by=by,
+                )
             elif action == "cancel":  # through the engine: a run in this process stops at once
                 await engine.cancel(identity, by=by, note=note, retention=self.source.retention(identity.tool))
             elif action == "rerun":
-                await engine.rerun(identity, from_step=_from_step(_text(form.get("from_step"))), by=by, note=note,
-                                   retention=self.source.retention(identity.tool))
+                await engine.rerun(
+                    identity,
+                    from_step=_from_step(_text(form.get("from_step"))),
+                    by=by,
+                    note=note,
+                    retention=self.source.retention(identity.tool),
+                )
             else:
                 raise OperatorError(f"unknown action {action!r}")
         except DurableError as exc:  # the form again, with the refusal, at its code's status
             summary = {"principal": identity.principal, "tool": identity.tool, "key": identity.key}
-            return self.render(request, "confirm.html", status=wire_of(exc).status, viewer=viewer, action=action,
-                               label=ACTIONS.get(action, action), call=summary, error=exc.message, code=exc.code,
-                               note=note, result=result_text, from_step=from_step)
+            return self.render(
+                request,
+                "confirm.html",
+                status=wire_of(exc).status,
+                viewer=viewer,
+                action=action,
+                label=ACTIONS.get(action, action),
+                call=summary,
+                error=exc.message,
+                code=exc.code,
+                note=note,
+                result=result_text,
+                from_step=from_step,
+            )
         base = request.scope.get("root_path", "")
-        query = urlencode({"principal": identity.principal, "tool": identity.tool, "key": identity.key,
-                           "done": ACTIONS[action]})
+        query = urlencode(
+            {"principal": identity.principal, "tool": identity.tool, "key": identity.key, "done": ACTIONS[action]}
+        )
         return RedirectResponse(f"{base}/call?{query}", status_code=303)
 
     def _forbidden(self, request: Request, viewer: Viewer) -> Response:
         if not viewer.admin:
             raise ForbiddenError(viewer.principal)
         # An admin on a console that cannot write (a file journal beside its server): refused the same way.
-        return self.refused(request, viewer, WIRE["forbidden"], "read-only: this console cannot write the journal",
-                            ForbiddenError.code)
+        return self.refused(
+            request, viewer, WIRE["forbidden"], "read-only: this console cannot write the journal", ForbiddenError.code
+        )
 
     # -- live updates -------------------------------------------------------------------------------
 
@@ -339,8 +437,11 @@ class ChangeStream(Response):
         super().__init__()
         self.changes = changes
         # No content-length: the body never ends while the client stays.
-        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-store"),
-                            (b"x-accel-buffering", b"no")]
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-store"),
+            (b"x-accel-buffering", b"no"),
+        ]
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})

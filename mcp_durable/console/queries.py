@@ -73,8 +73,16 @@ def chart(per_minute: list[int], width: int = 600, height: int = 90) -> dict[str
     bars = []
     for i, n in enumerate(per_minute):
         h = round(n / top * (height - 10), 1)
-        bars.append({"x": round(i * step, 1), "y": round(height - h, 1), "w": round(step - 1, 1), "h": h,
-                     "n": n, "ago": len(per_minute) - i})
+        bars.append(
+            {
+                "x": round(i * step, 1),
+                "y": round(height - h, 1),
+                "w": round(step - 1, 1),
+                "h": h,
+                "n": n,
+                "ago": len(per_minute) - i,
+            }
+        )
     return {"bars": bars, "top": max(per_minute), "width": width, "height": height}
 
 
@@ -105,8 +113,9 @@ async def call_page(
     found: list[CallRecord] = []
     read = 0
     while True:
-        batch = await journal.list_calls(CallQuery(principal=principal, tool=wanted.tool, state=wanted.state,
-                                                   limit=_BATCH, cursor=cursor))
+        batch = await journal.list_calls(
+            CallQuery(principal=principal, tool=wanted.tool, state=wanted.state, limit=_BATCH, cursor=cursor)
+        )
         for record in batch:
             read += 1
             if wanted.since is not None and record.created_at < wanted.since:

@@ -90,8 +90,15 @@ class PaymentProvider:
             conn.execute(
                 "INSERT INTO requests (ts, op, subject, amount_cents, idempotency_key, outcome, effect_id) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (time.time(), op, subject, amount_cents, idempotency_key,
-                 "deduplicated" if effect.deduplicated else "applied", effect.id),
+                (
+                    time.time(),
+                    op,
+                    subject,
+                    amount_cents,
+                    idempotency_key,
+                    "deduplicated" if effect.deduplicated else "applied",
+                    effect.id,
+                ),
             )
             conn.execute("COMMIT")
             return effect

@@ -74,8 +74,9 @@ def read(path: Path, schema: str, sql: str, args: tuple[Any, ...] = ()) -> list[
         conn.close()
 
 
-def rows_as_dicts(path: Path, schema: str, table: str, columns: dict[str, str],
-                  where: tuple[str, Any] | None = None) -> list[dict[str, Any]]:
+def rows_as_dicts(
+    path: Path, schema: str, table: str, columns: dict[str, str], where: tuple[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Every row of `table` (only those whose column `where[0]` equals `where[1]`, when given),
     oldest first (by `seq`), as dicts: `columns` maps each column read to its key in the dict."""
     sql = f"SELECT {', '.join(columns)} FROM {table}"

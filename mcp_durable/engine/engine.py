@@ -67,22 +67,37 @@ _NOTHING = object()
 
 def replayed(record: CallRecord) -> CallOutcome:
     """The answer to a repeat of a final record's key: its stored result, marked replayed."""
-    return CallOutcome(record.identity.key, None, record.result, replayed=True,
-                       first_completed_at=record.completed_at, attempt=record.attempts)
+    return CallOutcome(
+        record.identity.key,
+        None,
+        record.result,
+        replayed=True,
+        first_completed_at=record.completed_at,
+        attempt=record.attempts,
+    )
 
 
 def superseded(record: CallRecord) -> CallOutcome:
     """The recorded outcome, for a call whose own run lost the record to another (see `CallOutcome`).
 
-        owner A ── claims ── runs … stalled past its lease …………………… runs again ─▶ fenced out ─▶ superseded
-        owner B ─────────────────── takes over ── runs ── records ──┘
+    owner A ── claims ── runs … stalled past its lease …………………… runs again ─▶ fenced out ─▶ superseded
+    owner B ─────────────────── takes over ── runs ── records ──┘
     """
     logger.warning(
         "call %s/%s ran here but lost its record to another owner (its lease was taken over, or an "
-        "operator acted); answering with the recorded outcome", record.identity.tool, record.identity.key,
+        "operator acted); answering with the recorded outcome",
+        record.identity.tool,
+        record.identity.key,
     )
-    return CallOutcome(record.identity.key, None, record.result, replayed=False,
-                       first_completed_at=record.completed_at, attempt=record.attempts, superseded=True)
+    return CallOutcome(
+        record.identity.key,
+        None,
+        record.result,
+        replayed=False,
+        first_completed_at=record.completed_at,
+        attempt=record.attempts,
+        superseded=True,
+    )
 
 
 Finals = dict[CallIdentity, tuple[CallRecord, CallOutcome]]
@@ -324,8 +339,14 @@ class Engine:
             record = await self.journal.get(identity)
 
     async def carry_out(
-        self, decision: Decision, record: CallRecord, policy: ToolPolicy, run: Runner | None, encode: Encoder | None,
-        deadline: float, lost_own_run: bool = False,
+        self,
+        decision: Decision,
+        record: CallRecord,
+        policy: ToolPolicy,
+        run: Runner | None,
+        encode: Encoder | None,
+        deadline: float,
+        lost_own_run: bool = False,
     ) -> CallOutcome | None:
         """Carry out `decision` (not CLAIM) on `record`; None means "re-read and decide again".
         `run` None (a task resumed with nobody to answer) never runs the tool for a reconcile."""
@@ -355,8 +376,12 @@ class Engine:
             # reason is written once, so operators see why in listings.
             if record.reason is not Reason.PARKED:
                 await self.swap(record, transitions.parked(record, self.clock()))
-            raise InDoubtError(identity.tool, identity.key, record.attempts,
-                               f"parked after {record.attempts} attempt(s): an operator must resolve it")
+            raise InDoubtError(
+                identity.tool,
+                identity.key,
+                record.attempts,
+                f"parked after {record.attempts} attempt(s): an operator must resolve it",
+            )
         assert decision is Decision.REFUSE_IN_DOUBT
         raise InDoubtError(identity.tool, identity.key, record.attempts)
 
@@ -418,8 +443,9 @@ class Engine:
             assert fence is not None
             if isinstance(found, NotApplied):
                 if run is None:  # unattended: nobody to run it for; the next call with the key runs it
-                    await self.runner.release(owned, fence, policy, Reason.NOT_APPLIED,
-                                              "reconciled in the background: not applied")
+                    await self.runner.release(
+                        owned, fence, policy, Reason.NOT_APPLIED, "reconciled in the background: not applied"
+                    )
                     return None
                 running = await self.runner.write(owned, fence, transitions.next_attempt(owned, self.clock()))
                 if running is None:
@@ -427,8 +453,15 @@ class Engine:
                 return await self.runner.run(running, policy, run)
             outcome = encode(found)
             done = await self.runner.persist(owned, fence, policy, outcome)
-            return CallOutcome(owned.identity.key, outcome.value, outcome.payload, replayed=False,
-                               first_completed_at=done.completed_at, reconciled=True, attempt=done.attempts)
+            return CallOutcome(
+                owned.identity.key,
+                outcome.value,
+                outcome.payload,
+                replayed=False,
+                first_completed_at=done.completed_at,
+                reconciled=True,
+                attempt=done.attempts,
+            )
 
     async def _ask_hook(self, owned: CallRecord, policy: ToolPolicy) -> Any:
         """Run the reconcile hook of a record this instance owns, under its lease. A hook that
@@ -537,7 +570,12 @@ class Engine:
         return await self._act(identity, operators.Forget(note=note, by=by))
 
     async def cancel(
-        self, identity: CallIdentity, *, by: str = "", note: str = "", retention: float | None = DEFAULT_RETENTION,
+        self,
+        identity: CallIdentity,
+        *,
+        by: str = "",
+        note: str = "",
+        retention: float | None = DEFAULT_RETENTION,
     ) -> CallRecord:
         """Cancel a running (or in-doubt) call: it is never resumed.
 
@@ -550,7 +588,12 @@ class Engine:
         return await self._act(identity, operators.Cancel(retention=retention, note=note, by=by))
 
     async def rerun(
-        self, identity: CallIdentity, *, from_step: int | None = None, by: str = "", note: str = "",
+        self,
+        identity: CallIdentity,
+        *,
+        from_step: int | None = None,
+        by: str = "",
+        note: str = "",
         retention: float | None = DEFAULT_RETENTION,
     ) -> CallRecord:
         """Re-run a completed or failed call under a new attempt, optionally from durable step `from_step`.
@@ -598,4 +641,3 @@ class Engine:
         """Drop records whose retention has ended; returns how many."""
         await self.start()
         return await self.journal.purge_expired(self.clock())
-

@@ -53,8 +53,15 @@ OnLost = Callable[[Reason], None]
 class _Held:
     __slots__ = ("identity", "fence", "policy", "on_lost", "due", "lease_end", "timeout_at", "renewal", "lost")
 
-    def __init__(self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost,
-                 now: float, lease_left: float | None) -> None:
+    def __init__(
+        self,
+        identity: CallIdentity,
+        fence: Fence,
+        policy: ToolPolicy,
+        on_lost: OnLost,
+        now: float,
+        lease_left: float | None,
+    ) -> None:
         self.identity = identity
         self.fence = fence
         self.policy = policy
@@ -85,8 +92,9 @@ class LeaseKeeper:
         #: Whether a lease run out by this process's clock stops the run (a shared journal only).
         self.watch_lease_end = not journal.single_writer
 
-    def kept(self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost,
-             lease_until: float) -> Any:
+    def kept(
+        self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost, lease_until: float
+    ) -> Any:
         """`async with keeper.kept(...):` renews the lease on `identity` under `fence` while inside,
         and calls `on_lost` when the run must stop (module docstring). `lease_until` is the
         record's lease as written (wall-clock seconds)."""
@@ -100,8 +108,9 @@ class LeaseKeeper:
 
     # -- asyncio: one timer ------------------------------------------------------------------------
 
-    def _hold(self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost,
-              lease_until: float) -> _Held:
+    def _hold(
+        self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost, lease_until: float
+    ) -> _Held:
         assert self._loop is not None
         lease_left = min(policy.lease, lease_until - self.clock()) if self.watch_lease_end else None
         held = _Held(identity, fence, policy, on_lost, self._loop.time(), lease_left)
@@ -177,8 +186,15 @@ class _Holding:
 
     __slots__ = ("keeper", "identity", "fence", "policy", "on_lost", "lease_until", "held")
 
-    def __init__(self, keeper: LeaseKeeper, identity: CallIdentity, fence: Fence, policy: ToolPolicy,
-                 on_lost: OnLost, lease_until: float) -> None:
+    def __init__(
+        self,
+        keeper: LeaseKeeper,
+        identity: CallIdentity,
+        fence: Fence,
+        policy: ToolPolicy,
+        on_lost: OnLost,
+        lease_until: float,
+    ) -> None:
         self.keeper, self.identity, self.fence, self.policy = keeper, identity, fence, policy
         self.on_lost, self.lease_until = on_lost, lease_until
         self.held: _Held | None = None
@@ -194,8 +210,9 @@ class _Holding:
 
 
 @asynccontextmanager
-async def _kept_by_task(keeper: LeaseKeeper, identity: CallIdentity, fence: Fence, policy: ToolPolicy,
-                        on_lost: OnLost) -> AsyncIterator[None]:
+async def _kept_by_task(
+    keeper: LeaseKeeper, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost
+) -> AsyncIterator[None]:
     """The same hold outside asyncio: a heartbeat task; the lease end checked at each beat."""
 
     async def heartbeat() -> None:

@@ -56,6 +56,7 @@ class LifecycleHost(Protocol):
         """Swap `new` in for `record` and tell the listeners; False if it moved meanwhile."""
         ...
 
+
 logger = logging.getLogger("mcp_durable.engine")
 
 

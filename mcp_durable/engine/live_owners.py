@@ -94,6 +94,7 @@ class LiveOwners:
         if left:
             self.running[identity] = left
 
+
 class Holding:
     """The context manager of `LiveOwners.holding`: a class, not a generator (it is on every
     call's path, and a generator-based context manager costs several times more). The hold

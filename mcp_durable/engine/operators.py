@@ -124,8 +124,9 @@ class Rerun(Verdict):
         return "rerun" if self.from_step is None else f"rerun from step {self.from_step}"
 
 
-def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, now: float, *,
-          owner_alive: bool) -> CallRecord:
+def judge(
+    record: CallRecord | None, identity: CallIdentity, verdict: Verdict, now: float, *, owner_alive: bool
+) -> CallRecord:
     """The successor of `record` (the current record of `identity`, None if there is none) under
     `verdict`, at `now`; `owner_alive` tells whether a PENDING record's owner may still run it.
 
@@ -141,19 +142,25 @@ def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, n
     suffix = verdict._suffix()
     if isinstance(verdict, Cancel):
         if state not in (CallState.PENDING, CallState.IN_DOUBT):
-            raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}: only a running or "
-                                "in-doubt call can be cancelled")
-        return transitions.released(record, Reason.OPERATOR_CANCELLED, now, expiry(now, verdict.retention),
-                                    f"{OPERATOR_CANCELLED}{suffix}")
+            raise OperatorError(
+                f"call {identity.tool}/{identity.key} is {state.value}: only a running or "
+                "in-doubt call can be cancelled"
+            )
+        return transitions.released(
+            record, Reason.OPERATOR_CANCELLED, now, expiry(now, verdict.retention), f"{OPERATOR_CANCELLED}{suffix}"
+        )
     if isinstance(verdict, Rerun):
         if not state.is_final:
-            raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}: only a completed or "
-                                "failed call can be re-run (resolve or forget one in doubt)")
+            raise OperatorError(
+                f"call {identity.tool}/{identity.key} is {state.value}: only a completed or "
+                "failed call can be re-run (resolve or forget one in doubt)"
+            )
         since = "" if verdict.from_step is None else f" from step {verdict.from_step}"
         # A new run each time it is judged: a swap lost to another change must not leave the
         # steps the engine copied for this attempt in the run the next attempt copies into.
-        return transitions.rerun_requested(record, now, expiry(now, verdict.retention),
-                                           f"re-run requested by an operator{since}{suffix}")
+        return transitions.rerun_requested(
+            record, now, expiry(now, verdict.retention), f"re-run requested by an operator{since}{suffix}"
+        )
     dead_pending = state == CallState.PENDING and not owner_alive
     if state not in (CallState.IN_DOUBT, CallState.RELEASED) and not dead_pending:
         raise OperatorError(f"call {identity.tool}/{identity.key} is {state.value}, not in doubt")
@@ -162,35 +169,50 @@ def judge(record: CallRecord | None, identity: CallIdentity, verdict: Verdict, n
     assert isinstance(verdict, Resolve)
     expires = expiry(now, verdict.retention)
     if verdict.resolution == "not_applied":
-        return transitions.released(record, Reason.NOT_APPLIED, now, expires,
-                                    f"resolved not applied by an operator{suffix}")
+        return transitions.released(
+            record, Reason.NOT_APPLIED, now, expires, f"resolved not applied by an operator{suffix}"
+        )
     final = CallState.COMPLETED if verdict.resolution == "completed" else CallState.FAILED
     assert verdict.payload is not None  # checked by Resolve
-    return transitions.resolved(record, final, verdict.payload, now, expires,
-                                f"resolved {verdict.resolution} by an operator{suffix}")
+    return transitions.resolved(
+        record, final, verdict.payload, now, expires, f"resolved {verdict.resolution} by an operator{suffix}"
+    )
 
 
 def steps_kept(record: CallRecord, from_step: int, steps: Sequence[JournalEntry]) -> Sequence[JournalEntry]:
     """The durable steps (`steps`, those `record`'s run journaled) a re-run from `from_step` replays:
     the first `from_step`. Raises `OperatorError` for a `from_step` beyond them."""
     if not 0 <= from_step <= len(steps):
-        raise OperatorError(f"call {record.identity.tool}/{record.identity.key} journaled {len(steps)} step(s): "
-                            f"from_step must be 0 … {len(steps)}, not {from_step}")
+        raise OperatorError(
+            f"call {record.identity.tool}/{record.identity.key} journaled {len(steps)} step(s): "
+            f"from_step must be 0 … {len(steps)}, not {from_step}"
+        )
     return steps[:from_step]
 
 
 def audit_entry(before: CallRecord, after: CallRecord, verdict: Verdict) -> dict[str, Any]:
     """The data of the audit entry (`AUDIT_ENTRY` of `AUDIT_PROCESS`) for `verdict` moving `before` to `after`."""
     i = before.identity
-    return {"action": verdict.action, "principal": i.principal, "tool": i.tool, "key": i.key,
-            "run_id": before.run_id, "from": before.state.value, "to": after.state.value,
-            "by": verdict.by or "operator", "note": verdict.note}
+    return {
+        "action": verdict.action,
+        "principal": i.principal,
+        "tool": i.tool,
+        "key": i.key,
+        "run_id": before.run_id,
+        "from": before.state.value,
+        "to": after.state.value,
+        "by": verdict.by or "operator",
+        "note": verdict.note,
+    }
 
 
 async def audit_entries(journal: Journal, identity: CallIdentity) -> list[JournalEntry]:
     """The audit entries of operator actions on the call `identity`, oldest first."""
     entries = await journal.entries(process_id=AUDIT_PROCESS)
-    return [e for e in entries if e.entry_type == AUDIT_ENTRY and (e.data.get("principal"), e.data.get("tool"),
-            e.data.get("key")) == (identity.principal, identity.tool, identity.key)]
-
-
+    return [
+        e
+        for e in entries
+        if e.entry_type == AUDIT_ENTRY
+        and (e.data.get("principal"), e.data.get("tool"), e.data.get("key"))
+        == (identity.principal, identity.tool, identity.key)
+    ]

@@ -140,11 +140,23 @@ class CallRunner:
             text = "interim result" if not outcome.final else "tool error (released by policy)"
             with anyio.CancelScope(shield=True):
                 await self.release(record, fence, policy, reason, text)
-            return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
-                               first_completed_at=None, attempt=record.attempts)
+            return CallOutcome(
+                identity.key,
+                outcome.value,
+                outcome.payload,
+                replayed=False,
+                first_completed_at=None,
+                attempt=record.attempts,
+            )
         done = await self.persist(record, fence, policy, outcome)
-        return CallOutcome(identity.key, outcome.value, outcome.payload, replayed=False,
-                           first_completed_at=done.completed_at, attempt=record.attempts)
+        return CallOutcome(
+            identity.key,
+            outcome.value,
+            outcome.payload,
+            replayed=False,
+            first_completed_at=done.completed_at,
+            attempt=record.attempts,
+        )
 
     async def stopped(
         self, record: CallRecord, fence: Fence, policy: ToolPolicy, why: Reason, failure: BaseException | None
@@ -190,8 +202,7 @@ class CallRunner:
             # (A task stopped by the engine's close stays PENDING: the next start resumes it.)
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.release(record, fence, policy, Reason.EXCEPTION,
-                                       f"{type(failure).__name__}: {failure}")
+                    await self.release(record, fence, policy, Reason.EXCEPTION, f"{type(failure).__name__}: {failure}")
                 except Exception:  # noqa: BLE001 - keep the original exception; the lease will expire
                     logger.warning("could not release %s", identity, exc_info=True)
         if isinstance(failure.__cause__, DeterminismError) and not isinstance(failure, DurableError):
@@ -235,8 +246,7 @@ class CallRunner:
             raise Superseded
         return written
 
-    async def release(self, record: CallRecord, fence: Fence, policy: ToolPolicy, reason: Reason,
-                      text: str) -> bool:
+    async def release(self, record: CallRecord, fence: Fence, policy: ToolPolicy, reason: Reason, text: str) -> bool:
         """Release a record the run holds (the next call with its key runs); False when fenced out."""
         now = self.engine.clock()
         released = transitions.released(record, reason, now, transitions.expiry(now, policy.retention), text)

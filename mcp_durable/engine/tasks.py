@@ -76,8 +76,13 @@ class TaskHost(Protocol):
         ...
 
     async def carry_out(
-        self, decision: Decision, record: CallRecord, policy: ToolPolicy, run: Runner | None,
-        encode: Encoder | None, deadline: float,
+        self,
+        decision: Decision,
+        record: CallRecord,
+        policy: ToolPolicy,
+        run: Runner | None,
+        encode: Encoder | None,
+        deadline: float,
     ) -> CallOutcome | None:
         """Carry out the engine's `decision` on `record` (`Engine.carry_out`)."""
         ...
@@ -169,8 +174,9 @@ class TaskRuns:
             if decision is TaskDecision.KEY_REUSE:
                 raise KeyReuseError(tool, key)
             if decision is TaskDecision.CLAIM:
-                fresh = transitions.claimed(identity, fingerprint, args_json, engine.instance_id, now, policy.lease,
-                                            task_id=new_task_id())
+                fresh = transitions.claimed(
+                    identity, fingerprint, args_json, engine.instance_id, now, policy.lease, task_id=new_task_id()
+                )
                 started = await self._start(record, fresh, policy, run)
                 if started is not None:
                     return started
@@ -271,9 +277,9 @@ class TaskRuns:
             if record is None or task_view(record, self.policy_of(record.identity.tool)).terminal:
                 return record, False
             now = engine.clock()
-            cancelled = transitions.released(record, Reason.REQUESTOR_CANCELLED, now,
-                                             transitions.expiry(now, retention), CANCELLED_REASON)
+            cancelled = transitions.released(
+                record, Reason.REQUESTOR_CANCELLED, now, transitions.expiry(now, retention), CANCELLED_REASON
+            )
             if await engine.swap(record, cancelled):
                 engine.stop_run(record.identity, Reason.REQUESTOR_CANCELLED)
                 return cancelled, True
-

@@ -32,13 +32,27 @@ def expiry(now: float, retention: float | None) -> float | None:
 
 
 def claimed(
-    identity: CallIdentity, fingerprint: str, arguments: bytes, owner: str, now: float, lease: float,
+    identity: CallIdentity,
+    fingerprint: str,
+    arguments: bytes,
+    owner: str,
+    now: float,
+    lease: float,
     task_id: str | None = None,
 ) -> CallRecord:
     """A new PENDING record of `owner`, attempt 1 of a new run: what a claim inserts."""
     return CallRecord(
-        identity=identity, fingerprint=fingerprint, state=CallState.PENDING, version=1, run_id=new_run_id(),
-        attempts=1, created_at=now, updated_at=now, owner=owner, lease_until=now + lease, arguments=arguments,
+        identity=identity,
+        fingerprint=fingerprint,
+        state=CallState.PENDING,
+        version=1,
+        run_id=new_run_id(),
+        attempts=1,
+        created_at=now,
+        updated_at=now,
+        owner=owner,
+        lease_until=now + lease,
+        arguments=arguments,
         task_id=task_id,
     )
 
@@ -49,16 +63,23 @@ def taken_over(record: CallRecord, owner: str, now: float, lease: float, task_id
     `expires_at` is cleared (a released record's retention must not let a fresh claim replace the
     run now in progress); `task_id` is the task the new attempt is (None: a plain call)."""
     return record.evolve(
-        state=CallState.PENDING, owner=owner, lease_until=now + lease, attempts=record.attempts + 1,
-        updated_at=now, expires_at=None, task_id=task_id, reason=None,
+        state=CallState.PENDING,
+        owner=owner,
+        lease_until=now + lease,
+        attempts=record.attempts + 1,
+        updated_at=now,
+        expires_at=None,
+        task_id=task_id,
+        reason=None,
     )
 
 
 def owned_to_reconcile(record: CallRecord, owner: str, now: float, lease: float) -> CallRecord:
     """An IN_DOUBT record owned by `owner` while its reconcile hook asks the downstream system
     (same attempt: nothing runs unless the hook says the effect did not happen)."""
-    return record.evolve(state=CallState.PENDING, owner=owner, lease_until=now + lease, updated_at=now,
-                         expires_at=None, reason=None)
+    return record.evolve(
+        state=CallState.PENDING, owner=owner, lease_until=now + lease, updated_at=now, expires_at=None, reason=None
+    )
 
 
 def next_attempt(record: CallRecord, now: float) -> CallRecord:
@@ -69,43 +90,84 @@ def next_attempt(record: CallRecord, now: float) -> CallRecord:
 def finished(record: CallRecord, payload: bytes, is_error: bool, now: float, retention: float | None) -> CallRecord:
     """A run's persisted outcome: COMPLETED, or FAILED for a deliberate error result."""
     return record.evolve(
-        state=CallState.FAILED if is_error else CallState.COMPLETED, owner=None, lease_until=None,
-        completed_at=now, updated_at=now, result=payload, expires_at=expiry(now, retention), reason=None,
+        state=CallState.FAILED if is_error else CallState.COMPLETED,
+        owner=None,
+        lease_until=None,
+        completed_at=now,
+        updated_at=now,
+        result=payload,
+        expires_at=expiry(now, retention),
+        reason=None,
     )
 
 
 def released(record: CallRecord, reason: Reason, now: float, expires_at: float | None, error: str) -> CallRecord:
     """A record let go without a result for `reason`: the next call with its key runs again,
     unless the reason is a cancel (`Reason.cancelled`)."""
-    return record.evolve(state=CallState.RELEASED, owner=None, lease_until=None, updated_at=now,
-                         expires_at=expires_at, reason=reason, error=error[:500])
+    return record.evolve(
+        state=CallState.RELEASED,
+        owner=None,
+        lease_until=None,
+        updated_at=now,
+        expires_at=expires_at,
+        reason=reason,
+        error=error[:500],
+    )
 
 
 def rerun_requested(record: CallRecord, now: float, expires_at: float | None, error: str) -> CallRecord:
     """A final record an operator re-runs: RELEASED under a new run, its result dropped (the
     audit entry keeps what it was), so the next call with its key runs as the next attempt."""
-    return record.evolve(state=CallState.RELEASED, run_id=new_run_id(), owner=None, lease_until=None, result=None,
-                         completed_at=None, updated_at=now, expires_at=expires_at, reason=Reason.RERUN,
-                         error=error[:500])
+    return record.evolve(
+        state=CallState.RELEASED,
+        run_id=new_run_id(),
+        owner=None,
+        lease_until=None,
+        result=None,
+        completed_at=None,
+        updated_at=now,
+        expires_at=expires_at,
+        reason=Reason.RERUN,
+        error=error[:500],
+    )
 
 
 def doubted(record: CallRecord, reason: Reason, now: float, error: str | None = None) -> CallRecord:
     """A record whose outcome nobody knows (its owner died, its run timed out, …): IN_DOUBT."""
-    return record.evolve(state=CallState.IN_DOUBT, owner=None, lease_until=None, updated_at=now, reason=reason,
-                         error=None if error is None else error[:500])
+    return record.evolve(
+        state=CallState.IN_DOUBT,
+        owner=None,
+        lease_until=None,
+        updated_at=now,
+        reason=reason,
+        error=None if error is None else error[:500],
+    )
 
 
 def parked(record: CallRecord, now: float) -> CallRecord:
     """An IN_DOUBT record past its `max_attempts`: no policy runs it again, only an operator."""
-    return record.evolve(reason=Reason.PARKED, updated_at=now,
-                         error=f"parked after {record.attempts} attempt(s): an operator must resolve it")
+    return record.evolve(
+        reason=Reason.PARKED,
+        updated_at=now,
+        error=f"parked after {record.attempts} attempt(s): an operator must resolve it",
+    )
 
 
-def resolved(record: CallRecord, state: CallState, payload: bytes, now: float, expires_at: float | None,
-             error: str) -> CallRecord:
+def resolved(
+    record: CallRecord, state: CallState, payload: bytes, now: float, expires_at: float | None, error: str
+) -> CallRecord:
     """A record an operator resolved as COMPLETED or FAILED with `payload`, the result to replay."""
-    return record.evolve(state=state, owner=None, lease_until=None, updated_at=now, completed_at=now,
-                         result=payload, expires_at=expires_at, error=error[:500], reason=None)
+    return record.evolve(
+        state=state,
+        owner=None,
+        lease_until=None,
+        updated_at=now,
+        completed_at=now,
+        result=payload,
+        expires_at=expires_at,
+        error=error[:500],
+        reason=None,
+    )
 
 
 def rebased(record: CallRecord, current: CallRecord) -> CallRecord:

@@ -46,9 +46,7 @@ def create_journal(url: str | None = None) -> Journal:
         try:
             from .postgres import PostgresJournal
         except ImportError as exc:
-            raise ConfigError(
-                "the Postgres journal needs its driver: pip install 'mcp-durable[postgres]'"
-            ) from exc
+            raise ConfigError("the Postgres journal needs its driver: pip install 'mcp-durable[postgres]'") from exc
         return PostgresJournal.from_url(url)
     raise ConfigError(
         f"unknown journal URL {display_url(url)!r}: use file://DIR, sqlite:///PATH, postgresql://… or memory://"

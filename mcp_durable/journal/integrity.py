@@ -32,8 +32,6 @@ _REASONS = frozenset(reason.value for reason in Reason)
 _PAGE_MESSAGE = re.compile(r"\bpage (\d+)", re.IGNORECASE)
 
 
-
-
 async def verify_url(url: str, progress: Progress | None = None) -> VerifyReport:
     """Verify the journal at `url`: every record (and, for files, every frame and checksum)."""
     scheme = url.split(":", 1)[0].lower()
@@ -115,8 +113,21 @@ def _bad_json(value: Any, name: str, *, want_object: bool = False) -> str | None
 
 
 def _bad_call_row(row: tuple[Any, ...]) -> str | None:
-    (_, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, result, arguments,
-     reason) = row
+    (
+        _,
+        principal,
+        tool,
+        key,
+        fingerprint,
+        state,
+        version,
+        attempts,
+        created_at,
+        updated_at,
+        result,
+        arguments,
+        reason,
+    ) = row
     if not all(isinstance(v, str) and v for v in (principal, tool, key)):
         return "identity is not three non-empty strings"
     if state not in _STATES:

@@ -130,8 +130,11 @@ class MemoryJournal:
         self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
     ) -> list[JournalEntry]:
         # seq == index + 1, so the tail after `after` starts at index `after`.
-        selected = [e for e in self._entries[max(0, after) :]
-                    if e is not _DROPPED and (process_id is None or e.process_id == process_id)]
+        selected = [
+            e
+            for e in self._entries[max(0, after) :]
+            if e is not _DROPPED and (process_id is None or e.process_id == process_id)
+        ]
         return selected if limit is None else selected[:limit]
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
@@ -147,8 +150,9 @@ class MemoryJournal:
                 self._forget_step(entry)
                 if self._checkpoints.get(entry.process_id) is entry:
                     del self._checkpoints[entry.process_id]
-                    older = [e for e in self._entries[:i]
-                             if e.process_id == entry.process_id and e.entry_type == CHECKPOINT]
+                    older = [
+                        e for e in self._entries[:i] if e.process_id == entry.process_id and e.entry_type == CHECKPOINT
+                    ]
                     if older:
                         self._checkpoints[entry.process_id] = older[-1]
                 dropped += 1

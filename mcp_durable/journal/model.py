@@ -157,8 +157,12 @@ class CallRecord:
 
     def held_by(self, fence: Fence) -> bool:
         """Whether this record is PENDING under `fence`: its owner may still write to it."""
-        return (self.state == CallState.PENDING and self.owner == fence.owner and self.run_id == fence.run_id
-                and self.attempts == fence.attempts)
+        return (
+            self.state == CallState.PENDING
+            and self.owner == fence.owner
+            and self.run_id == fence.run_id
+            and self.attempts == fence.attempts
+        )
 
     def evolve(self, **changes: Any) -> CallRecord:
         """A copy with `changes` applied and the version bumped by one.
@@ -170,11 +174,22 @@ class CallRecord:
             raise TypeError(f"CallRecord.evolve() cannot change {sorted(changes.keys() - _EVOLVABLE)}")
         c, get = self, changes.get
         return CallRecord(
-            get("identity", c.identity), get("fingerprint", c.fingerprint), get("state", c.state), c.version + 1,
-            get("run_id", c.run_id), get("attempts", c.attempts), get("created_at", c.created_at),
-            get("updated_at", c.updated_at), get("owner", c.owner), get("lease_until", c.lease_until),
-            get("completed_at", c.completed_at), get("expires_at", c.expires_at), get("result", c.result),
-            get("error", c.error), get("arguments", c.arguments), get("task_id", c.task_id),
+            get("identity", c.identity),
+            get("fingerprint", c.fingerprint),
+            get("state", c.state),
+            c.version + 1,
+            get("run_id", c.run_id),
+            get("attempts", c.attempts),
+            get("created_at", c.created_at),
+            get("updated_at", c.updated_at),
+            get("owner", c.owner),
+            get("lease_until", c.lease_until),
+            get("completed_at", c.completed_at),
+            get("expires_at", c.expires_at),
+            get("result", c.result),
+            get("error", c.error),
+            get("arguments", c.arguments),
+            get("task_id", c.task_id),
             get("reason", c.reason),
         )
 

@@ -58,8 +58,11 @@ def seed_envelope(entry: JournalEntry) -> dict[str, Any] | None:
         if SEED_ENVELOPE in entry.data:
             raise JournalError(f"entry {entry.seq} of {entry.process_id!r} mixes a seed envelope with other data")
         return None
-    if not isinstance(envelope, dict) or envelope.get("format") != SEED_FORMAT \
-            or not isinstance(envelope.get("data"), dict):
+    if (
+        not isinstance(envelope, dict)
+        or envelope.get("format") != SEED_FORMAT
+        or not isinstance(envelope.get("data"), dict)
+    ):
         raise JournalError(f"entry {entry.seq} of {entry.process_id!r} has a seed envelope this version cannot read")
     return envelope
 

@@ -48,11 +48,21 @@ def record_to_json(record: CallRecord) -> dict[str, Any]:
     """The record as a JSON object (see the module docstring)."""
     i = record.identity
     out: dict[str, Any] = {
-        "principal": i.principal, "tool": i.tool, "key": i.key, "fingerprint": record.fingerprint,
-        "state": record.state.value, "version": record.version, "run_id": record.run_id,
-        "attempts": record.attempts, "created_at": record.created_at, "updated_at": record.updated_at,
-        "owner": record.owner, "lease_until": record.lease_until, "completed_at": record.completed_at,
-        "expires_at": record.expires_at, "error": record.error,
+        "principal": i.principal,
+        "tool": i.tool,
+        "key": i.key,
+        "fingerprint": record.fingerprint,
+        "state": record.state.value,
+        "version": record.version,
+        "run_id": record.run_id,
+        "attempts": record.attempts,
+        "created_at": record.created_at,
+        "updated_at": record.updated_at,
+        "owner": record.owner,
+        "lease_until": record.lease_until,
+        "completed_at": record.completed_at,
+        "expires_at": record.expires_at,
+        "error": record.error,
     }
     for name in BYTES_FIELDS:
         _bytes_out(out, name, getattr(record, name))
@@ -71,11 +81,21 @@ def record_from_json(d: dict[str, Any]) -> CallRecord:
     stored_reason = d.get("reason")
     return CallRecord(
         identity=CallIdentity(str(d["principal"]), str(d["tool"]), str(d["key"])),
-        fingerprint=str(d["fingerprint"]), state=state, version=int(d["version"]),
-        run_id=str(d["run_id"]), attempts=int(d["attempts"]), created_at=float(d["created_at"]),
-        updated_at=float(d["updated_at"]), owner=d.get("owner"), lease_until=d.get("lease_until"),
-        completed_at=d.get("completed_at"), expires_at=d.get("expires_at"), result=_bytes_in(d, "result"),
-        error=error, arguments=_bytes_in(d, "arguments"), task_id=d.get("task_id"),
+        fingerprint=str(d["fingerprint"]),
+        state=state,
+        version=int(d["version"]),
+        run_id=str(d["run_id"]),
+        attempts=int(d["attempts"]),
+        created_at=float(d["created_at"]),
+        updated_at=float(d["updated_at"]),
+        owner=d.get("owner"),
+        lease_until=d.get("lease_until"),
+        completed_at=d.get("completed_at"),
+        expires_at=d.get("expires_at"),
+        result=_bytes_in(d, "result"),
+        error=error,
+        arguments=_bytes_in(d, "arguments"),
+        task_id=d.get("task_id"),
         reason=legacy_reason(state, error) if stored_reason is None else Reason(stored_reason),
     )
 

@@ -51,9 +51,24 @@ def call_row(record: CallRecord) -> tuple[Any, ...]:
     """The values of `record` in `CALL_COLUMNS` order (the state as its text, bytes as bytes)."""
     i = record.identity
     return (
-        i.principal, i.tool, i.key, record.fingerprint, record.state.value, record.version, record.run_id,
-        record.attempts, record.created_at, record.updated_at, record.owner, record.lease_until,
-        record.completed_at, record.expires_at, record.result, record.error, record.arguments, record.task_id,
+        i.principal,
+        i.tool,
+        i.key,
+        record.fingerprint,
+        record.state.value,
+        record.version,
+        record.run_id,
+        record.attempts,
+        record.created_at,
+        record.updated_at,
+        record.owner,
+        record.lease_until,
+        record.completed_at,
+        record.expires_at,
+        record.result,
+        record.error,
+        record.arguments,
+        record.task_id,
         None if record.reason is None else record.reason.value,
     )
 
@@ -66,12 +81,23 @@ def call_record(row: tuple[Any, ...]) -> CallRecord:
     journal's frames of those releases do."""
     state = CallState(row[4])
     return CallRecord(
-        identity=CallIdentity(row[0], row[1], row[2]), fingerprint=row[3], state=state,
-        version=row[5], run_id=row[6], attempts=row[7], created_at=row[8], updated_at=row[9],
-        owner=row[10], lease_until=row[11], completed_at=row[12], expires_at=row[13],
+        identity=CallIdentity(row[0], row[1], row[2]),
+        fingerprint=row[3],
+        state=state,
+        version=row[5],
+        run_id=row[6],
+        attempts=row[7],
+        created_at=row[8],
+        updated_at=row[9],
+        owner=row[10],
+        lease_until=row[11],
+        completed_at=row[12],
+        expires_at=row[13],
         # Drivers return a buffer type (memoryview, sqlite3's bytes-like): records hold bytes.
-        result=None if row[14] is None else bytes(row[14]), error=row[15],
-        arguments=None if row[16] is None else bytes(row[16]), task_id=row[17],
+        result=None if row[14] is None else bytes(row[14]),
+        error=row[15],
+        arguments=None if row[16] is None else bytes(row[16]),
+        task_id=row[17],
         reason=legacy_reason(state, row[15]) if row[18] is None else Reason(row[18]),
     )
 

@@ -97,8 +97,16 @@ class SQLiteJournal:
 
     single_writer = False
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "FULL", poll_interval: float = 0.02,
-                 busy_timeout: float = 5.0, url: str | None = None, single_writer: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        poll_interval: float = 0.02,
+        busy_timeout: float = 5.0,
+        url: str | None = None,
+        single_writer: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.single_writer = single_writer
         self._lock: WriterLock | None = None
@@ -133,8 +141,11 @@ class SQLiteJournal:
         make_dirs(self.path.parent, 0o700)
         # Owner-only before SQLite opens it: SQLite gives the -wal and -shm files (which hold the
         # same arguments and results) the database file's mode, not 0600.
-        for path, flags in ((self.path, os.O_RDWR | os.O_CREAT), (Path(f"{self.path}-wal"), os.O_RDWR),
-                            (Path(f"{self.path}-shm"), os.O_RDWR)):
+        for path, flags in (
+            (self.path, os.O_RDWR | os.O_CREAT),
+            (Path(f"{self.path}-wal"), os.O_RDWR),
+            (Path(f"{self.path}-shm"), os.O_RDWR),
+        ):
             try:
                 os.close(os.open(path, flags, 0o600))
                 os.chmod(path, 0o600)
@@ -375,5 +386,12 @@ class SQLiteJournal:
 
 def _held(identity: CallIdentity, fence: Fence) -> tuple[Any, ...]:
     """The parameters of `_HELD`: the record of `identity`, PENDING under `fence`."""
-    return (identity.principal, identity.tool, identity.key, CallState.PENDING.value, fence.owner, fence.run_id,
-            fence.attempts)
+    return (
+        identity.principal,
+        identity.tool,
+        identity.key,
+        CallState.PENDING.value,
+        fence.owner,
+        fence.run_id,
+        fence.attempts,
+    )

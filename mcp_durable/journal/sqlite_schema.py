@@ -72,8 +72,10 @@ def migrate(conn: sqlite3.Connection) -> None:
         stored = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
         version = int(stored[0]) if stored is not None and str(stored[0]).isdigit() else None
         if version is not None and version > SCHEMA_VERSION:
-            raise JournalError(f"sqlite journal schema is at version {version}, newer than this mcp-durable "
-                               f"understands ({SCHEMA_VERSION}): upgrade mcp-durable")
+            raise JournalError(
+                f"sqlite journal schema is at version {version}, newer than this mcp-durable "
+                f"understands ({SCHEMA_VERSION}): upgrade mcp-durable"
+            )
         calls = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
         if "task_id" not in calls:  # schema 1
             conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")

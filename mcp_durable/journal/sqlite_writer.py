@@ -81,8 +81,12 @@ _WAL_HEADER, _WAL_FRAME_HEADER = 32, 24
 class _Op(Generic[T]):
     __slots__ = ("body", "write", "future", "result", "error")
 
-    def __init__(self, body: Callable[[sqlite3.Connection], T], write: bool,
-                 future: asyncio.Future[T] | concurrent.futures.Future[T]) -> None:
+    def __init__(
+        self,
+        body: Callable[[sqlite3.Connection], T],
+        write: bool,
+        future: asyncio.Future[T] | concurrent.futures.Future[T],
+    ) -> None:
         self.body = body
         self.write = write
         self.future = future
@@ -194,8 +198,12 @@ class SQLiteWriter:
         gathered, self._gathered = self._gathered, []
         if not gathered:
             return
-        if (self._handed == 0 and self.commit_s < INLINE_COMMIT_S and self._conn is not None
-                and self._conn_lock.acquire(blocking=False)):
+        if (
+            self._handed == 0
+            and self.commit_s < INLINE_COMMIT_S
+            and self._conn is not None
+            and self._conn_lock.acquire(blocking=False)
+        ):
             try:
                 gathered = self._run_inline(gathered)
             finally:

@@ -56,8 +56,14 @@ def call_from_json(line: dict[str, Any]) -> CallRecord:
 
 
 def entry_to_json(entry: JournalEntry) -> dict[str, Any]:
-    return {"type": "entry", "process_id": entry.process_id, "entry_type": entry.entry_type,
-            "data": entry.data, "ts": entry.ts, "seq": entry.seq}
+    return {
+        "type": "entry",
+        "process_id": entry.process_id,
+        "entry_type": entry.entry_type,
+        "data": entry.data,
+        "ts": entry.ts,
+        "seq": entry.seq,
+    }
 
 
 async def iter_calls(journal: Journal, **filters: Any) -> AsyncIterator[CallRecord]:
@@ -164,9 +170,7 @@ async def _entries_present(journal: Journal) -> Counter[bytes]:
     return present
 
 
-async def import_journal(
-    journal: Journal, lines: Iterable[bytes], progress: Progress | None = None
-) -> TransferCounts:
+async def import_journal(journal: Journal, lines: Iterable[bytes], progress: Progress | None = None) -> TransferCounts:
     """Insert an export's records and entries into an open journal (existing ones are kept).
 
     `lines` are the export's lines after its header. Raises `JournalError` naming the line of
@@ -183,8 +187,9 @@ async def import_journal(
             if kind == "call":
                 record = call_from_json(line)
             elif kind == "entry":
-                entry = JournalEntry(str(line["process_id"]), str(line["entry_type"]), dict(line["data"]),
-                                     float(line["ts"]))
+                entry = JournalEntry(
+                    str(line["process_id"]), str(line["entry_type"]), dict(line["data"]), float(line["ts"])
+                )
             else:
                 raise ValueError(f"unknown line type {kind!r}")
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError, AttributeError) as exc:

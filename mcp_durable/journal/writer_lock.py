@@ -49,8 +49,11 @@ class WriterLock:
             os.close(fd)
             raise JournalError(f"cannot lock {self.path}: {exc}") from exc
         info = orjson.dumps(
-            {"pid": os.getpid(), "host": socket.gethostname(),
-             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
         )
         try:
             os.ftruncate(fd, 0)

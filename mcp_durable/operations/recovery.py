@@ -40,8 +40,14 @@ class ReconcilePass:
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, object]:
-        return {"at": self.at, "examined": self.examined, "completed": self.completed,
-                "released": self.released, "undecided": self.undecided, "errors": self.errors[:10]}
+        return {
+            "at": self.at,
+            "examined": self.examined,
+            "completed": self.completed,
+            "released": self.released,
+            "undecided": self.undecided,
+            "errors": self.errors[:10],
+        }
 
 
 async def reconcile_in_doubt(

@@ -83,10 +83,15 @@ class RetentionReport:
         self.history = [*self.history[-59:], (done.at, done.size_bytes)]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"passes": self.passes, "records_purged": self.records_purged, "entries_dropped": self.entries_dropped,
-                "compactions": self.compactions, "bytes_reclaimed": self.bytes_reclaimed,
-                "last_compaction_at": self.last_compaction_at,
-                "last": asdict(self.last) if self.last is not None else None}
+        return {
+            "passes": self.passes,
+            "records_purged": self.records_purged,
+            "entries_dropped": self.entries_dropped,
+            "compactions": self.compactions,
+            "bytes_reclaimed": self.bytes_reclaimed,
+            "last_compaction_at": self.last_compaction_at,
+            "last": asdict(self.last) if self.last is not None else None,
+        }
 
 
 async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> RetentionPass:
@@ -155,4 +160,3 @@ class BackgroundRetention:
         from .schedule import run_every
 
         await run_every(self.schedule.interval, self.run_once, "retention", at_start=False)
-

@@ -73,13 +73,20 @@ class Telemetry:
         self.key_hash_secret = key_hash_secret
         self.calls = meter.create_counter("mcp_durable.calls", unit="{call}", description="durable calls by outcome")
         self.lease_failures = meter.create_counter(
-            "mcp_durable.lease.renewals_failed", unit="{renewal}", description="lease renewals that failed")
+            "mcp_durable.lease.renewals_failed", unit="{renewal}", description="lease renewals that failed"
+        )
         self.commit_duration = meter.create_histogram(
-            "mcp_durable.journal.commit.duration", unit="s", description="time to make one journal commit durable")
+            "mcp_durable.journal.commit.duration", unit="s", description="time to make one journal commit durable"
+        )
         self.commit_batch = meter.create_histogram(
-            "mcp_durable.journal.commit.batch_size", unit="{write}", description="writes made durable by one commit")
-        meter.create_observable_gauge("mcp_durable.calls.in_doubt", callbacks=[self._observe_in_doubt],
-                                      unit="{call}", description="calls in doubt this instance knows of")
+            "mcp_durable.journal.commit.batch_size", unit="{write}", description="writes made durable by one commit"
+        )
+        meter.create_observable_gauge(
+            "mcp_durable.calls.in_doubt",
+            callbacks=[self._observe_in_doubt],
+            unit="{call}",
+            description="calls in doubt this instance knows of",
+        )
         self.in_doubt: set[CallIdentity] = set()
         self._detach: Callable[[], None] | None = None
 
@@ -168,7 +175,8 @@ class ObservedCall:
 
     def span(self, name: str, attributes: Mapping[str, observe.AttributeValue]) -> AbstractContextManager[Any]:
         return self.telemetry.tracer.start_as_current_span(
-            name, attributes={PREFIX + k: v for k, v in attributes.items()})
+            name, attributes={PREFIX + k: v for k, v in attributes.items()}
+        )
 
     def waited(self) -> None:
         self.did_wait = True
@@ -213,4 +221,3 @@ class ObservedCall:
         if self.code is not None:
             labels["error_code"] = self.code
         self.telemetry.calls.add(1, labels)
-

@@ -72,7 +72,8 @@ class Router:
         if target is None:
             return self._unroutable(request.method)
         result: _R = await target.session.send_request(
-            request, result_type, metadata=ServerMessageMetadata(related_request_id=target.request_id))
+            request, result_type, metadata=ServerMessageMetadata(related_request_id=target.request_id)
+        )
         return result
 
     async def logging(self, params: LoggingMessageNotificationParams) -> None:
@@ -81,8 +82,9 @@ class Router:
             logger.info("upstream log (%s) %s: %s", params.level, params.logger or "-", params.data)
             return
         try:
-            await target.session.send_log_message(params.level, params.data, params.logger,
-                                                  related_request_id=target.request_id)
+            await target.session.send_log_message(
+                params.level, params.data, params.logger, related_request_id=target.request_id
+            )
         except Exception:  # noqa: BLE001 - a log line must never fail the call
             logger.debug("could not forward an upstream log message", exc_info=True)
 

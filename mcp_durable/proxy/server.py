@@ -71,8 +71,9 @@ _RESERVED_META = "io.modelcontextprotocol/"
 class ProxyServer(DurableServer):
     """Serves `upstream` with durable tools by `policies`; keyword arguments as `DurableServer`."""
 
-    def __init__(self, upstream: UpstreamSpec, policies: Policies | None = None, name: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, upstream: UpstreamSpec, policies: Policies | None = None, name: str | None = None, **kwargs: Any
+    ) -> None:
         self.router = Router()
         self.upstream = Upstream(upstream, self.router)
         self.tool_policies = policies or Policies()
@@ -201,11 +202,13 @@ class ProxyServer(DurableServer):
             canonical = limits.checked_arguments(name, arguments, self.max_argument_bytes)
         except DurableError as exc:
             return self.refuse(name, exc)
-        return await self.run_durable(name, policy, arguments, canonical, context,
-                                      self._forwarder(name, policy, arguments, request, context))
+        return await self.run_durable(
+            name, policy, arguments, canonical, context, self._forwarder(name, policy, arguments, request, context)
+        )
 
-    def _forwarder(self, name: str, policy: ToolPolicy, arguments: dict[str, Any], request: Any,
-                   context: Context[Any, Any] | None) -> Any:
+    def _forwarder(
+        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], request: Any, context: Context[Any, Any] | None
+    ) -> Any:
         async def run(call: DurableCall | None) -> ToolOutcome:
             meta = _forwarded_meta(request)
             if call is not None:
@@ -236,8 +239,11 @@ class ProxyServer(DurableServer):
 
     async def list_resource_templates(self) -> list[ResourceTemplate]:
         client = await self._client_or_mcp_error()
-        upstream = (await _all_pages(client.list_resource_templates, "resource_templates")
-                    if _serves(client, "resources") else [])
+        upstream = (
+            await _all_pages(client.list_resource_templates, "resource_templates")
+            if _serves(client, "resources")
+            else []
+        )
         return list(upstream) + await MCPServer.list_resource_templates(self)
 
     async def list_prompts(self) -> list[Prompt]:
@@ -251,7 +257,8 @@ class ProxyServer(DurableServer):
         client = await self._client_or_mcp_error()
         with self.router.call(_request_context(context)):
             result: GetPromptResult = await client.session.get_prompt(
-                name, arguments, meta=_forwarded_meta(_request_context(context)))
+                name, arguments, meta=_forwarded_meta(_request_context(context))
+            )
         return result
 
     async def _client_or_mcp_error(self) -> Any:
@@ -271,14 +278,16 @@ class ProxyServer(DurableServer):
             client = await self._client_or_mcp_error()
             with self.router.call(ctx):
                 result: ReadResourceResult = await client.session.read_resource(
-                    str(params.uri), meta=_forwarded_meta(ctx))
+                    str(params.uri), meta=_forwarded_meta(ctx)
+                )
             return result
 
         async def complete(ctx: ServerRequestContext[Any, Any], params: CompleteRequestParams) -> CompleteResult:
             client = await self._client_or_mcp_error()
             context = params.context.arguments if params.context is not None else None
             result: CompleteResult = await client.session.complete(
-                params.ref, {"name": params.argument.name, "value": params.argument.value}, context)
+                params.ref, {"name": params.argument.name, "value": params.argument.value}, context
+            )
             return result
 
         lowlevel.add_request_handler("resources/read", ReadResourceRequestParams, read)
@@ -325,8 +334,11 @@ def _forwarded_meta(request: Any) -> dict[str, Any]:
     if not meta:
         return {}
     items = meta.items() if isinstance(meta, dict) else meta.model_dump(by_alias=True, exclude_none=True).items()
-    return {name: value for name, value in items
-            if name not in ("progressToken", "progress_token", KEY_META) and not name.startswith(_RESERVED_META)}
+    return {
+        name: value
+        for name, value in items
+        if name not in ("progressToken", "progress_token", KEY_META) and not name.startswith(_RESERVED_META)
+    }
 
 
 def _progress(context: Context[Any, Any] | None) -> Any:

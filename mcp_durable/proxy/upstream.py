@@ -96,8 +96,12 @@ class UpstreamSpec:
         if self.command:
             from mcp.client.stdio import stdio_client
 
-            params = StdioServerParameters(command=self.command[0], args=list(self.command[1:]),
-                                           env=dict(self.env) if self.env is not None else None, cwd=self.cwd)
+            params = StdioServerParameters(
+                command=self.command[0],
+                args=list(self.command[1:]),
+                env=dict(self.env) if self.env is not None else None,
+                cwd=self.cwd,
+            )
             return _Watched(stdio_client(params))
         if self.url:
             return _Watched(_http_transport(self.url, self.token))
@@ -203,11 +207,16 @@ class Upstream:
         # (not `fail_after` around the enter): the client's task group must nest inside it.
         with anyio.CancelScope(deadline=anyio.current_time() + self.spec.connect_timeout) as connecting:
             async with AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(
-                    transport, mode=self.spec.mode,
-                    sampling_callback=self.router.sampling, elicitation_callback=self.router.elicitation,
-                    logging_callback=self.router.logging, cache=None,
-                ))
+                client = await stack.enter_async_context(
+                    Client(
+                        transport,
+                        mode=self.spec.mode,
+                        sampling_callback=self.router.sampling,
+                        elicitation_callback=self.router.elicitation,
+                        logging_callback=self.router.logging,
+                        cache=None,
+                    )
+                )
                 tools = await _all_tools(client)
                 connecting.deadline = math.inf
                 await self._serve_session(client, ended, tools)
@@ -299,7 +308,10 @@ class Upstream:
         client = await self.client()
         try:
             result = await client.session.call_tool(
-                name, arguments, progress_callback=progress, meta=meta,  # type: ignore[arg-type]
+                name,
+                arguments,
+                progress_callback=progress,
+                meta=meta,  # type: ignore[arg-type]
                 allow_input_required=True,
             )
         except MCPError as exc:
@@ -341,5 +353,3 @@ async def _all_tools(client: Client) -> list[Tool]:
 def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment a stdio upstream gets: ours, without mcp-durable's own secrets."""
     return config.without_secrets(environ)
-
-

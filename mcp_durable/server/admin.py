@@ -97,12 +97,17 @@ def admin_tools(host: DurableHost) -> tuple[ToolSpec, ...]:
         owner = principal or caller
         if resolution == "completed" and result is None:
             raise OperatorError("resolving as completed needs the result to replay")
-        payload = None if resolution == "not_applied" else operator_payload(
-            result, failed=resolution == "failed", note=note
+        payload = (
+            None if resolution == "not_applied" else operator_payload(result, failed=resolution == "failed", note=note)
         )
-        record = await host.engine.resolve(CallIdentity(owner, tool, key), resolution, payload=payload,
-                                             note=note or f"by {caller}", retention=_retention(host, tool),
-                                             by=caller)
+        record = await host.engine.resolve(
+            CallIdentity(owner, tool, key),
+            resolution,
+            payload=payload,
+            note=note or f"by {caller}",
+            retention=_retention(host, tool),
+            by=caller,
+        )
         policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
@@ -121,20 +126,30 @@ def admin_tools(host: DurableHost) -> tuple[ToolSpec, ...]:
         """Cancel a running (or in-doubt) call: its tool stops at its owner's next lease renewal or
         durable step, and the call is never resumed (repeats of its key are refused `cancelled`)."""
         caller = require_admin(ctx)
-        record = await host.engine.cancel(CallIdentity(principal or caller, tool, key), by=caller, note=note,
-                                            retention=_retention(host, tool))
+        record = await host.engine.cancel(
+            CallIdentity(principal or caller, tool, key), by=caller, note=note, retention=_retention(host, tool)
+        )
         policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 
     async def journal_rerun(
-        tool: str, key: str, ctx: Context[Any, Any], from_step: int | None = None, principal: str | None = None,
+        tool: str,
+        key: str,
+        ctx: Context[Any, Any],
+        from_step: int | None = None,
+        principal: str | None = None,
         note: str = "",
     ) -> dict[str, Any]:
         """Re-run a completed or failed call under a new attempt: the next call with its key runs the
         tool again, replaying durable steps before index `from_step` (None: every step runs again)."""
         caller = require_admin(ctx)
-        record = await host.engine.rerun(CallIdentity(principal or caller, tool, key), from_step=from_step,
-                                           by=caller, note=note, retention=_retention(host, tool))
+        record = await host.engine.rerun(
+            CallIdentity(principal or caller, tool, key),
+            from_step=from_step,
+            by=caller,
+            note=note,
+            retention=_retention(host, tool),
+        )
         policy = host.policies.get(tool)
         return record_view(record, policy.sensitive if policy else ())
 

@@ -88,6 +88,8 @@ class ToolOptions(TypedDict, total=False):
     icons: Sequence[Any] | None
     meta: dict[str, Any] | None
     structured_output: bool | None
+
+
 logger = logging.getLogger(__name__)
 
 
@@ -209,8 +211,11 @@ class DurableServer(MCPServer[Any]):
         # that may become tasks, so the others skip the chain (server/tasks.py).
         composed = self._lowlevel_server.get_request_handler("tools/call")
         assert composed is not None  # MCPServer registers it, wrapped in the interceptors
-        self._lowlevel_server.add_request_handler("tools/call", composed.params_type, skip_idle_interceptor(
-            self._extensions, composed.handler, self._handle_call_tool, self))
+        self._lowlevel_server.add_request_handler(
+            "tools/call",
+            composed.params_type,
+            skip_idle_interceptor(self._extensions, composed.handler, self._handle_call_tool, self),
+        )
         self.engine.listeners.append(self.tasks.on_change)
         self.engine.task_resumer = self._resume_task
         self.engine.task_policy = self.policies.get
@@ -220,8 +225,13 @@ class DurableServer(MCPServer[Any]):
         self.recovery: BackgroundRecovery | None = None
         if check_interval("reconcile_interval", reconcile_interval) is not None:
             assert reconcile_interval is not None
-            self.recovery = BackgroundRecovery(self.engine, self.policies, self.result_encoder, reconcile_interval,
-                                               after_pass=self._after_recovery_pass)
+            self.recovery = BackgroundRecovery(
+                self.engine,
+                self.policies,
+                self.result_encoder,
+                reconcile_interval,
+                after_pass=self._after_recovery_pass,
+            )
         # Expired records, their steps and old lifecycle entries purged on a schedule (retention.py).
         self.retention: BackgroundRetention | None = None
         if retention_schedule is not None:
@@ -246,8 +256,13 @@ class DurableServer(MCPServer[Any]):
         """The `journal://…` resources (server/resources.py), every read scoped by principal."""
         views = JournalResources(self, lambda: maintenance_body(self.retention, self.recovery))
         for resource in journal_resources(views):
-            register = self.resource(resource.uri, name=resource.name, mime_type=JSON,
-                                     description=resource.read.__doc__, security=resource.security)
+            register = self.resource(
+                resource.uri,
+                name=resource.name,
+                mime_type=JSON,
+                description=resource.read.__doc__,
+                security=resource.security,
+            )
             register(answering_durable_errors(resource.read))
         install_read_context(self._lowlevel_server)
         return views
@@ -260,8 +275,9 @@ class DurableServer(MCPServer[Any]):
         lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, notifier.subscribe)
         lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, notifier.unsubscribe)
         if lowlevel.get_request_handler("subscriptions/listen") is not None:  # None: `subscriptions=False`
-            lowlevel.add_request_handler("subscriptions/listen", SubscriptionsListenRequestParams,
-                                         notifier.listen_handler())
+            lowlevel.add_request_handler(
+                "subscriptions/listen", SubscriptionsListenRequestParams, notifier.listen_handler()
+            )
         if isinstance(self._subscriptions, ScopedSubscriptionBus):  # e.g. PgSubscriptionBus: across replicas
             notifier.forward_across(self._subscriptions)
         return notifier
@@ -306,8 +322,11 @@ class DurableServer(MCPServer[Any]):
                 try:
                     await self.engine.aclose()
                 except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning("journal %s: the stop could not be journaled: %s",
-                                   display_url(self.journal.url), display_url(str(exc)))
+                    logger.warning(
+                        "journal %s: the stop could not be journaled: %s",
+                        display_url(self.journal.url),
+                        display_url(str(exc)),
+                    )
 
     async def _start_engine(self) -> bool:
         """Start the engine (opening the journal once); False if the journal is unavailable.
@@ -319,8 +338,7 @@ class DurableServer(MCPServer[Any]):
         try:
             await self.engine.start()
         except JournalError as exc:
-            logger.warning("journal %s unavailable at start: %s",
-                           display_url(self.journal.url), display_url(str(exc)))
+            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), display_url(str(exc)))
             return False
         return True
 
@@ -379,8 +397,14 @@ class DurableServer(MCPServer[Any]):
             base = annotations or ToolAnnotations()
             annotations = base.model_copy(update={"idempotent_hint": True})
         super().add_tool(
-            fn, name=name, title=title, description=description, annotations=annotations,
-            icons=list(icons) if icons is not None else None, meta=meta, structured_output=structured_output,
+            fn,
+            name=name,
+            title=title,
+            description=description,
+            annotations=annotations,
+            icons=list(icons) if icons is not None else None,
+            meta=meta,
+            structured_output=structured_output,
         )
         tool_name = name or fn.__name__
         if policy is not None:
@@ -474,8 +498,9 @@ class DurableServer(MCPServer[Any]):
         except DurableError as exc:
             return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
         run = self._runner(name, arguments, context, policy, model, prepared)
-        result = await self.run_durable(name, policy, validated, canonical, context, run, prepared.encode,
-                                        fingerprint=fingerprint)
+        result = await self.run_durable(
+            name, policy, validated, canonical, context, run, prepared.encode, fingerprint=fingerprint
+        )
         if memo_key is not None and known is None and result.meta and result.meta.get(META_REPLAYED) is True:
             # Remembered once a request is repeated (a retry): first calls do not fill the memo.
             prepared.remember(memo_key, (validated, canonical, fingerprint))
@@ -528,8 +553,9 @@ class DurableServer(MCPServer[Any]):
                     result, payload = await prepared.run(prepared.one_level(model), called_with)
                 else:
                     # What the SDK hands the function (`prevalidated`); made only when the tool runs.
-                    token = None if model is None else prevalidated.validated_as(arguments,
-                                                                                 model.model_dump_one_level())
+                    token = (
+                        None if model is None else prevalidated.validated_as(arguments, model.model_dump_one_level())
+                    )
                     result = await MCPServer.call_tool(self, name, arguments, context)
             except UnexpectedToolError as exc:
                 if policy.exceptions != "persist":
@@ -593,8 +619,9 @@ class DurableServer(MCPServer[Any]):
         final = result  # narrowed to CallToolResult, for the closure
         made = payload
         try:
-            payload = limits.result_payload(name, lambda: made if made is not None else dump_result(final),
-                                            self.max_result_bytes)
+            payload = limits.result_payload(
+                name, lambda: made if made is not None else dump_result(final), self.max_result_bytes
+            )
         except limits.LimitExceeded as exc:
             if policy.exceptions != "persist":
                 raise  # the engine releases the claim; answered in run_durable
@@ -625,21 +652,38 @@ class DurableServer(MCPServer[Any]):
         """
         principal = self.principal_of(context)
         if self.telemetry is None:
-            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal, None,
-                                           fingerprint)
+            return await self._run_durable(
+                name, policy, arguments, canonical, context, run, encode, principal, None, fingerprint
+            )
         with self.telemetry.call(name, principal) as observed:
-            return await self._run_durable(name, policy, arguments, canonical, context, run, encode, principal,
-                                           observed, fingerprint)
+            return await self._run_durable(
+                name, policy, arguments, canonical, context, run, encode, principal, observed, fingerprint
+            )
 
     async def _run_durable(
-        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes,
-        context: Context[Any, Any] | None, run: Runner, encode: Encoder | None, principal: str,
-        observed: ObservedCall | None, fingerprint: str | None,
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        canonical: bytes,
+        context: Context[Any, Any] | None,
+        run: Runner,
+        encode: Encoder | None,
+        principal: str,
+        observed: ObservedCall | None,
+        fingerprint: str | None,
     ) -> CallToolResult | InputRequiredResult:
         try:
             outcome = await self.engine.execute(
-                tool=name, policy=policy, arguments=arguments, meta=_request_meta(context), run=run, encode=encode,
-                principal=principal, canonical=canonical, fingerprint=fingerprint,
+                tool=name,
+                policy=policy,
+                arguments=arguments,
+                meta=_request_meta(context),
+                run=run,
+                encode=encode,
+                principal=principal,
+                canonical=canonical,
+                fingerprint=fingerprint,
             )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
             if observed is not None:
@@ -680,9 +724,14 @@ class DurableServer(MCPServer[Any]):
         assert tool is not None
         model, validated, canonical = self._validated(tool, name, arguments)
         return await self.engine.submit(
-            tool=name, policy=policy, arguments=validated, meta=_request_meta(context),
-            run=self._runner(name, arguments, None, policy, model), encode=_encoder(tool),
-            principal=self.principal_of(context), canonical=canonical,
+            tool=name,
+            policy=policy,
+            arguments=validated,
+            meta=_request_meta(context),
+            run=self._runner(name, arguments, None, policy, model),
+            encode=_encoder(tool),
+            principal=self.principal_of(context),
+            canonical=canonical,
         )
 
     async def _submit_requested_task(
@@ -747,7 +796,8 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
         logger.warning(
             "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
             "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
-            name, ", ".join(sorted(resolved)),
+            name,
+            ", ".join(sorted(resolved)),
         )
 
 

@@ -43,7 +43,6 @@ def journal_lookup_tool(host: DurableHost) -> ToolSpec:
             shown["result"] = None
         return {"found": True, **shown}
 
-    return ToolSpec(journal_lookup, LOOKUP_TOOL,
-                    ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False))
-
-
+    return ToolSpec(
+        journal_lookup, LOOKUP_TOOL, ToolAnnotations(read_only_hint=True, idempotent_hint=True, destructive_hint=False)
+    )

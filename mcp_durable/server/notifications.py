@@ -188,9 +188,7 @@ class JournalNotifier:
         self._legacy.setdefault(str(params.uri), {})[_connection_id(ctx)] = (ctx.session, principal)
         return EmptyResult()
 
-    async def unsubscribe(
-        self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams
-    ) -> EmptyResult:
+    async def unsubscribe(self, ctx: ServerRequestContext[Any, Any], params: UnsubscribeRequestParams) -> EmptyResult:
         """The `resources/unsubscribe` handler."""
         sessions = self._legacy.get(str(params.uri), {})
         sessions.pop(_connection_id(ctx), None)

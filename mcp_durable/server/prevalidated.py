@@ -103,9 +103,7 @@ class PreparedTool:
         #: (field name, the name the function takes it by): `model_dump_one_level` unrolled.
         self._names = tuple((name, field.alias or name) for name, field in self.arg_model.model_fields.items())
         #: Validations of requests answered as replays, by the request's JSON (None: impure schema).
-        self._memo: dict[bytes, Validated] | None = (
-            {} if pure_schema(self.arg_model.__pydantic_core_schema__) else None
-        )
+        self._memo: dict[bytes, Validated] | None = {} if pure_schema(self.arg_model.__pydantic_core_schema__) else None
         #: The function is called here, not through `Tool.run` (which resolves `Resolve` parameters).
         self.direct = not tool.resolved_params
         #: A `str` return is converted here (`convert`): checked against the SDK's conversion.
@@ -179,8 +177,14 @@ def _text_result(text: str) -> CallToolResult:
 
 def _text_json(text: str) -> bytes:
     """`dump_result(_text_result(text))`, without the model between."""
-    return orjson.dumps({"content": [{"type": "text", "text": text}], "structuredContent": {"result": text},
-                         "isError": False, "resultType": "complete"})
+    return orjson.dumps(
+        {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": {"result": text},
+            "isError": False,
+            "resultType": "complete",
+        }
+    )
 
 
 def _text_result_builder(tool: Tool) -> bool:
@@ -193,14 +197,16 @@ def _text_result_builder(tool: Tool) -> bool:
     fields = getattr(model, "model_fields", {})
     if list(fields) != ["result"] or fields["result"].annotation is not str:
         return False
-    for probe in ("", "probe \u2713 \"quoted\"\n\u2028"):
+    for probe in ("", 'probe \u2713 "quoted"\n\u2028'):
         try:
             sdk = meta.convert_result(probe)
         except Exception:  # noqa: BLE001 - an SDK that converts differently: no shortcut
             return False
         ours = _text_result(probe)
-        if not isinstance(sdk, CallToolResult) or sdk != ours or not (
-            dump_result(sdk) == dump_result(ours) == _text_json(probe)
+        if (
+            not isinstance(sdk, CallToolResult)
+            or sdk != ours
+            or not (dump_result(sdk) == dump_result(ours) == _text_json(probe))
         ):
             return False
     return True

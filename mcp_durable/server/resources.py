@@ -182,13 +182,17 @@ def maintenance_body(retention: BackgroundRetention | None, recovery: Background
     """What the server's background work did: retention (what it reclaimed, when) and recovery
     (None: that work is off)."""
     return {
-        "retention": None if retention is None else {
+        "retention": None
+        if retention is None
+        else {
             "interval_s": retention.schedule.interval,
             "compact_garbage_ratio": retention.schedule.compact_garbage_ratio,
             **retention.report.as_dict(),
             "last_at": iso(retention.report.last.at) if retention.report.last else None,
         },
-        "recovery": None if recovery is None else {
+        "recovery": None
+        if recovery is None
+        else {
             "interval_s": recovery.interval,
             "last": recovery.last.as_dict() if recovery.last is not None else None,
         },
@@ -230,17 +234,19 @@ def recovery_body(report: RecoveryReport | None, engine: Engine | None, scope: s
         "problems": list(report.problems) if report else [],
     }
     if engine is not None:
-        body.update({
-            "calls_found_in_doubt": (
-                engine.orphans_found if scope is None else engine.orphans_by_principal.get(scope, 0)
-            ),
-            "previous_lifecycle_state": engine.previous_lifecycle_state,
-            "clean_previous_stop": engine.previous_lifecycle_state in (None, "stopped"),
-            "started_at": iso(engine.started_at),
-            "start_duration_s": engine.start_duration_s,
-            "instance_id": engine.instance_id,
-            "process_id": engine.process_id,
-        })
+        body.update(
+            {
+                "calls_found_in_doubt": (
+                    engine.orphans_found if scope is None else engine.orphans_by_principal.get(scope, 0)
+                ),
+                "previous_lifecycle_state": engine.previous_lifecycle_state,
+                "clean_previous_stop": engine.previous_lifecycle_state in (None, "stopped"),
+                "started_at": iso(engine.started_at),
+                "start_duration_s": engine.start_duration_s,
+                "instance_id": engine.instance_id,
+                "process_id": engine.process_id,
+            }
+        )
     return body
 
 
@@ -317,9 +323,9 @@ class JournalResources:
         after = decode_cursor(cursor) if cursor else None
         scope = None if self.is_admin(principal) else principal
         # One more than asked: whether a next page exists, without ever serving an empty one.
-        records = await self.host.engine.journal.list_calls(CallQuery(
-            principal=scope, tool=tool or None, state=_state_param(state), limit=size + 1, cursor=after
-        ))
+        records = await self.host.engine.journal.list_calls(
+            CallQuery(principal=scope, tool=tool or None, state=_state_param(state), limit=size + 1, cursor=after)
+        )
         page, more = records[:size], len(records) > size
         return _dumps(
             {
@@ -371,8 +377,13 @@ class JournalResources:
         return _dumps(
             {
                 "entries": [
-                    {"seq": e.seq, "process_id": e.process_id, "entry_type": e.entry_type, "ts": iso(e.ts),
-                     "data": e.data}
+                    {
+                        "seq": e.seq,
+                        "process_id": e.process_id,
+                        "entry_type": e.entry_type,
+                        "ts": iso(e.ts),
+                        "data": e.data,
+                    }
                     for e in rows
                 ],
                 "next_after": rows[-1].seq if rows else start,

@@ -221,5 +221,6 @@ def protocol_error_result(error: MCPError) -> CallToolResult:
             pass
         else:
             body["data"] = error.data
-    return CallToolResult(content=[TextContent(type="text", text=error.message)], is_error=True,
-                          _meta={META_JSONRPC_ERROR: body})
+    return CallToolResult(
+        content=[TextContent(type="text", text=error.message)], is_error=True, _meta={META_JSONRPC_ERROR: body}
+    )

@@ -66,9 +66,12 @@ def legacy_task(record: CallRecord, policy: ToolPolicy | None) -> dict[str, Any]
     """A 2025-11-25 `Task`: a tool's error result makes the task `failed`."""
     view = task_view(record, policy)
     task: dict[str, Any] = {
-        "taskId": record.task_id, "status": "failed" if view.is_error_result else view.status,
-        "createdAt": iso(record.created_at), "lastUpdatedAt": iso(record.updated_at),
-        "ttl": ttl_ms(policy), "pollInterval": POLL_INTERVAL_MS,
+        "taskId": record.task_id,
+        "status": "failed" if view.is_error_result else view.status,
+        "createdAt": iso(record.created_at),
+        "lastUpdatedAt": iso(record.updated_at),
+        "ttl": ttl_ms(policy),
+        "pollInterval": POLL_INTERVAL_MS,
     }
     if view.message:
         task["statusMessage"] = view.message
@@ -79,9 +82,12 @@ def modern_task(record: CallRecord, policy: ToolPolicy | None, *, detailed: bool
     """A 2026-07-28 `Task` (`detailed`: a `DetailedTask`, the result or error inlined)."""
     view = task_view(record, policy)
     task: dict[str, Any] = {
-        "taskId": record.task_id, "status": view.status,
-        "createdAt": iso(record.created_at), "lastUpdatedAt": iso(record.updated_at),
-        "ttlMs": ttl_ms(policy), "pollIntervalMs": POLL_INTERVAL_MS,
+        "taskId": record.task_id,
+        "status": view.status,
+        "createdAt": iso(record.created_at),
+        "lastUpdatedAt": iso(record.updated_at),
+        "ttlMs": ttl_ms(policy),
+        "pollIntervalMs": POLL_INTERVAL_MS,
     }
     if view.message and not view.is_error_result:
         task["statusMessage"] = view.message

@@ -55,8 +55,14 @@ from .ports import DurableHost
 from .results import answer, refusals_as_jsonrpc
 from .task_wire import LEGACY_CAPABILITY, RELATED_TASK, TASK_NOT_FOUND, TASKS_EXTENSION
 
-__all__ = ["RELATED_TASK", "TASK_NOT_FOUND", "TASKS_EXTENSION", "TaskProtocol", "TasksExtension",
-           "skip_idle_interceptor"]
+__all__ = [
+    "RELATED_TASK",
+    "TASK_NOT_FOUND",
+    "TASKS_EXTENSION",
+    "TaskProtocol",
+    "TasksExtension",
+    "skip_idle_interceptor",
+]
 
 
 LEGACY_VERSIONS = frozenset({"2025-11-25"})
@@ -325,8 +331,10 @@ class TaskProtocol:
         meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
         principal = self._principal(ctx)
         records = {t: r for t in dict.fromkeys(wanted) if (r := await self.host.engine.task(principal, t))}
-        ack = wire.Notification(method="notifications/subscriptions/acknowledged",
-                            params={"notifications": {"taskIds": list(records)}, "_meta": meta})
+        ack = wire.Notification(
+            method="notifications/subscriptions/acknowledged",
+            params={"notifications": {"taskIds": list(records)}, "_meta": meta},
+        )
         await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
         sent: dict[str, tuple[str, float]] = {}
         while True:
@@ -364,8 +372,16 @@ class TaskProtocol:
             record = await self._settle(record, policy.task_after)
         if record.state.is_final and policy.task_support == "optional":
             # Finished within `task_after`: the plain result, as a call without tasks gets it.
-            return answer(CallOutcome(record.identity.key, None, record.result, replayed=finished_before,
-                                      first_completed_at=record.completed_at, attempt=record.attempts))
+            return answer(
+                CallOutcome(
+                    record.identity.key,
+                    None,
+                    record.result,
+                    replayed=finished_before,
+                    first_completed_at=record.completed_at,
+                    attempt=record.attempts,
+                )
+            )
         return {"resultType": "task", **self.modern_task(record, detailed=False)}
 
     async def _settle(self, record: CallRecord, seconds: float) -> CallRecord:
@@ -441,8 +457,11 @@ def skip_idle_interceptor(
     per 64-caller miss, docs/performance.md). When another extension intercepts tool calls too,
     every call goes through `composed`, as the SDK composes it.
     """
-    others = [e for e in extensions
-              if not isinstance(e, TasksExtension) and type(e).intercept_tool_call is not Extension.intercept_tool_call]
+    others = [
+        e
+        for e in extensions
+        if not isinstance(e, TasksExtension) and type(e).intercept_tool_call is not Extension.intercept_tool_call
+    ]
     if others:
         return composed
 

@@ -32,12 +32,29 @@ anyio.run(main)
 """
 
 
-def call(key: str, version: int, state: CallState, *, expires_at: float | None = None,
-         result: bytes | None = None, lease: float = 30) -> CallRecord:
+def call(
+    key: str,
+    version: int,
+    state: CallState,
+    *,
+    expires_at: float | None = None,
+    result: bytes | None = None,
+    lease: float = 30,
+) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=state, version=version,
-        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + lease,
-        result=result, expires_at=expires_at, arguments=b'{"order":"%s"}' % key.encode(),
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=state,
+        version=version,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner="A",
+        lease_until=T0 + lease,
+        result=result,
+        expires_at=expires_at,
+        arguments=b'{"order":"%s"}' % key.encode(),
     )
 
 
@@ -58,8 +75,9 @@ async def build(path: Path) -> dict[str, CallRecord]:
         assert await journal.swap(1, call(key, 2, CallState.COMPLETED, result=b"{}", expires_at=T0 + 10))
     await journal.claim(call("running", 1, CallState.PENDING), T0)
     for n in range(40):  # superseded versions: only the last lease survives compaction
-        assert await journal.renew(CallIdentity("local", "refund", "running"), Fence("A", "run-running", 1),
-                                   T0 + 100 + n)
+        assert await journal.renew(
+            CallIdentity("local", "refund", "running"), Fence("A", "run-running", 1), T0 + 100 + n
+        )
     live["running"] = call("running", 1, CallState.PENDING, lease=139)
     for i in range(10):
         await journal.append("worker", "context_update", {"last_done": i}, float(i))
@@ -129,7 +147,9 @@ async def test_a_crash_at_any_phase_of_compaction_leaves_every_live_record(tmp_p
     segments_before = sorted(p.name for p in path.glob("seg-*.log"))
     child = subprocess.run(
         [sys.executable, "-c", COMPACT_CHILD, str(path), str(SEGMENT), str(T0 + 50), phase],
-        cwd=ROOT, capture_output=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
     )
     assert child.returncode == -9, child.stderr.decode()
     on_disk = sorted(p.name for p in path.glob("seg-*.log"))

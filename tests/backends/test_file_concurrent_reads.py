@@ -21,11 +21,21 @@ async def churn(journal: FileJournal, writer: int, stop: anyio.Event) -> None:
     n = 0
     while not stop.is_set():
         now = time.time()
-        record = CallRecord(CallIdentity("p", "t", f"{writer}-{n}"), "f", CallState.PENDING, 1, f"run-{writer}-{n}",
-                            1, now, now, arguments=b'{"n":1}')
+        record = CallRecord(
+            CallIdentity("p", "t", f"{writer}-{n}"),
+            "f",
+            CallState.PENDING,
+            1,
+            f"run-{writer}-{n}",
+            1,
+            now,
+            now,
+            arguments=b'{"n":1}',
+        )
         _, record = await journal.claim(record, now)
-        await journal.swap(record.version, record.evolve(state=CallState.COMPLETED, result=b'"ok"',
-                                                         expires_at=time.time() + 0.2))
+        await journal.swap(
+            record.version, record.evolve(state=CallState.COMPLETED, result=b'"ok"', expires_at=time.time() + 0.2)
+        )
         await journal.append(f"steps/run-{writer}-{n}", "step", {"index": 0, "name": "s", "result": n}, now)
         n += 1
 

@@ -16,8 +16,15 @@ T0 = 1_700_000_000.0
 
 def completed(key: str, expires_at: float | None) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity(f"user-{len(key) % 3}", "refund", key), fingerprint="f", state=CallState.COMPLETED,
-        version=1, run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, expires_at=expires_at,
+        identity=CallIdentity(f"user-{len(key) % 3}", "refund", key),
+        fingerprint="f",
+        state=CallState.COMPLETED,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        expires_at=expires_at,
         result=b'{"key":"%s"}' % key.encode(),
     )
 

@@ -33,10 +33,22 @@ OLD = [
 def old_record(key: str, state: CallState, error: str | None) -> dict[str, Any]:
     """A frame's record object exactly as an earlier release wrote it: no `reason`."""
     return {
-        "principal": "local", "tool": "refund", "key": key, "fingerprint": "f", "state": state.value,
-        "version": 2, "run_id": f"run-{key}", "attempts": 1, "created_at": T0, "updated_at": T0 + 1,
-        "owner": "A" if state == CallState.PENDING else None, "lease_until": None, "completed_at": None,
-        "expires_at": None, "error": error, "result": "{}" if state == CallState.COMPLETED else None,
+        "principal": "local",
+        "tool": "refund",
+        "key": key,
+        "fingerprint": "f",
+        "state": state.value,
+        "version": 2,
+        "run_id": f"run-{key}",
+        "attempts": 1,
+        "created_at": T0,
+        "updated_at": T0 + 1,
+        "owner": "A" if state == CallState.PENDING else None,
+        "lease_until": None,
+        "completed_at": None,
+        "expires_at": None,
+        "error": error,
+        "result": "{}" if state == CallState.COMPLETED else None,
         "arguments": '{"order":1}',
     }
 

@@ -14,12 +14,28 @@ from mcp_durable.journal.file.framing import OVERHEAD
 T0 = 1_700_000_000.0
 
 
-def record(key: str, *, version: int = 1, state: CallState = CallState.PENDING, result: bytes | None = None,
-           expires_at: float | None = None) -> CallRecord:
+def record(
+    key: str,
+    *,
+    version: int = 1,
+    state: CallState = CallState.PENDING,
+    result: bytes | None = None,
+    expires_at: float | None = None,
+) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=state, version=version,
-        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + 30,
-        result=result, expires_at=expires_at, arguments=b'{"a":1}',
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=state,
+        version=version,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner="A",
+        lease_until=T0 + 30,
+        result=result,
+        expires_at=expires_at,
+        arguments=b'{"a":1}',
     )
 
 

@@ -23,8 +23,16 @@ T0 = 1_700_000_000.0
 
 def pending(key: str) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
-        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + 30,
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner="A",
+        lease_until=T0 + 30,
     )
 
 
@@ -73,8 +81,13 @@ async def test_the_taken_step_indexes_are_found_again_after_reopening(tmp_path: 
     again = await opened(path)
     try:
         assert again.recovery is not None and (again.recovery.snapshot_used is not None) == snapshot
-        for identity, fence, index in [(A, FENCE_A, 0), (A, FENCE_A, 1), (A, FENCE_A, 2), (B, FENCE_B, 0),
-                                       (B, FENCE_B, 1)]:
+        for identity, fence, index in [
+            (A, FENCE_A, 0),
+            (A, FENCE_A, 1),
+            (A, FENCE_A, 2),
+            (B, FENCE_B, 0),
+            (B, FENCE_B, 1),
+        ]:
             assert await taken(again, identity, fence, index), (fence.run_id, index)
         assert not await taken(again, A, FENCE_A, 3) and not await taken(again, B, FENCE_B, 2)
         assert await steps_of(again, "run-a") == [0, 1, 2, 3]

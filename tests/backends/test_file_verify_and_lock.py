@@ -68,8 +68,12 @@ async def test_a_second_writer_gets_journal_locked_naming_the_holder_and_a_reade
     tmp_path: Path,
 ) -> None:
     url = f"file://{tmp_path}/j"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              cwd=Path(__file__).resolve().parents[2])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
         second = create_journal(url)
@@ -98,8 +102,12 @@ async def test_a_second_writer_gets_journal_locked_naming_the_holder_and_a_reade
 
 async def test_a_lock_left_by_a_killed_writer_does_not_block_the_next(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/j"
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              cwd=Path(__file__).resolve().parents[2])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
     holder.kill()
     holder.wait(timeout=30)

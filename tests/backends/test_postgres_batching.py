@@ -25,9 +25,17 @@ T0 = 1_700_000_000.0
 
 def pending(key: str, owner: str = "A", created: float = T0) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
-        run_id=f"run-{key}", attempts=1, created_at=created, updated_at=created, owner=owner,
-        lease_until=created + 30, arguments=b'{"a":1}',
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=created,
+        updated_at=created,
+        owner=owner,
+        lease_until=created + 30,
+        arguments=b'{"a":1}',
     )
 
 
@@ -148,8 +156,10 @@ async def test_batch_statements_find_rows_by_key_whatever_the_table_size(journal
     statements = {
         "claim": (journal._claim_many_sql, (rows_json(records),)),
         "swap": (journal._swap_many_sql, (rows_json(done, [1] * len(done)),)),
-        "get": (journal._get_many_sql, ([i.principal for i in identities], [i.tool for i in identities],
-                                        [i.key for i in identities])),
+        "get": (
+            journal._get_many_sql,
+            ([i.principal for i in identities], [i.tool for i in identities], [i.key for i in identities]),
+        ),
     }
     async with journal._connection() as conn:
         for name, (sql, params) in statements.items():
@@ -158,8 +168,7 @@ async def test_batch_statements_find_rows_by_key_whatever_the_table_size(journal
             assert "Seq Scan on calls" not in plan and "calls_pkey" in plan, (name, plan)
 
 
-async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(
-        journal: PostgresJournal) -> None:
+async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(journal: PostgresJournal) -> None:
     # One caller: each claim is a statement of its own (the single-row one).
     before = (journal._claims.batches, journal._claims.items)
     for i in range(3):
@@ -223,13 +232,17 @@ async def test_a_wave_of_callers_goes_out_as_full_statements_side_by_side(journa
     assert journal._claims.beside - before[2] >= 3  # most rounds' second statement went out beside the first
 
 
-@pytest.mark.parametrize(("items", "most_side_by_side", "sizes"), [
-    (8, 2, [4, 4]),  # two full batches: the second runs beside the first
-    (6, 1, [4, 2]),  # the second is not full: it waits for the batch slot
-    (12, 2, [4, 4, 4]),  # a third full batch waits for a slot to free
-])
-async def test_only_full_batches_take_the_slot_kept_for_them(items: int, most_side_by_side: int,
-                                                             sizes: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("items", "most_side_by_side", "sizes"),
+    [
+        (8, 2, [4, 4]),  # two full batches: the second runs beside the first
+        (6, 1, [4, 2]),  # the second is not full: it waits for the batch slot
+        (12, 2, [4, 4, 4]),  # a third full batch waits for a slot to free
+    ],
+)
+async def test_only_full_batches_take_the_slot_kept_for_them(
+    items: int, most_side_by_side: int, sizes: list[int]
+) -> None:
     running = 0
     most = 0
     seen: list[int] = []

@@ -63,8 +63,11 @@ async def test_two_buses_on_two_connections_deliver_each_others_events_once(bus_
             while len(heard["a"]) < 3 or len(heard["b"]) < 3:
                 await anyio.sleep(0.01)
         await anyio.sleep(0.2)  # an echo of a bus's own event would arrive by now
-    expected = [ResourceUpdated(uri="journal://calls/refund/from-a"),
-                ResourceUpdated(uri="journal://calls/refund/from-b"), ToolsListChanged()]
+    expected = [
+        ResourceUpdated(uri="journal://calls/refund/from-a"),
+        ResourceUpdated(uri="journal://calls/refund/from-b"),
+        ToolsListChanged(),
+    ]
     # Each bus hears every event exactly once; the order across publishers is not guaranteed.
     assert sorted(map(repr, heard["a"])) == sorted(map(repr, expected))
     assert sorted(map(repr, heard["b"])) == sorted(map(repr, expected))
@@ -94,8 +97,9 @@ async def test_a_client_listening_on_one_replica_hears_of_a_call_completed_on_an
     async with serve_http(target, journal=journal, env=env) as a, serve_http(target, journal=journal, env=env) as b:
         async with Client(a.url) as listener, Client(b.url) as caller:
             async with listener.listen(resource_subscriptions=[uri]) as subscription:
-                result = await caller.call_tool("refund", {"order_id": "O-9", "amount_cents": 900},
-                                                meta=key_meta("order-9"))
+                result = await caller.call_tool(
+                    "refund", {"order_id": "O-9", "amount_cents": 900}, meta=key_meta("order-9")
+                )
                 assert not result.is_error
                 with anyio.fail_after(10):
                     event = await subscription.__anext__()
@@ -116,4 +120,3 @@ def test_a_bus_can_be_started_again_on_another_event_loop(bus_url: str) -> None:
 
     anyio.run(round_trip, "journal://stats")  # a server run, stopped …
     anyio.run(round_trip, "journal://in-doubt")  # … and run again in a new loop
-

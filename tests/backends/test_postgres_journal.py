@@ -33,8 +33,16 @@ T0 = 1_700_000_000.0
 
 def pending(key: str = "k", owner: str = "A") -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
-        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner=owner, lease_until=T0 + 30,
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner=owner,
+        lease_until=T0 + 30,
     )
 
 
@@ -132,8 +140,10 @@ async def test_a_schema_migrated_by_a_newer_release_is_refused(schema_url: str) 
     await journal.aclose()
     schema = PostgresSettings.from_url(schema_url).schema
     with psycopg.connect(postgres_or_skip(), autocommit=True) as conn:
-        conn.execute(f'INSERT INTO "{schema}".schema_version (version, description) VALUES (%s, %s)',
-                     (LATEST + 1, "from the future"))
+        conn.execute(
+            f'INSERT INTO "{schema}".schema_version (version, description) VALUES (%s, %s)',
+            (LATEST + 1, "from the future"),
+        )
     with pytest.raises(JournalError, match="newer"):
         await opened(schema_url)
 
@@ -238,14 +248,18 @@ async def test_a_schema_at_an_older_version_is_migrated_and_keeps_its_records(sc
     s = f'"{settings.schema}"'
     with psycopg.connect(postgres_or_skip(), autocommit=True) as conn:  # what release 1 created
         conn.execute(f"CREATE SCHEMA {s}")
-        conn.execute(f"CREATE TABLE {s}.schema_version (version integer PRIMARY KEY, description text NOT NULL, "
-                     "applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            f"CREATE TABLE {s}.schema_version (version integer PRIMARY KEY, description text NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         for statement in MIGRATIONS[0].statements:
             conn.execute(statement.format(s=s, channel=f"'{settings.channel}'"))
         conn.execute(f"INSERT INTO {s}.schema_version (version, description) VALUES (1, 'v1')")
-        conn.execute(f"INSERT INTO {s}.calls (principal, tool, key, fingerprint, state, version, run_id, attempts, "
-                     "created_at, updated_at) "
-                     "VALUES ('local', 'refund', 'old', 'f', 'completed', 2, 'r', 1, 1, 1)")
+        conn.execute(
+            f"INSERT INTO {s}.calls (principal, tool, key, fingerprint, state, version, run_id, attempts, "
+            "created_at, updated_at) "
+            "VALUES ('local', 'refund', 'old', 'f', 'completed', 2, 'r', 1, 1, 1)"
+        )
     journal = await opened(schema_url)
     try:
         assert journal.migrations_applied == list(range(2, LATEST + 1))

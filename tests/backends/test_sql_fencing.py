@@ -26,14 +26,21 @@ from tests.conftest import postgres_or_skip
 T0 = 1_700_000_000.0
 
 #: A take-over as another process commits it: owner B, the next attempt, the next version.
-_TAKE_OVER = ("UPDATE {calls} SET owner = 'B', attempts = attempts + 1, version = version + 1 "
-              "WHERE key = 'k'")
+_TAKE_OVER = "UPDATE {calls} SET owner = 'B', attempts = attempts + 1, version = version + 1 WHERE key = 'k'"
 
 
 def pending(key: str = "k") -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
-        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner="A", lease_until=T0 + 30,
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner="A",
+        lease_until=T0 + 30,
     )
 
 

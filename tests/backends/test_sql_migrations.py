@@ -66,20 +66,41 @@ def _old_calls() -> list[tuple[str, str, str | None]]:
     case), and texts it does not know."""
     rows: list[tuple[str, str, str | None]] = []
     released = [prefix for prefix, _ in _LEGACY_RELEASED]
-    texts = [*released, *(f"{p}: and then some" for p in released), *(p[:-1] for p in released),
-             *(p.upper() for p in released), None, "", "KeyError: 'x'", "interim_result"]
+    texts = [
+        *released,
+        *(f"{p}: and then some" for p in released),
+        *(p[:-1] for p in released),
+        *(p.upper() for p in released),
+        None,
+        "",
+        "KeyError: 'x'",
+        "interim_result",
+    ]
     rows += [(f"released-{n}", "released", text) for n, text in enumerate(texts)]
-    in_doubt = [None, "", "reconcile failed: the hook raised", "parked after 3 attempts", "reconcile faile",
-                "parked afte", "the upstream died mid-call", "Parked after 3 attempts", "RECONCILE FAILED"]
+    in_doubt = [
+        None,
+        "",
+        "reconcile failed: the hook raised",
+        "parked after 3 attempts",
+        "reconcile faile",
+        "parked afte",
+        "the upstream died mid-call",
+        "Parked after 3 attempts",
+        "RECONCILE FAILED",
+    ]
     rows += [(f"in-doubt-{n}", "in_doubt", text) for n, text in enumerate(in_doubt)]
-    rows += [("pending", "pending", None), ("completed", "completed", "cancelled by an operator"),
-             ("failed", "failed", "parked after 1 attempt")]
+    rows += [
+        ("pending", "pending", None),
+        ("completed", "completed", "cancelled by an operator"),
+        ("failed", "failed", "parked after 1 attempt"),
+    ]
     return rows
 
 
 def _old_entries() -> list[tuple[str, str, bytes]]:
     """(process_id, entry_type, data) of entries as earlier releases wrote them, in seq order:
     steps (one index twice in one process), and entries that are not steps."""
+
     def entry(process: str, kind: str, data: Any) -> tuple[str, str, bytes]:
         return process, kind, orjson.dumps(data)
 
@@ -117,8 +138,10 @@ def _expected_step_indexes() -> list[int | None]:
 
 
 def _expected_reasons() -> dict[str, str | None]:
-    return {key: (None if (r := legacy_reason(CallState(state), error)) is None else r.value)
-            for key, state, error in _old_calls()}
+    return {
+        key: (None if (r := legacy_reason(CallState(state), error)) is None else r.value)
+        for key, state, error in _old_calls()
+    }
 
 
 _FENCE = Fence("A", "run-pending", 1)
@@ -129,12 +152,15 @@ def _call_values(key: str, state: str, error: str | None) -> tuple[Any, ...]:
     return ("local", "refund", key, "f" * 64, state, 2, f"run-{key}", 1, T0, T0, owner, T0 + 30, error)
 
 
-_INSERT_CALL = ("INSERT INTO {calls} (principal, tool, key, fingerprint, state, version, run_id, attempts, "
-                "created_at, updated_at, owner, lease_until, error) VALUES ({marks})")
+_INSERT_CALL = (
+    "INSERT INTO {calls} (principal, tool, key, fingerprint, state, version, run_id, attempts, "
+    "created_at, updated_at, owner, lease_until, error) VALUES ({marks})"
+)
 
 
-async def _check_migrated(journal: Journal, reasons: dict[str, str | None],
-                          step_indexes: list[tuple[int, int | None]]) -> None:
+async def _check_migrated(
+    journal: Journal, reasons: dict[str, str | None], step_indexes: list[tuple[int, int | None]]
+) -> None:
     """What every migrated journal shows: the stored reasons and step indexes (read raw, so
     the codec's reading of a missing reason does not hide a missing backfill), then the journal
     itself: records with their reasons, every entry kept, a stored step refused."""
@@ -160,8 +186,7 @@ def _sqlite_at(path: Path, schema: str) -> None:
         conn.executescript(schema)
         insert = _INSERT_CALL.format(calls="calls", marks=", ".join("?" * 13))
         conn.executemany(insert, [_call_values(*row) for row in _old_calls()])
-        conn.executemany("INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, 1.0)",
-                         _old_entries())
+        conn.executemany("INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, 1.0)", _old_entries())
         conn.commit()
     finally:
         conn.close()
@@ -234,19 +259,25 @@ def _postgres_at(url: str, base: str, version: int) -> None:
     s = f'"{settings.schema}"'
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {s}")
-        conn.execute(f"CREATE TABLE {s}.schema_version (version integer PRIMARY KEY, description text NOT NULL, "
-                     "applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            f"CREATE TABLE {s}.schema_version (version integer PRIMARY KEY, description text NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         for migration in MIGRATIONS[:version]:
             for statement in migration.statements:
                 conn.execute(statement.format(s=s, channel=f"'{settings.channel}'"))
-            conn.execute(f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
-                         (migration.version, migration.description))
+            conn.execute(
+                f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
+                (migration.version, migration.description),
+            )
         insert = _INSERT_CALL.format(calls=f"{s}.calls", marks=", ".join(["%s"] * 13))
         with conn.cursor() as cur:
             cur.executemany(insert, [_call_values(*row) for row in _old_calls()])
             for process, kind, data in _old_entries():
-                cur.execute(f"INSERT INTO {s}.entries (process_id, entry_type, data, ts) VALUES (%s, %s, %s::json, 1)",
-                            (process, kind, data.decode()))
+                cur.execute(
+                    f"INSERT INTO {s}.entries (process_id, entry_type, data, ts) VALUES (%s, %s, %s::json, 1)",
+                    (process, kind, data.decode()),
+                )
 
 
 def _postgres_rows(url: str, base: str) -> tuple[dict[str, str | None], list[tuple[int, int | None]]]:

@@ -25,8 +25,16 @@ T0 = 1_700_000_000.0
 
 def pending(key: str, owner: str = "A") -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f", state=CallState.PENDING, version=1,
-        run_id=f"run-{key}", attempts=1, created_at=T0, updated_at=T0, owner=owner, lease_until=T0 + 30,
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner=owner,
+        lease_until=T0 + 30,
         arguments=b'{"a":1}',
     )
 

@@ -37,9 +37,19 @@ async def _journal_with_a_record(url: str) -> None:
     await journal.open()
     try:
         now = time.time()
-        record = CallRecord(identity=CallIdentity("local", "refund", "O-1"), fingerprint="f", state=CallState.COMPLETED,
-                            version=1, run_id="r", attempts=1, created_at=now, updated_at=now, completed_at=now,
-                            result=b'{"content": []}', arguments=b'{"order_id": "O-1"}')
+        record = CallRecord(
+            identity=CallIdentity("local", "refund", "O-1"),
+            fingerprint="f",
+            state=CallState.COMPLETED,
+            version=1,
+            run_id="r",
+            attempts=1,
+            created_at=now,
+            updated_at=now,
+            completed_at=now,
+            result=b'{"content": []}',
+            arguments=b'{"order_id": "O-1"}',
+        )
         await journal.claim(record, now)
         await journal.append("worker-1", "checkpoint", {"step": 1}, now)
     finally:
@@ -51,8 +61,14 @@ def test_journal_commands_load_no_server_module(tmp_path: Path, command: list[st
     url = f"file://{tmp_path / 'journal'}"
     anyio.run(_journal_with_a_record, url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_DURABLE_")}
-    proc = subprocess.run([sys.executable, "-c", PROBE, "journal", *command, "--journal", url, "--json"],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, "journal", *command, "--journal", url, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+    )
     report = orjson.loads(proc.stderr.strip().splitlines()[-1])
     assert report["rc"] == 0, proc.stderr
     assert proc.stdout.strip(), "the command printed nothing"

@@ -57,9 +57,19 @@ async def populate(url: str) -> None:
     journal = create_journal(url)
     await journal.open()
     arguments = {"order_id": "ghost", "card": "4111-0000"}
-    ghost = CallRecord(identity=CallIdentity("local", "refund", "ghost"), fingerprint=fingerprint(arguments),
-                       state=CallState.PENDING, version=1, run_id="r", attempts=1, created_at=2.0, updated_at=2.0,
-                       owner="dead-replica", lease_until=3.0, arguments=orjson.dumps(arguments))
+    ghost = CallRecord(
+        identity=CallIdentity("local", "refund", "ghost"),
+        fingerprint=fingerprint(arguments),
+        state=CallState.PENDING,
+        version=1,
+        run_id="r",
+        attempts=1,
+        created_at=2.0,
+        updated_at=2.0,
+        owner="dead-replica",
+        lease_until=3.0,
+        arguments=orjson.dumps(arguments),
+    )
     await journal.claim(ghost, 2.0)
     await journal.aclose()
 
@@ -74,11 +84,27 @@ def sqlite_url(tmp_path: Path) -> str:
 def test_list_show_stats_and_tail_print_what_the_journal_holds_with_sensitive_values_masked(sqlite_url: str) -> None:
     listed = json_lines(run("journal", "--journal", sqlite_url, "list", "--json"))
     assert [(r["tool"], r["key"], r["state"]) for r in listed] == [
-        ("decline", "d-1", "failed"), ("refund", "r/3", "completed"), ("refund", "r/2", "completed"),
-        ("refund", "r/1", "completed"), ("refund", "ghost", "pending"),
+        ("decline", "d-1", "failed"),
+        ("refund", "r/3", "completed"),
+        ("refund", "r/2", "completed"),
+        ("refund", "r/1", "completed"),
+        ("refund", "ghost", "pending"),
     ]
-    filtered = json_lines(run("journal", "list", "--journal", sqlite_url, "--tool", "refund", "--state", "completed",
-                              "--limit", "2", "--json"))
+    filtered = json_lines(
+        run(
+            "journal",
+            "list",
+            "--journal",
+            sqlite_url,
+            "--tool",
+            "refund",
+            "--state",
+            "completed",
+            "--limit",
+            "2",
+            "--json",
+        )
+    )
     assert [r["key"] for r in filtered] == ["r/3", "r/2"]
     assert json_lines(run("journal", "list", "--journal", sqlite_url, "--principal", "nobody", "--json")) == []
 
@@ -101,8 +127,19 @@ def test_list_show_stats_and_tail_print_what_the_journal_holds_with_sensitive_va
 
 def test_tail_follow_prints_entries_appended_after_it_started(sqlite_url: str) -> None:
     (stats,) = json_lines(run("journal", "--journal", sqlite_url, "stats", "--json"))
-    args = [*serve_command(), "journal", "--journal", sqlite_url, "tail", "--after", str(stats["entries"]),
-            "--follow", "--json", "--interval", "0.05"]
+    args = [
+        *serve_command(),
+        "journal",
+        "--journal",
+        sqlite_url,
+        "tail",
+        "--after",
+        str(stats["entries"]),
+        "--follow",
+        "--json",
+        "--interval",
+        "0.05",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
     async def append_and_read() -> list[dict[str, Any]]:
@@ -241,6 +278,7 @@ def test_a_round_trip_through_a_memory_journal_keeps_every_record(sqlite_url: st
         return first.read_bytes(), second.read_bytes()
 
     first, second = anyio.run(round_trip)
+
     def calls(data: bytes) -> list[bytes]:
         return sorted(line for line in data.splitlines()[1:] if b'"type":"call"' in line)
 
@@ -291,8 +329,9 @@ def test_resolve_settles_a_call_in_doubt_and_errors_have_exit_codes_without_trac
     missing = run(*j, "show", "refund", "never", check=1)
     assert "no call refund/never" in missing.stderr
 
-    resolved = json_lines(run(*j, "resolve", "refund", "ghost", "--as", "completed", "--result",
-                              '{"refunded": "by hand"}', "--json"))
+    resolved = json_lines(
+        run(*j, "resolve", "refund", "ghost", "--as", "completed", "--result", '{"refunded": "by hand"}', "--json")
+    )
     assert resolved[0]["state"] == "completed" and resolved[0]["arguments"]["card"] == "[redacted]"
     (shown,) = json_lines(run(*j, "show", "refund", "ghost", "--json"))
     assert shown["state"] == "completed" and shown["result"]["structuredContent"] == {"refunded": "by hand"}
@@ -362,8 +401,15 @@ def test_export_writes_a_file_only_its_owner_can_read_under_the_usual_umask(
         target.write_bytes(b"old")
         target.chmod(0o644)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MCP_DURABLE_")}
-    proc = subprocess.run([*serve_command(), "journal", "--journal", sqlite_url, "export", str(target)],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=120, umask=0o022)
+    proc = subprocess.run(
+        [*serve_command(), "journal", "--journal", sqlite_url, "export", str(target)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+        umask=0o022,
+    )
     assert proc.returncode == 0, proc.stderr
     assert oct(target.stat().st_mode & 0o777) == oct(0o600)
     assert target.read_bytes().startswith(b'{"type":"header"')

@@ -20,9 +20,19 @@ async def _one_expired_one_live(url: str) -> None:
     try:
         now = time.time()
         for key, expires in (("old", now - 10), ("live", now + 3600)):
-            record = CallRecord(identity=CallIdentity("local", "refund", key), fingerprint="f",
-                                state=CallState.COMPLETED, version=1, run_id=key, attempts=1, created_at=now - 20,
-                                updated_at=now - 20, completed_at=now - 20, expires_at=expires, result=b"{}")
+            record = CallRecord(
+                identity=CallIdentity("local", "refund", key),
+                fingerprint="f",
+                state=CallState.COMPLETED,
+                version=1,
+                run_id=key,
+                attempts=1,
+                created_at=now - 20,
+                updated_at=now - 20,
+                completed_at=now - 20,
+                expires_at=expires,
+                result=b"{}",
+            )
             await journal.claim(record, now - 20)
     finally:
         await journal.aclose()

@@ -35,8 +35,9 @@ async def test_the_inspector_command_of_the_serve_banner_is_pinned_and_works_as_
         assert served.url in argv
         inspector_or_skip(argv[2])
         home = {"MCP_CATALOG_PATH": str(tmp_path / "catalog.json"), "MCP_CLIENT_CONFIG_PATH": str(tmp_path / "c.json")}
-        proc = subprocess.run(argv, cwd=tmp_path, env={**os.environ, **home}, capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            argv, cwd=tmp_path, env={**os.environ, **home}, capture_output=True, text=True, timeout=300
+        )
     assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
     tools = {tool["name"] for tool in json.loads(proc.stdout)["tools"]}
     assert {"refund", "charge"} <= tools

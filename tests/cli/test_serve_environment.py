@@ -21,7 +21,9 @@ from tests.helpers import REPO, client_as, key_meta, serve_cli_http, serve_comma
 
 COUNTING = "tests/server/servers/counting.py:make_server"
 INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}},
 }
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -49,8 +51,15 @@ async def test_serve_without_journal_serves_the_module_on_mcp_durable_journal(tm
     assert f"journal: {journal}" in banner
     # `journal` commands read it too: the call is in that journal.
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MCP_DURABLE_")}
-    stats = subprocess.run([*serve_command(), "journal", "--json", "stats"], capture_output=True, text=True,
-                           env={**clean, config.JOURNAL: journal}, cwd=REPO, timeout=120, check=True)
+    stats = subprocess.run(
+        [*serve_command(), "journal", "--json", "stats"],
+        capture_output=True,
+        text=True,
+        env={**clean, config.JOURNAL: journal},
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    )
     assert orjson.loads(stats.stdout)["calls"] == 1, stats.stdout
 
 

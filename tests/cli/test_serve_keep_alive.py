@@ -30,8 +30,9 @@ async def _answer(stream: anyio.abc.ByteStream) -> bytes:
         while b"\r\n\r\n" not in answer:
             answer += await stream.receive()
         head, _, body = answer.partition(b"\r\n\r\n")
-        lengths = [int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length:")]
+        lengths = [
+            int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+        ]
         length = lengths[0] if lengths else 0
         while len(body) < length:
             body += await stream.receive()

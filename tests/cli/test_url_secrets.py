@@ -21,8 +21,10 @@ USERINFO_SECRET = "S3cret-in-userinfo"
 QUERY_SECRET = "S3cret-in-query"
 SSL_SECRET = "S3cret-sslpassword"
 SECRETS = (USERINFO_SECRET, QUERY_SECRET, SSL_SECRET)
-INITIALIZE = (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
-              b'"capabilities":{},"clientInfo":{"name":"probe","version":"0"}}}\n')
+INITIALIZE = (
+    b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25",'
+    b'"capabilities":{},"clientInfo":{"name":"probe","version":"0"}}}\n'
+)
 
 
 def _with_secrets(url: str, *, port: int | None = None) -> str:
@@ -57,13 +59,25 @@ def test_the_one_masking_function_masks_user_info_and_secret_parameters() -> Non
 def test_journal_stats_never_prints_the_password_of_its_url() -> None:
     url = _with_secrets(scratch_postgres_url("secrets"))  # trust auth: the password is ignored
     for extra in ([], ["--json"]):
-        proc = subprocess.run([*serve_command(), "journal", "--journal", url, *extra, "stats"],
-                              capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120)
+        proc = subprocess.run(
+            [*serve_command(), "journal", "--journal", url, *extra, "stats"],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=REPO,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         assert "backend" in proc.stdout
         _assert_no_secret(proc.stdout + proc.stderr)
-    shown = subprocess.run([*serve_command(), "journal", "--journal", url, "stats"],
-                           capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120)
+    shown = subprocess.run(
+        [*serve_command(), "journal", "--journal", url, "stats"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert "postgres:***@" in shown.stdout + shown.stderr  # the URL is shown, masked
 
 
@@ -78,8 +92,9 @@ def test_serve_masks_the_password_in_its_banner_and_in_the_journal_unavailable_w
     if transport == "http":
         args += ["--host", "127.0.0.1", "--port", str(free_port())]
     with log.open("wb") as err:
-        proc = subprocess.Popen(args, cwd=REPO, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=err)
+        proc = subprocess.Popen(
+            args, cwd=REPO, env=_env(), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err
+        )
         try:
             if transport == "stdio":  # a stdio server starts its journal when a client arrives
                 assert proc.stdin is not None
@@ -107,8 +122,14 @@ def test_serve_masks_the_password_in_its_banner_and_in_the_journal_unavailable_w
     ids=["unreachable", "unknown-scheme"],
 )
 def test_journal_errors_that_quote_the_url_never_print_its_password(url: str) -> None:
-    proc = subprocess.run([*serve_command(), "journal", "--journal", url, "stats"],
-                          capture_output=True, text=True, env=_env(), cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [*serve_command(), "journal", "--journal", url, "stats"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     _assert_no_secret(proc.stdout + proc.stderr)

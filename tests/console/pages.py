@@ -65,9 +65,14 @@ async def standalone_console(journal: str) -> AsyncIterator[str]:
     its base URL (`http://127.0.0.1:P/console`) once it listens."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="console-", suffix=".log", delete=False)  # noqa: SIM115
-    console = subprocess.Popen([*serve_command(), "console", "--journal", journal, "--port", str(port)],
-                               cwd=REPO, env={**os.environ, **ENV}, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=log)
+    console = subprocess.Popen(
+        [*serve_command(), "console", "--journal", journal, "--port", str(port)],
+        cwd=REPO,
+        env={**os.environ, **ENV},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     served = ServedHttp(f"http://127.0.0.1:{port}/console", port, console, Path(log.name), [log])
     try:
         assert await wait_listening(served), served.stderr()  # False: the console exited first

@@ -56,17 +56,20 @@ async def test_a_live_stream_carries_only_the_changes_its_principal_may_see(tmp_
         with anyio.fail_after(20):
             async for line in stream:  # type: ignore[attr-defined]
                 if line.startswith("data: journal://calls/"):
-                    return str(line[len("data: "):])
+                    return str(line[len("data: ") :])
         raise AssertionError("the stream ended")
 
     async with counting_server(tmp_path) as served:
         base = console_url(served)
         async with httpx2.AsyncClient(timeout=30) as http:
+
             def headers(who: str) -> dict[str, str]:
                 return {"Authorization": f"Bearer {TOKENS[who]}"}
 
-            async with http.stream("GET", f"{base}/events", headers=headers("bob")) as bob_events, \
-                    http.stream("GET", f"{base}/events", headers=headers("ops")) as ops_events:
+            async with (
+                http.stream("GET", f"{base}/events", headers=headers("bob")) as bob_events,
+                http.stream("GET", f"{base}/events", headers=headers("ops")) as ops_events,
+            ):
                 bob_lines, ops_lines = bob_events.aiter_lines(), ops_events.aiter_lines()
                 assert await bob_lines.__anext__() == "retry: 3000"
                 assert await ops_lines.__anext__() == "retry: 3000"

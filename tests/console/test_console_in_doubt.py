@@ -26,9 +26,16 @@ MAIL = {"to": "customer@example.com", "subject": "Your refund", "body": "It is o
 
 
 def _danger_env(tmp_path: Path) -> dict[str, str]:
-    return {**ENV, "CRASH_PLAN": str(tmp_path / "plan.json"), "CRASH_COUNTER": str(tmp_path / "events.log"),
-            "PAYMENTS_LEDGER": str(tmp_path / "ledger.db"), "MAILER_OUTBOX": str(tmp_path / "outbox.db"),
-            "CRASH_MAIL_POLICY": "refuse", "CRASH_LEASE": "0.5", "CRASH_WAIT": "1"}
+    return {
+        **ENV,
+        "CRASH_PLAN": str(tmp_path / "plan.json"),
+        "CRASH_COUNTER": str(tmp_path / "events.log"),
+        "PAYMENTS_LEDGER": str(tmp_path / "ledger.db"),
+        "MAILER_OUTBOX": str(tmp_path / "outbox.db"),
+        "CRASH_MAIL_POLICY": "refuse",
+        "CRASH_LEASE": "0.5",
+        "CRASH_WAIT": "1",
+    }
 
 
 async def test_a_call_left_in_doubt_by_a_sigkill_is_resolved_from_the_page_and_the_next_call_sees_it(

@@ -131,8 +131,10 @@ async def test_a_non_admin_sees_only_its_calls_no_action_buttons_and_a_forged_po
         assert response is not None and response.status == 403
         # A forged POST with alice's own valid session and CSRF token: refused, nothing changes.
         csrf = await alice.get_attribute("input[name=csrf]", "value")
-        forged = await alice.request.post(f"{base}/act", form={"csrf": str(csrf), "action": "forget",
-                                          "principal": "bob", "tool": "record", "key": "bobs"})
+        forged = await alice.request.post(
+            f"{base}/act",
+            form={"csrf": str(csrf), "action": "forget", "principal": "bob", "tool": "record", "key": "bobs"},
+        )
         assert forged.status == 403
         async with client_as(served.url, TOKENS["bob"], "auto") as bob:
             assert (await read_json(bob, "journal://calls/record/bobs"))["state"] == "completed"
@@ -169,8 +171,9 @@ async def test_a_post_without_the_csrf_token_or_from_another_origin_is_refused(b
         for extra in ({}, {"csrf": "forged"}):
             refused = await ops.request.post(f"{base}/act", form={**form, **extra})
             assert refused.status == 403 and "CSRF" in await refused.text()
-        cross = await ops.request.post(f"{base}/act", form={**form, "csrf": str(csrf)},
-                                       headers={"Origin": "http://evil.example"})
+        cross = await ops.request.post(
+            f"{base}/act", form={**form, "csrf": str(csrf)}, headers={"Origin": "http://evil.example"}
+        )
         assert cross.status == 403
         # The session's own token from the same origin gets through to the action (no such call).
         allowed = await ops.request.post(f"{base}/act", form={**form, "csrf": str(csrf)})

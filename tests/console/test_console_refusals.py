@@ -75,10 +75,13 @@ async def test_a_non_admin_acting_is_answered_403_forbidden(tmp_path: Path) -> N
             await alice.call_tool("ship", {"order_id": "o-1"}, meta=key_meta("k-1"))
         async with httpx2.AsyncClient(timeout=30.0) as http:
             csrf = await signed_in(http, served.base, "tok-alice")  # a valid session and CSRF token
-            posted = await http.post(f"{served.base}/act", data={
-                "csrf": csrf, "action": "forget", "principal": "alice", "tool": "ship", "key": "k-1"})
-            confirm = await http.get(f"{served.base}/act", params={
-                "principal": "alice", "tool": "ship", "key": "k-1", "action": "forget"})
+            posted = await http.post(
+                f"{served.base}/act",
+                data={"csrf": csrf, "action": "forget", "principal": "alice", "tool": "ship", "key": "k-1"},
+            )
+            confirm = await http.get(
+                f"{served.base}/act", params={"principal": "alice", "tool": "ship", "key": "k-1", "action": "forget"}
+            )
     assert refusal(posted) == (403, "forbidden") == (WIRE["forbidden"].status, "forbidden")
     assert refusal(confirm) == (403, "forbidden")
     assert "Forbidden" in posted.text
@@ -123,5 +126,4 @@ async def test_a_journal_that_fails_is_answered_503_journal_unavailable(tmp_path
     finally:
         await holder.aclose()
     assert [refusal(page) for page in pages] == [(503, "journal_unavailable")] * 3
-    assert all("The journal is unavailable" in page.text and "locked by another writer" in page.text
-               for page in pages)
+    assert all("The journal is unavailable" in page.text and "locked by another writer" in page.text for page in pages)

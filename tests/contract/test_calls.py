@@ -11,12 +11,27 @@ from tests.conftest import JournalFactory
 T0 = 1_700_000_000.0
 
 
-def pending(key: str = "k", *, tool: str = "refund", principal: str = "local", created: float = T0,
-            owner: str = "A", fingerprint: str = "f1") -> CallRecord:
+def pending(
+    key: str = "k",
+    *,
+    tool: str = "refund",
+    principal: str = "local",
+    created: float = T0,
+    owner: str = "A",
+    fingerprint: str = "f1",
+) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity(principal, tool, key), fingerprint=fingerprint, state=CallState.PENDING,
-        version=1, run_id=f"run-{key}", attempts=1, created_at=created, updated_at=created,
-        owner=owner, lease_until=created + 30, arguments=b'{"a":1}',
+        identity=CallIdentity(principal, tool, key),
+        fingerprint=fingerprint,
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=created,
+        updated_at=created,
+        owner=owner,
+        lease_until=created + 30,
+        arguments=b'{"a":1}',
     )
 
 
@@ -87,8 +102,15 @@ async def test_principals_tools_and_keys_are_separate_identities(journal: Journa
 
 async def test_identities_whose_parts_hold_separators_never_collide(journal: Journal) -> None:
     # Each part is stored on its own: no joining of principal, tool and key into one string.
-    triples = [("a", "refund", "b:K1"), ("a:b", "refund", "K1"), ("a", "refund:b", "K1"), ("a/b", "refund", "K1"),
-               ("a", "b/refund", "K1"), ("a", "refund", "b/K1"), ("a", "refund", 'b","K1')]
+    triples = [
+        ("a", "refund", "b:K1"),
+        ("a:b", "refund", "K1"),
+        ("a", "refund:b", "K1"),
+        ("a/b", "refund", "K1"),
+        ("a", "b/refund", "K1"),
+        ("a", "refund", "b/K1"),
+        ("a", "refund", 'b","K1'),
+    ]
     for principal, tool, key in triples:
         won, _ = await journal.claim(pending(key, tool=tool, principal=principal, owner=principal + tool + key), T0)
         assert won, (principal, tool, key)

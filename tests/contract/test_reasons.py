@@ -70,8 +70,9 @@ async def test_a_stored_reason_is_read_as_it_is_whatever_the_error_text_says(jou
 async def test_no_reason_reads_back_as_none_on_claims_and_final_records(journal: Journal, state: CallState) -> None:
     _, record = await journal.claim(task("k"), T0)
     assert await read_every_way(journal, record) == [None] * 3
-    final = record.evolve(state=state, result=b"{}", owner=None,
-                          error="tool said no" if state == CallState.FAILED else None)
+    final = record.evolve(
+        state=state, result=b"{}", owner=None, error="tool said no" if state == CallState.FAILED else None
+    )
     assert await journal.swap(record.version, final)
     assert await read_every_way(journal, final) == [None] * 3
 

@@ -92,9 +92,7 @@ class BlackHole:
         self._run(self._start())
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         try:
             self._run(self._close())
         finally:

@@ -164,8 +164,12 @@ def describe(result: CallToolResult | None) -> Any:
     """A result as the assertion messages show it."""
     if result is None:
         return None
-    return {"is_error": result.is_error, "structured": result.structured_content, "meta": result.meta,
-            "text": [getattr(c, "text", None) for c in result.content]}
+    return {
+        "is_error": result.is_error,
+        "structured": result.structured_content,
+        "meta": result.meta,
+        "text": [getattr(c, "text", None) for c in result.content],
+    }
 
 
 def assert_late_answer_is_recorded(answer: CallToolResult | None, record: CallRecord) -> None:
@@ -174,7 +178,9 @@ def assert_late_answer_is_recorded(answer: CallToolResult | None, record: CallRe
     if answer is None or answer.is_error:
         return
     assert record.state.is_final, (
-        f"the late owner answered a result while the journal holds none: {describe(answer)}, record {record.state}")
+        f"the late owner answered a result while the journal holds none: {describe(answer)}, record {record.state}"
+    )
     assert answer.structured_content == recorded(record), (
-        f"the late owner answered its own result, not the recorded one: {describe(answer)} vs {recorded(record)}")
+        f"the late owner answered its own result, not the recorded one: {describe(answer)} vs {recorded(record)}"
+    )
     assert meta_of(answer).get(SUPERSEDED) is True, f"a late owner's answer not marked superseded: {describe(answer)}"

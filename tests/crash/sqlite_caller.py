@@ -27,8 +27,16 @@ def identity(n: int) -> CallIdentity:
 def claim_of(n: int) -> CallRecord:
     """The record the n-th call claims (the parent recomputes it to check what it finds)."""
     return CallRecord(
-        identity=identity(n), fingerprint=f"f{n}", state=CallState.PENDING, version=1, run_id=f"run-{n}",
-        attempts=1, created_at=T0 + n, updated_at=T0 + n, owner=OWNER, lease_until=T0 + n + 30,
+        identity=identity(n),
+        fingerprint=f"f{n}",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{n}",
+        attempts=1,
+        created_at=T0 + n,
+        updated_at=T0 + n,
+        owner=OWNER,
+        lease_until=T0 + n + 30,
         arguments=b'{"n":%d}' % n,
     )
 
@@ -42,8 +50,14 @@ def result_of(n: int) -> bytes:
 
 
 def done_of(n: int) -> CallRecord:
-    return claim_of(n).evolve(state=CallState.COMPLETED, owner=None, lease_until=None, completed_at=T0 + n + 1,
-                              updated_at=T0 + n + 1, result=result_of(n))
+    return claim_of(n).evolve(
+        state=CallState.COMPLETED,
+        owner=None,
+        lease_until=None,
+        completed_at=T0 + n + 1,
+        updated_at=T0 + n + 1,
+        result=result_of(n),
+    )
 
 
 async def main(url: str, start: int, callers: int) -> None:

@@ -48,15 +48,21 @@ class Run:
         self.ledger = PaymentProvider(self.tmp / "ledger.db")
         self.outbox = Outbox(self.tmp / "outbox.db")
         env = {
-            "CRASH_PLAN": str(self.plan.path), "CRASH_COUNTER": str(self.events.path),
-            "PAYMENTS_LEDGER": str(self.ledger.path), "MAILER_OUTBOX": str(self.outbox.path),
-            "CRASH_MAIL_POLICY": self.mail_policy, "CRASH_LEASE": "0.5", "CRASH_WAIT": "10",
+            "CRASH_PLAN": str(self.plan.path),
+            "CRASH_COUNTER": str(self.events.path),
+            "PAYMENTS_LEDGER": str(self.ledger.path),
+            "MAILER_OUTBOX": str(self.outbox.path),
+            "CRASH_MAIL_POLICY": self.mail_policy,
+            "CRASH_LEASE": "0.5",
+            "CRASH_WAIT": "10",
         }
         self.server = StdioServer(TARGET, journal_url(self.journal, self.tmp), env)
 
     def report(self, name: str) -> None:
-        print(f"\n{name} on {self.journal}: {TRIALS} trials, {self.server.boots.started} boots, "
-              f"{self.server.boots.killed} SIGKILLs, outcomes {dict(self.outcomes)}")
+        print(
+            f"\n{name} on {self.journal}: {TRIALS} trials, {self.server.boots.started} boots, "
+            f"{self.server.boots.killed} SIGKILLs, outcomes {dict(self.outcomes)}"
+        )
 
 
 async def _crash(run: Run, tool: str, args: dict[str, Any], key: str, point: str) -> None:
@@ -113,8 +119,13 @@ async def test_a_mail_the_outbox_would_send_twice_is_sent_once_under_reconcile(j
                 assert invoked == 1 and meta.get(RECONCILED) is True, "found downstream: completed, not resent"
             else:
                 assert invoked == 1 and meta.get(REPLAYED) is True
-            run.outcomes[{"before_effect": "reconciled: not applied, ran", "danger_window": "reconciled: found",
-                          "after_journal": "replayed"}[point]] += 1
+            run.outcomes[
+                {
+                    "before_effect": "reconciled: not applied, ran",
+                    "danger_window": "reconciled: found",
+                    "after_journal": "replayed",
+                }[point]
+            ] += 1
     run.report("send_email/reconcile")
 
 

@@ -19,11 +19,17 @@ JOURNALS = ["sqlite", "file"]
 
 
 def _server(journal: str, tmp_path: Path) -> tuple[StdioServer, CrashPlan, Counter, Warehouse]:
-    plan, events, warehouse = CrashPlan(tmp_path / "plan.json"), Counter(tmp_path / "events.log"), Warehouse(
-        tmp_path / "warehouse.db"
+    plan, events, warehouse = (
+        CrashPlan(tmp_path / "plan.json"),
+        Counter(tmp_path / "events.log"),
+        Warehouse(tmp_path / "warehouse.db"),
     )
-    env = {"CRASH_PLAN": str(plan.path), "CRASH_COUNTER": str(events.path), "WAREHOUSE_DB": str(warehouse.path),
-           "CRASH_LEASE": "0.5"}
+    env = {
+        "CRASH_PLAN": str(plan.path),
+        "CRASH_COUNTER": str(events.path),
+        "WAREHOUSE_DB": str(warehouse.path),
+        "CRASH_LEASE": "0.5",
+    }
     return StdioServer(TARGET, journal_url(journal, tmp_path), env), plan, events, warehouse
 
 
@@ -42,7 +48,10 @@ async def test_a_ten_step_tool_killed_at_step_six_resumes_at_step_six_and_never_
     runs = [events.count(f"run J step {i}") for i in range(1, 11)]
     assert runs == [1, 1, 1, 1, 1, 2, 1, 1, 1, 1], "steps 1-5 replayed; step 6 (unjournaled) ran again; 7-10 once"
     assert result.structured_content == {
-        "job": "J", "results": [i * i for i in range(1, 11)], "replayed": 5, "run": 5,
+        "job": "J",
+        "results": [i * i for i in range(1, 11)],
+        "replayed": 5,
+        "run": 5,
     }
 
 

@@ -60,8 +60,10 @@ async def test_a_tool_running_longer_than_three_leases_keeps_its_lease_and_a_sec
     base = {"CRASH_COUNTER": str(events.path), "CRASH_LEASE": str(LEASE)}
     seconds = 5 * LEASE  # five lease periods: without renewals the lease would expire four times over
     result: dict[str, Any] = {}
-    async with serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": str(seconds)}) as first, \
-            serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "0"}) as second:
+    async with (
+        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": str(seconds)}) as first,
+        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "0"}) as second,
+    ):
         async with Client(first.url, mode="legacy") as a, Client(second.url, mode="legacy") as b:
 
             async def run_first() -> None:
@@ -97,8 +99,10 @@ async def test_a_dead_servers_lease_expires_and_a_second_server_on_the_shared_jo
     url = journal_url("sqlite", tmp_path)
     events = Counter(tmp_path / "events.log")
     base = {"CRASH_COUNTER": str(events.path), "CRASH_LEASE": str(LEASE)}
-    async with serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "60"}) as first, \
-            serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "0"}) as second:
+    async with (
+        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "60"}) as first,
+        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "0"}) as second,
+    ):
         async with anyio.create_task_group() as tg:
 
             async def doomed() -> None:

@@ -99,9 +99,12 @@ def _expected(downstream: str, policy: str, *, effect_first: bool) -> dict[str, 
     else:
         runs, answer_b, state, recorded_by = ["A", "B"] if effect_first else ["B"], "B", "completed", "B"
     return {
-        "effects": min(len(runs), 1) if downstream == "ledger" else len(runs), "requests": len(runs),
+        "effects": min(len(runs), 1) if downstream == "ledger" else len(runs),
+        "requests": len(runs),
         "senders": runs if downstream == "outbox" else None,
-        "state": state, "recorded_by": recorded_by, "answer_b": answer_b,
+        "state": state,
+        "recorded_by": recorded_by,
+        "answer_b": answer_b,
     }
 
 
@@ -131,8 +134,11 @@ class Seen:
         """The observations `_expected` states: downstream counts, the record, B's answer."""
         kept = recorded(self.record) if self.record.state.is_final else None
         return {
-            "effects": self.effects, "requests": self.requests, "senders": self.senders,
-            "state": self.record.state.value, "recorded_by": None if kept is None else kept.get("by"),
+            "effects": self.effects,
+            "requests": self.requests,
+            "senders": self.senders,
+            "state": self.record.state.value,
+            "recorded_by": None if kept is None else kept.get("by"),
             "answer_b": refusal_code(self.answer_b) or (self.answer_b.structured_content or {}).get("by"),
         }
 
@@ -164,8 +170,9 @@ async def _partition(tmp_path: Path, journal: str, policy: str, downstream: str,
 
     with anyio.fail_after(60), BlackHole(parts.hostname or "127.0.0.1", parts.port or 5432) as hole:
         async with (
-            serve_http(TARGET, journal=_through(journal, hole.port),
-                       env={**stores, **hold.env, "REPLICA_NAME": "A"}) as a,
+            serve_http(
+                TARGET, journal=_through(journal, hole.port), env={**stores, **hold.env, "REPLICA_NAME": "A"}
+            ) as a,
             serve_http(TARGET, journal=journal, env={**stores, "REPLICA_NAME": "B"}) as b,
             reading(journal) as store,
             anyio.create_task_group() as group,
@@ -196,9 +203,18 @@ async def _partition(tmp_path: Path, journal: str, policy: str, downstream: str,
         requests = effects = outbox.mails(key)
         senders = [mail["body"].removeprefix("sent by ") for mail in effects]
     return Seen(
-        effects=len(effects), requests=len(requests), senders=senders, record=record, answer_a=answer_a,
-        failure_a=on_a.failure, answer_b=answer_b, left_a=hold.left(), held=held, delivered=delivered,
-        seconds=round(time.monotonic() - started, 1), stderr_a=stderr_a[-2000:],
+        effects=len(effects),
+        requests=len(requests),
+        senders=senders,
+        record=record,
+        answer_a=answer_a,
+        failure_a=on_a.failure,
+        answer_b=answer_b,
+        left_a=hold.left(),
+        held=held,
+        delivered=delivered,
+        seconds=round(time.monotonic() - started, 1),
+        stderr_a=stderr_a[-2000:],
     )
 
 

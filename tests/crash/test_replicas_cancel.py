@@ -47,14 +47,17 @@ async def test_an_admin_on_another_replica_cancels_a_running_call_and_the_owner_
     log = Counter(tmp_path / "steps.log")
     env = {"STEPS_LOG": str(log.path), "STEPS_LEASE": "1", "MCP_DURABLE_ADMINS": "local"}
     results: list[Any] = []
-    async with serve_http(TARGET, journal=shared_journal, env=env) as a, \
-            serve_http(TARGET, journal=shared_journal, env=env) as b:
+    async with (
+        serve_http(TARGET, journal=shared_journal, env=env) as a,
+        serve_http(TARGET, journal=shared_journal, env=env) as b,
+    ):
         async with anyio.create_task_group() as group:
             group.start_soon(held_call, a.url, "J-6", results)
             await wait_for(log, "charge J-6")
             async with Client(b.url) as operator:
-                cancelled = await operator.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-6",
-                                                                        "note": "wrong warehouse"})
+                cancelled = await operator.call_tool(
+                    "journal_cancel", {"tool": "five_steps", "key": "J-6", "note": "wrong warehouse"}
+                )
         # A's call ended (cancelled) with the gate still shut: the renewal, not a step, stopped it.
         log.open_gate()
         async with Client(b.url) as client:
@@ -79,9 +82,26 @@ async def test_the_cli_cancels_a_call_running_on_a_replica_which_stops_at_its_ne
             group.start_soon(held_call, a.url, "J-7", results)
             await wait_for(log, "charge J-7")
             command, *prefix = serve_command()
-            done = await anyio.to_thread.run_sync(lambda: subprocess.run(
-                [command, *prefix, "journal", "--journal", shared_journal, "--json", "cancel", "five_steps", "J-7",
-                 "--note", "duplicate order"], capture_output=True, text=True, timeout=120))
+            done = await anyio.to_thread.run_sync(
+                lambda: subprocess.run(
+                    [
+                        command,
+                        *prefix,
+                        "journal",
+                        "--journal",
+                        shared_journal,
+                        "--json",
+                        "cancel",
+                        "five_steps",
+                        "J-7",
+                        "--note",
+                        "duplicate order",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                )
+            )
             assert done.returncode == 0, done.stderr
             log.open_gate()  # the tool goes on to its third step, which finds the call cancelled
         async with Client(a.url) as client:

@@ -52,7 +52,8 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
         async def call(i: int, key: str, replica: int) -> None:
             async with limit:
                 result = await clients[replica][i % 2].call_tool(
-                    "refund", {"order_id": f"O-{key}", "amount_cents": 500}, meta=key_meta(key))
+                    "refund", {"order_id": f"O-{key}", "amount_cents": 500}, meta=key_meta(key)
+                )
             results[i] = (key, result)
 
         with anyio.fail_after(120):

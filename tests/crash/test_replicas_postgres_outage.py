@@ -56,8 +56,9 @@ async def test_calls_fail_as_journal_unavailable_while_postgres_is_down_and_succ
 
             async def call(key: str) -> Sent:
                 started = time.monotonic()
-                result = await client.call_tool("refund", {"order_id": f"O-{key}", "amount_cents": 100},
-                                                meta=key_meta(key))
+                result = await client.call_tool(
+                    "refund", {"order_id": f"O-{key}", "amount_cents": 100}, meta=key_meta(key)
+                )
                 done = Sent(key, started, time.monotonic(), result)
                 sent.append(done)
                 return done

@@ -75,8 +75,11 @@ async def test_a_stalled_owner_resumed_between_durable_steps_does_not_begin_the_
         mails = outbox.mails(step_key(PRINCIPAL, key, step))
         return [mail["body"].removeprefix("sent by ") for mail in mails]
 
-    observed = {"first": senders("first"), "second": senders("second"),
-                "step log": [entry.data["index"] for entry in steps]}
+    observed = {
+        "first": senders("first"),
+        "second": senders("second"),
+        "step log": [entry.data["index"] for entry in steps],
+    }
     # The first step's mail is r1's, made before the stop and replayed by r2; the second is r2's.
     assert observed == {"first": ["r1"], "second": ["r2"], "step log": [0, 1]}, seen
     _assert_r2_result_stands(seen)
@@ -93,8 +96,10 @@ class Seen:
     record: CallRecord
 
     def __repr__(self) -> str:
-        return (f"Seen(r2={describe(self.answer_r2)}, r1={describe(self.answer_r1)}, failure_r1={self.failure_r1!r}, "
-                f"left_r1={self.left_r1!r}, record={self.record})")
+        return (
+            f"Seen(r2={describe(self.answer_r2)}, r1={describe(self.answer_r1)}, failure_r1={self.failure_r1!r}, "
+            f"left_r1={self.left_r1!r}, record={self.record})"
+        )
 
 
 def _assert_r2_result_stands(seen: Seen) -> None:

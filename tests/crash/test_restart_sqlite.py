@@ -21,8 +21,11 @@ async def test_a_refund_survives_a_sigkill_of_the_http_server_and_is_replayed_af
     journal = f"sqlite:///{tmp_path}/journal.db"
     ledger = tmp_path / "ledger.db"
     env = {"PAYMENTS_LEDGER": str(ledger)}
-    call: dict[str, Any] = {"name": "refund", "arguments": {"order_id": "O-9", "amount_cents": 4200},
-                            "meta": key_meta("r-9")}
+    call: dict[str, Any] = {
+        "name": "refund",
+        "arguments": {"order_id": "O-9", "amount_cents": 4200},
+        "meta": key_meta("r-9"),
+    }
 
     async with serve_http("tools/payments.py", journal=journal, env=env) as first_server:
         async with Client(first_server.url, mode=mode) as client:

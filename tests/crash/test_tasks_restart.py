@@ -39,8 +39,13 @@ class Setup:
         self.gates.mkdir(exist_ok=True)
         self.counts = Counter(tmp_path / "counter")
         self.ledger = PaymentProvider(tmp_path / "ledger.db")
-        self.env = {"COUNTER_FILE": str(self.counts.path), "TASK_GATE": str(self.gates),
-                    "PAYMENTS_LEDGER": str(self.ledger.path), "TASK_IN_DOUBT": policy, "TASK_LEASE": "1.0"}
+        self.env = {
+            "COUNTER_FILE": str(self.counts.path),
+            "TASK_GATE": str(self.gates),
+            "PAYMENTS_LEDGER": str(self.ledger.path),
+            "TASK_IN_DOUBT": policy,
+            "TASK_LEASE": "1.0",
+        }
 
     async def until(self, event: str, times: int = 1, timeout: float = 30) -> None:
         with anyio.fail_after(timeout):

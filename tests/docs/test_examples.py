@@ -114,8 +114,9 @@ def test_the_python_client_over_stdio_refunds_once_and_shows_the_replay(tmp_path
 
 async def test_the_python_client_over_http_refunds_once_and_shows_the_replay(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.db"
-    async with serve_http("tools/payments.py", journal=f"sqlite:///{tmp_path}/journal.db",
-                          env={"PAYMENTS_LEDGER": str(ledger)}) as served:
+    async with serve_http(
+        "tools/payments.py", journal=f"sqlite:///{tmp_path}/journal.db", env={"PAYMENTS_LEDGER": str(ledger)}
+    ) as served:
         command = [sys.executable, "examples/client.py", "http", served.url, "--key", "k-http", "--order", "O-7"]
         proc = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
         check_client_output(proc, "k-http")
@@ -151,8 +152,9 @@ async def test_make_run_serves_the_payments_tools_and_prints_how_to_connect(tmp_
     # The venv of this test run stands in for the one `make` builds; -o: do not rebuild it.
     stamp = f"{sys.prefix}/.installed-stamp"
     command = ["make", "-C", str(REPO), "-o", stamp, "run", f"VENV={sys.prefix}", f"PORT={port}"]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert proc.stderr is not None
         printed: list[str] = []
@@ -252,11 +254,13 @@ async def test_every_inspector_command_in_the_docs_runs_against_a_real_server(tm
     inspector_or_skip(packages.pop())
     work = workdir(tmp_path)
     ledger = work / ".mcp-durable" / "payments-ledger.db"  # where `make run` keeps it
-    env = clean_env(MCP_CATALOG_PATH=str(tmp_path / "catalog.json"),
-                    MCP_CLIENT_CONFIG_PATH=str(tmp_path / "client.json"))
+    env = clean_env(
+        MCP_CATALOG_PATH=str(tmp_path / "catalog.json"), MCP_CLIENT_CONFIG_PATH=str(tmp_path / "client.json")
+    )
     seen: dict[tuple[str, str], list[str]] = {}
-    async with serve_http("tools/payments.py", journal=f"sqlite:///{tmp_path}/journal.db",
-                          env={"PAYMENTS_LEDGER": str(ledger)}) as served:
+    async with serve_http(
+        "tools/payments.py", journal=f"sqlite:///{tmp_path}/journal.db", env={"PAYMENTS_LEDGER": str(ledger)}
+    ) as served:
         for command in commands:
             assert PLACEHOLDER_URL in command, command
             argv = shlex.split(command.replace(PLACEHOLDER_URL, served.url))
@@ -283,8 +287,9 @@ async def test_every_inspector_command_in_the_docs_runs_against_a_real_server(tm
     assert seen, "no Inspector command calls a tool with a key"
     # The ledger command the docs show, run as written: one refund.
     (ledger_command,) = {c.text for c in all_commands() if c.text.startswith(LEDGER_COMMAND)}
-    proc = subprocess.run(shlex.split(ledger_command), cwd=work, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = subprocess.run(
+        shlex.split(ledger_command), cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert proc.returncode == 0, proc.stderr
     effects = ast.literal_eval(proc.stdout.strip())
     assert [e["subject"] for e in effects] == [INSPECTOR_ORDER] and effects[0]["amount_cents"] == 500
@@ -300,10 +305,21 @@ def test_the_replicas_script_demo_refunds_once_through_three_replicas(tmp_path: 
     output = ""
     for _ in range(3):  # three consecutive free ports are needed; retry on a port race
         base = free_port()
-        env = {**os.environ, "SCHEMA": schema, "BASE_PORT": str(base), "PAYMENTS_LEDGER": str(ledger),
-               "TMPDIR": str(tmp_path)}
-        done = subprocess.run(["bash", str(REPO / "examples/replicas.sh"), "--demo", PG_URL], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
+        env = {
+            **os.environ,
+            "SCHEMA": schema,
+            "BASE_PORT": str(base),
+            "PAYMENTS_LEDGER": str(ledger),
+            "TMPDIR": str(tmp_path),
+        }
+        done = subprocess.run(
+            ["bash", str(REPO / "examples/replicas.sh"), "--demo", PG_URL],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         output = done.stdout
         if done.returncode == 0:
             break

@@ -31,74 +31,91 @@ EXAMPLES = "tests/docs/test_examples.py"
 ELSEWHERE: dict[str, str] = {
     "make test": ".ci/run",
     "make run": f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect",
-    r"re:npx -y @modelcontextprotocol/inspector@[\w.]+ --cli ":
-        f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server",
-    r're:\.venv/bin/python -c "from mcp_durable\.demo\.ledger import PaymentProvider':
-        f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server",
-    r"re:\.venv/bin/python examples/client\.py http ":
-        f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
+    r"re:npx -y @modelcontextprotocol/inspector@[\w.]+ --cli ": (
+        f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server"
+    ),
+    r're:\.venv/bin/python -c "from mcp_durable\.demo\.ledger import PaymentProvider': (
+        f"{EXAMPLES}::test_every_inspector_command_in_the_docs_runs_against_a_real_server"
+    ),
+    r"re:\.venv/bin/python examples/client\.py http ": (
+        f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay"
+    ),
     # Servers run until stopped: each form is started by a test that then calls it.
-    "mcp-durable serve tools/payments.py":
-        f"{EXAMPLES}::test_the_desktop_client_config_starts_a_server_that_replays",
-    "mcp-durable serve tools/payments.py --transport http --port 8000":
-        f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect",
-    r"re:mcp-durable serve tools/payments\.py --transport http --host 127\.0\.0\.1 --port 8000 --journal sqlite:///":
-        f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay",
+    "mcp-durable serve tools/payments.py": (f"{EXAMPLES}::test_the_desktop_client_config_starts_a_server_that_replays"),
+    "mcp-durable serve tools/payments.py --transport http --port 8000": (
+        f"{EXAMPLES}::test_make_run_serves_the_payments_tools_and_prints_how_to_connect"
+    ),
+    r"re:mcp-durable serve tools/payments\.py --transport http --host 127\.0\.0\.1 --port 8000 --journal sqlite:///": (
+        f"{EXAMPLES}::test_the_python_client_over_http_refunds_once_and_shows_the_replay"
+    ),
     # Replicas on Postgres: the replica tests serve this same form (--journal postgresql://…?schema=…).
-    r"re:mcp-durable serve tools/payments\.py --transport http --host 0\.0\.0\.0 --port 8000":
+    r"re:mcp-durable serve tools/payments\.py --transport http --host 0\.0\.0\.0 --port 8000": (
         "tests/crash/test_replicas_concurrency.py::"
-        "test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once",
+        "test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exactly_once"
+    ),
     "examples/replicas.sh --demo": f"{EXAMPLES}::test_the_replicas_script_demo_refunds_once_through_three_replicas",
     # The long run of the interleaving model test takes many minutes; CI runs it with its default examples.
-    r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_interleavings\.py":
+    r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_interleavings\.py": (
         "tests/hardening/test_engine_interleavings.py::"
-        "test_engines_sharing_a_journal_keep_every_invariant_through_stalls_crashes_cancels_and_operators",
+        "test_engines_sharing_a_journal_keep_every_invariant_through_stalls_crashes_cancels_and_operators"
+    ),
     # The full crash runs take an hour; CI runs the same tests with the default trial count.
-    r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s":
+    r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_danger_window\.py -s": (
         "tests/crash/test_danger_window.py::"
-        "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry",
+        "test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses_a_result_under_retry"
+    ),
     # The power-loss long run (1,000 cut points per journal) takes minutes; CI runs its short run.
     "make powerloss": (
         "tests/powerloss/test_powerloss.py::test_short_run_loses_no_acknowledged_result_and_no_durable_claim"
     ),
     # 200 SIGKILLed writers take minutes; CI runs the same test with its default 12 trials.
-    r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_file_kill_during_append\.py -s":
+    r"re:MCP_DURABLE_TRIALS=200 \.venv/bin/python -m pytest tests/crash/test_file_kill_during_append\.py -s": (
         "tests/crash/test_file_kill_during_append.py::"
-        "test_every_acknowledged_entry_survives_sigkill_and_the_next_append_is_never_lost",
+        "test_every_acknowledged_entry_survives_sigkill_and_the_next_append_is_never_lost"
+    ),
     # 100 killed workers: the example's test runs the same runner with fewer trials.
-    r"re:\.venv/bin/python examples/refund_worker\.py trials ":
+    r"re:\.venv/bin/python examples/refund_worker\.py trials ": (
         "tests/examples/test_refund_worker.py::"
-        "test_every_killed_worker_resumes_and_duplicates_happen_exactly_in_the_danger_window_without_a_key",
+        "test_every_killed_worker_resumes_and_duplicates_happen_exactly_in_the_danger_window_without_a_key"
+    ),
     # The nightly property run: CI runs the same test with 200 examples per backend.
-    r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_model\.py":
+    r"re:MCP_DURABLE_PROPERTY_EXAMPLES=\d+ \.venv/bin/python -m pytest tests/hardening/test_engine_model\.py": (
         "tests/hardening/test_engine_model.py::"
-        "test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_identical",
+        "test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_identical"
+    ),
     # The operator console, mounted by `serve` and on its own: its browser tests start both forms.
-    r"re:MCP_DURABLE_TOKENS=\S+ MCP_DURABLE_ADMINS=\S+ mcp-durable serve tools/payments\.py --transport http ":
+    r"re:MCP_DURABLE_TOKENS=\S+ MCP_DURABLE_ADMINS=\S+ mcp-durable serve tools/payments\.py --transport http ": (
         "tests/console/test_console_pages.py::"
-        "test_the_overview_shows_the_figures_of_journal_stats_read_through_an_mcp_client",
-    r"re:MCP_DURABLE_TOKENS=\S+ MCP_DURABLE_ADMINS=\S+ mcp-durable console --journal ":
+        "test_the_overview_shows_the_figures_of_journal_stats_read_through_an_mcp_client"
+    ),
+    r"re:MCP_DURABLE_TOKENS=\S+ MCP_DURABLE_ADMINS=\S+ mcp-durable console --journal ": (
         "tests/console/test_console_in_doubt.py::"
-        "test_the_console_on_its_own_reads_a_file_journal_beside_its_running_server",
+        "test_the_console_on_its_own_reads_a_file_journal_beside_its_running_server"
+    ),
     "make console-screenshots": "tests/console/test_console_screenshots.py::"
-        "test_the_screenshot_command_captures_the_overview_and_a_call_page",
+    "test_the_screenshot_command_captures_the_overview_and_a_call_page",
     # SIGKILLs servers over many trials: the crash test runs the same experiment (3 trials).
     "mcp-durable demo crash --trials 3": "tests/crash/test_danger_window_demo.py::"
-        "test_the_crash_demo_shows_the_plain_server_duplicating_in_the_danger_window_and_mcp_durable_never",
+    "test_the_crash_demo_shows_the_plain_server_duplicating_in_the_danger_window_and_mcp_durable_never",
     # The proxy (docs/proxy.md): long-running servers in front of npm servers; the tests run the
     # same pinned packages from tests/node instead of `npx -y`.
-    r're:mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-memory" --print-config':
-        "tests/proxy/test_cli.py::test_print_config_writes_the_policies_the_proxy_would_use_for_the_upstream",
-    r're:mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-memory"':
-        "tests/proxy/test_npm_servers.py::test_a_durable_npm_tool_called_twice_with_one_key_runs_once_upstream",
-    r're:mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-everything"':
+    r're:mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-memory" --print-config': (
+        "tests/proxy/test_cli.py::test_print_config_writes_the_policies_the_proxy_would_use_for_the_upstream"
+    ),
+    r're:mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-memory"': (
+        "tests/proxy/test_npm_servers.py::test_a_durable_npm_tool_called_twice_with_one_key_runs_once_upstream"
+    ),
+    r're:mcp-durable proxy --upstream-command "npx -y @modelcontextprotocol/server-everything"': (
         "tests/proxy/test_npm_servers.py::"
-        "test_resources_prompts_completions_and_progress_work_through_the_proxy_as_directly",
-    r"re:MCP_DURABLE_UPSTREAM_TOKEN=\S* mcp-durable proxy --upstream-url ":
+        "test_resources_prompts_completions_and_progress_work_through_the_proxy_as_directly"
+    ),
+    r"re:MCP_DURABLE_UPSTREAM_TOKEN=\S* mcp-durable proxy --upstream-url ": (
         "tests/proxy/test_principals.py::"
-        "test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_upstream_sees_no_secret",
-    r"re:mcp-durable serve plain_server\.py --policies policies\.toml":
-        "tests/proxy/test_python_upstream.py::test_serve_policies_makes_the_plain_server_durable_in_process",
+        "test_an_upstream_behind_a_token_is_reached_only_with_it_and_a_stdio_upstream_sees_no_secret"
+    ),
+    r"re:mcp-durable serve plain_server\.py --policies policies\.toml": (
+        "tests/proxy/test_python_upstream.py::test_serve_policies_makes_the_plain_server_durable_in_process"
+    ),
 }
 
 TIMEOUT = 60
@@ -174,8 +191,9 @@ def run_python(group: list[Block], work: Path, first_index: int) -> None:
         script = work / f"snippet_{first_index + offset}.py"
         script.write_text(block.text)
         names.append(script.name)
-    proc = subprocess.run([sys.executable, "-c", RUNNER, *names], cwd=work, env=run_env(), capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER, *names], cwd=work, env=run_env(), capture_output=True, text=True, timeout=TIMEOUT
+    )
     if proc.returncode != 0:
         failed = next((b for b, n in zip(group, names, strict=True) if f"FAILED {n}" in proc.stderr), group[0])
         pytest.fail(f"{failed.where}: the python block failed\n{proc.stdout}\n{proc.stderr}")
@@ -189,8 +207,15 @@ HOW_TO_FIX = (
 
 def run_command(command: Command, work: Path, env: dict[str, str]) -> None:
     try:
-        proc = subprocess.run(["bash", "-c", command.text], cwd=work, env=env, capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, timeout=TIMEOUT)
+        proc = subprocess.run(
+            ["bash", "-c", command.text],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=TIMEOUT,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{command.block.where}: `{command.text}` ran over {TIMEOUT}s. {HOW_TO_FIX}")
     assert proc.returncode == command.expect, (

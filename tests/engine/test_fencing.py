@@ -236,8 +236,13 @@ async def test_an_exception_under_exceptions_persist_never_leaves_its_record_pen
         raise Protocolish("the upstream answered with a JSON-RPC error")
 
     with pytest.raises(Protocolish):
-        await a.execute(tool=TOOL, policy=ToolPolicy(exceptions="persist"), arguments={"amount": 5},
-                        meta={KEY_META: "k"}, run=raises)
+        await a.execute(
+            tool=TOOL,
+            policy=ToolPolicy(exceptions="persist"),
+            arguments={"amount": 5},
+            meta={KEY_META: "k"},
+            run=raises,
+        )
     record = await journal.get(CallIdentity("local", TOOL, "k"))
     assert record is not None and record.state is CallState.RELEASED and record.reason is Reason.EXCEPTION
 

@@ -29,15 +29,26 @@ def fence_of(identity: CallIdentity) -> Fence:
 
 
 def held(keeper: LeaseKeeper, identity: CallIdentity, policy: ToolPolicy, lost: list[Reason] | None = None) -> object:
-    return keeper.kept(identity, fence_of(identity), policy, (lost if lost is not None else []).append,
-                       time.time() + policy.lease)
+    return keeper.kept(
+        identity, fence_of(identity), policy, (lost if lost is not None else []).append, time.time() + policy.lease
+    )
 
 
 async def claimed(journal: object, key: str) -> CallIdentity:
     now = time.time()
     identity = CallIdentity("local", "long", key)
-    record = CallRecord(identity=identity, fingerprint="f", state=CallState.PENDING, version=1, run_id=key,
-                        attempts=1, created_at=now, updated_at=now, owner=OWNER, lease_until=now)
+    record = CallRecord(
+        identity=identity,
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=key,
+        attempts=1,
+        created_at=now,
+        updated_at=now,
+        owner=OWNER,
+        lease_until=now,
+    )
     won, _ = await journal.claim(record, now)  # type: ignore[attr-defined]
     assert won
     return identity

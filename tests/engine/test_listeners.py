@@ -20,8 +20,9 @@ async def _run_concurrently(engine: Engine, calls: int) -> list[int]:
         return ToolOutcome("value", b'{"content":[]}', is_error=False)
 
     async def call() -> None:
-        await engine.execute(tool="t", policy=ToolPolicy(), arguments={"a": 1},
-                             meta={"mcp-durable/idempotency-key": "k"}, run=run)
+        await engine.execute(
+            tool="t", policy=ToolPolicy(), arguments={"a": 1}, meta={"mcp-durable/idempotency-key": "k"}, run=run
+        )
 
     async with anyio.create_task_group() as tg:
         for _ in range(calls):

@@ -37,8 +37,9 @@ async def test_duplicates_arriving_at_every_moment_of_a_call_never_run_it_twice(
     async def call(key: str, delay: float) -> None:
         await anyio.sleep(delay)
         try:
-            await engine.execute(tool="refund", policy=ToolPolicy(), arguments={"order": key},
-                                 meta={KEY_META: key}, run=tool_for(key))
+            await engine.execute(
+                tool="refund", policy=ToolPolicy(), arguments={"order": key}, meta={KEY_META: key}, run=tool_for(key)
+            )
         except Exception as exc:  # noqa: BLE001 - collected: every call must succeed
             errors.append(exc)
 

@@ -26,8 +26,11 @@ STATE = {"context_state": {"a": 1}, "lifecycle_state": "paused", "mission": {"go
 
 
 def seed_journals(tmp_path: Path) -> dict[str, SeedJournal]:
-    return {"memory": InMemoryJournal(), "file": FileJournal(base_path=tmp_path / "j"),
-            "sqlite": SQLiteJournal(tmp_path / "j.db")}
+    return {
+        "memory": InMemoryJournal(),
+        "file": FileJournal(base_path=tmp_path / "j"),
+        "sqlite": SQLiteJournal(tmp_path / "j.db"),
+    }
 
 
 @pytest.mark.parametrize("kind", ["memory", "file", "sqlite"])
@@ -36,38 +39,60 @@ async def test_entries_read_back_exactly_as_written_and_recover_follows_the_seed
 ) -> None:
     async with seed_journals(tmp_path)[kind] as journal:
         when = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-        first = JournalEntry(entry_id="e-1", process_id="p", timestamp=when, entry_type="context_update",
-                             data={"key": "a", "value": {"nested": [1, 2.5, None, "x"]}})
+        first = JournalEntry(
+            entry_id="e-1",
+            process_id="p",
+            timestamp=when,
+            entry_type="context_update",
+            data={"key": "a", "value": {"nested": [1, 2.5, None, "x"]}},
+        )
         await journal.append(first)
         await journal.append(JournalEntry(process_id="p", entry_type="state_transition", data={"to_state": "running"}))
         await journal.checkpoint("p", STATE)
         await journal.append(JournalEntry(process_id="p", entry_type="context_update", data={"key": "b", "value": 2}))
         await journal.append(JournalEntry(process_id="p", entry_type="invocation_result", data={"ok": True}))
-        await journal.append(JournalEntry(process_id="other", entry_type="context_update",
-                                          data={"key": "z", "value": 0}))
+        await journal.append(
+            JournalEntry(process_id="other", entry_type="context_update", data={"key": "z", "value": 0})
+        )
 
         entries = await journal.read("p")
         assert entries[0] == first and entries[0].timestamp == when
-        assert [e.entry_type for e in entries] == ["context_update", "state_transition", "checkpoint",
-                                                   "context_update", "invocation_result"]
+        assert [e.entry_type for e in entries] == [
+            "context_update",
+            "state_transition",
+            "checkpoint",
+            "context_update",
+            "invocation_result",
+        ]
         first_update = await journal.read("p", entry_type="context_update", limit=1)
         assert [e.entry_type for e in first_update] == ["context_update"]
         assert await journal.read("p", since=when + timedelta(days=36500)) == []
         assert await journal.last_checkpoint("p") == STATE
 
         recovered = await ReplayEngine(journal).recover("p")
-        assert dict(recovered) == {"context_state": {"a": 1, "b": 2}, "lifecycle_state": "paused",
-                                   "last_entry_type": "invocation_result", "entries_replayed": 2,
-                                   "mission": {"goal": "g"},
-                                   "checkpoint": STATE}
+        assert dict(recovered) == {
+            "context_state": {"a": 1, "b": 2},
+            "lifecycle_state": "paused",
+            "last_entry_type": "invocation_result",
+            "entries_replayed": 2,
+            "mission": {"goal": "g"},
+            "checkpoint": STATE,
+        }
         assert recovered.context_state == recovered["context_state"] and recovered.entries_replayed == 2
         fresh = await ReplayEngine(journal).recover("never-seen")
         assert (fresh["context_state"], fresh["lifecycle_state"], fresh["entries_replayed"]) == ({}, "created", 0)
 
 
-@pytest.mark.parametrize("data", [{"key": "t", "value": datetime.now(UTC)}, {"key": "s", "value": {1, 2}},
-                                  {"key": "n", "value": float("nan")}, {"key": "k", "value": {1: "int key"}}],
-                         ids=["datetime", "set", "nan", "int-key"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"key": "t", "value": datetime.now(UTC)},
+        {"key": "s", "value": {1, 2}},
+        {"key": "n", "value": float("nan")},
+        {"key": "k", "value": {1: "int key"}},
+    ],
+    ids=["datetime", "set", "nan", "int-key"],
+)
 async def test_data_that_would_not_read_back_as_written_is_refused_before_it_is_journaled(
     data: dict[str, object],
 ) -> None:
@@ -127,16 +152,29 @@ def write_seed_files(directory: Path, lines: list[bytes], checkpoint: object | N
 
 
 def seed_line(entry_type: str, data: dict[str, object], n: int) -> bytes:
-    return orjson.dumps({"entry_id": f"id-{n}", "process_id": "p-1", "timestamp": f"2026-01-01T00:00:0{n}+00:00",
-                         "entry_type": entry_type, "data": data})
+    return orjson.dumps(
+        {
+            "entry_id": f"id-{n}",
+            "process_id": "p-1",
+            "timestamp": f"2026-01-01T00:00:0{n}+00:00",
+            "entry_type": entry_type,
+            "data": data,
+        }
+    )
 
 
 async def test_a_directory_of_the_seeds_files_is_refused_not_read_as_empty_and_imports_strictly(tmp_path: Path) -> None:
     old = tmp_path / "old"
     state = {"context_state": {"a": 1}, "lifecycle_state": "running"}
-    write_seed_files(old, [seed_line("context_update", {"key": "a", "value": 1}, 1),
-                           seed_line("checkpoint", {"state": state}, 2),
-                           seed_line("context_update", {"key": "b", "value": 2}, 3)], state)
+    write_seed_files(
+        old,
+        [
+            seed_line("context_update", {"key": "a", "value": 1}, 1),
+            seed_line("checkpoint", {"state": state}, 2),
+            seed_line("context_update", {"key": "b", "value": 2}, 3),
+        ],
+        state,
+    )
     with pytest.raises(ConfigError, match="import_seed_files"):
         await FileJournal(base_path=old).read("p-1")
 

@@ -72,10 +72,10 @@ async def test_a_task_and_a_plain_call_fingerprint_the_same_arguments_under_the_
         return ToolOutcome("v", b'{"content":[]}', is_error=False)
 
     try:
-        await engine.execute(tool="t", policy=policy, arguments={"a": 4, "note": "x"}, meta={KEY_META: "k4"},
-                             run=run)
-        record = await engine.submit(tool="t", policy=policy, arguments={"a": 4, "note": "y"},
-                                     meta={KEY_META: "k4"}, run=run)
+        await engine.execute(tool="t", policy=policy, arguments={"a": 4, "note": "x"}, meta={KEY_META: "k4"}, run=run)
+        record = await engine.submit(
+            tool="t", policy=policy, arguments={"a": 4, "note": "y"}, meta={KEY_META: "k4"}, run=run
+        )
         assert record.state == CallState.COMPLETED and record.task_id is not None
     finally:
         await engine.aclose()

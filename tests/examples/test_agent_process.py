@@ -19,9 +19,22 @@ CHECKPOINT_EVERY = 3
 
 
 def run_agent(journal: str, *extra: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, str(EXAMPLE), "run", "--journal", journal, "--steps", str(STEPS),
-                           "--checkpoint-every", str(CHECKPOINT_EVERY), *extra],
-                          capture_output=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "run",
+            "--journal",
+            journal,
+            "--steps",
+            str(STEPS),
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            *extra,
+        ],
+        capture_output=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite"])

@@ -53,19 +53,30 @@ class Tool:
     def policy(self, *, wait: float = 0.0, exceptions: str = "release", timeout: float | None = None) -> ToolPolicy:
         """Its policy. `wait` 0 by default: a call that finds a live owner is answered
         `in_progress` at once instead of waiting real seconds for a run parked at a gate."""
-        policy = ToolPolicy(idempotent=self.idempotent, in_doubt="retry" if self.idempotent else "refuse",
-                            lease=LEASE, retention=RETENTION, max_attempts=MAX_ATTEMPTS, wait=wait,
-                            exceptions="persist" if exceptions == "persist" else "release")
+        policy = ToolPolicy(
+            idempotent=self.idempotent,
+            in_doubt="retry" if self.idempotent else "refuse",
+            lease=LEASE,
+            retention=RETENTION,
+            max_attempts=MAX_ATTEMPTS,
+            wait=wait,
+            exceptions="persist" if exceptions == "persist" else "release",
+        )
         if timeout is not None:
             bounded: dict[str, Any] = {"timeout": timeout}  # a field of the new engine's policy only
             policy = dataclasses.replace(policy, **bounded)
         return policy
 
 
-TOOLS = {tool.name: tool for tool in (Tool("pay", idempotent=False, steps=False),
-                                        Tool("ship", idempotent=False, steps=True),
-                                        Tool("sync", idempotent=True, steps=False),
-                                        Tool("book", idempotent=True, steps=True))}
+TOOLS = {
+    tool.name: tool
+    for tool in (
+        Tool("pay", idempotent=False, steps=False),
+        Tool("ship", idempotent=False, steps=True),
+        Tool("sync", idempotent=True, steps=False),
+        Tool("book", idempotent=True, steps=True),
+    )
+}
 IDENTS: list[Ident] = [(tool, KEY) for tool in TOOLS]
 
 
@@ -96,8 +107,9 @@ class Run:
     @property
     def payload(self) -> bytes:
         """This run's own answer: unique to the run, so a stale or replayed one is recognised."""
-        return orjson.dumps({"run": self.serial, "tool": self.ident[0], "key": self.ident[1],
-                             "behaviour": self.behaviour})
+        return orjson.dumps(
+            {"run": self.serial, "tool": self.ident[0], "key": self.ident[1], "behaviour": self.behaviour}
+        )
 
     async def park(self) -> None:
         """Wait at the gate (until `resume` opens it, or forever for a crashed engine's run)."""
@@ -112,8 +124,7 @@ class Run:
         """Parked, and nothing will wake it: its gate is shut and no cancel is on its way to it
         (a flag alone would call a run parked in the turn between its gate opening, or its cancel
         scope being cancelled, and the run waking up)."""
-        return (self.parked and not self.gate.is_set()
-                and not (self.task is not None and self.task.cancelling()))
+        return self.parked and not self.gate.is_set() and not (self.task is not None and self.task.cancelling())
 
 
 @dataclass(eq=False)
@@ -204,5 +215,7 @@ def describe(record: CallRecord | None) -> str:
     if record is None:
         return "no record"
     result = record.result.decode() if record.result is not None else None
-    return (f"{record.state.value} v{record.version} attempts={record.attempts} owner={record.owner} "
-            f"run={record.run_id[:8]} result={result} error={record.error!r} task={record.task_id is not None}")
+    return (
+        f"{record.state.value} v{record.version} attempts={record.attempts} owner={record.owner} "
+        f"run={record.run_id[:8]} result={result} error={record.error!r} task={record.task_id is not None}"
+    )

@@ -26,8 +26,11 @@ from tests.helpers import first_text, key_meta, serve_app
 
 NON_FINITE_STRINGS = ["nan", "NaN", "Infinity", "-Infinity", "inf", "1e400", "-1e400"]
 NON_FINITE_RAW = ["NaN", "Infinity", "-Infinity", "1e400", "-1e400"]
-HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
-           "mcp-protocol-version": "2025-11-25"}
+HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "mcp-protocol-version": "2025-11-25",
+}
 
 
 def _server(tmp_path: Path, runs: Runs, **kwargs: Any) -> DurableServer:

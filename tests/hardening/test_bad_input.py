@@ -55,8 +55,10 @@ async def test_a_key_of_the_wrong_type_is_refused_as_invalid_key_and_changes_not
     server, runs = served
     async with connect(server, mode) as client:
         result = await _refused_without_change(
-            client, server, runs, lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5},
-                                                           meta=key_meta(key))
+            client,
+            server,
+            runs,
+            lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta=key_meta(key)),
         )
         assert result.is_error and result.meta["mcp-durable/error"]["error"] == "invalid_key"
         assert "must be a string" in result.structured_content["reason"]
@@ -102,14 +104,19 @@ async def test_arguments_over_the_size_limit_are_refused_before_any_claim(served
     overhead = len('{"text":""}')
     async with connect(server, mode) as client:
         result = await _refused_without_change(
-            client, server, runs,
+            client,
+            server,
+            runs,
             lambda: client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead + 1)}, meta=key_meta("big")),
         )
         assert result.is_error
         assert "1048577 bytes" in text_of(result) and "max_argument_bytes" in text_of(result)
         assert result.meta["mcp-durable/error"] == {
-            "error": "too_large", "message": text_of(result).removeprefix("too_large: "), "what": "arguments",
-            "size_bytes": 1048577, "limit_bytes": 1 << 20,
+            "error": "too_large",
+            "message": text_of(result).removeprefix("too_large: "),
+            "what": "arguments",
+            "size_bytes": 1048577,
+            "limit_bytes": 1 << 20,
         }
         # Exactly at the limit it runs; the refused key was not poisoned.
         ok = await client.call_tool("echo", {"text": "x" * ((1 << 20) - overhead)}, meta=key_meta("big"))
@@ -145,8 +152,11 @@ async def test_a_result_that_cannot_be_serialised_becomes_an_error_and_is_releas
     async with connect(server, mode) as client:
         first = await client.call_tool("huge_number", {}, meta=key_meta("n-1"))
         assert first.is_error and "cannot be journaled" in text_of(first)
-        assert meta_of(first)["mcp-durable/error"] == {"error": "not_serialisable", "what": "result",
-                                                   "message": meta_of(first)["mcp-durable/error"]["message"]}
+        assert meta_of(first)["mcp-durable/error"] == {
+            "error": "not_serialisable",
+            "what": "result",
+            "message": meta_of(first)["mcp-durable/error"]["message"],
+        }
         records, _ = await snapshot(server.journal)
         (record,) = [r for r in records if r.identity.tool == "huge_number"]
         assert record.state == CallState.RELEASED and record.result is None, "the record was left pending"
@@ -166,8 +176,11 @@ async def test_an_unserialisable_result_under_persisted_exceptions_is_a_replayed
     assert record.state == CallState.FAILED
     assert first.is_error and again.is_error and meta_of(again).get("mcp-durable/replayed") is True
     assert text_of(again) == text_of(first) and "cannot be journaled" in text_of(first)
-    assert (meta_of(again)["mcp-durable/error"]["error"] == meta_of(first)["mcp-durable/error"]["error"]
-            == "not_serialisable")
+    assert (
+        meta_of(again)["mcp-durable/error"]["error"]
+        == meta_of(first)["mcp-durable/error"]["error"]
+        == "not_serialisable"
+    )
     assert runs.count("huge_number_persisted") == 1
 
 
@@ -215,7 +228,9 @@ async def test_arguments_that_fail_validation_are_refused_and_do_not_poison_the_
     server, runs = served
     async with connect(server, mode) as client:
         bad = await _refused_without_change(
-            client, server, runs,
+            client,
+            server,
+            runs,
             lambda: client.call_tool("pay", {"order_id": "O-1", "amount_cents": "lots"}, meta=key_meta("K")),
         )
         good = await client.call_tool("pay", {"order_id": "O-1", "amount_cents": 5}, meta=key_meta("K"))
@@ -266,7 +281,9 @@ async def test_a_key_under_a_wrong_type_in_raw_meta_is_refused_as_invalid_key(
     server, runs = served
     async with connect(server, "auto") as client:
         answer = await _refused_without_change(
-            client, server, runs,
+            client,
+            server,
+            runs,
             lambda: _raw_call_modern(client, {"name": "echo", "arguments": {"text": "k"}}, {KEY_META: key}),
         )
     assert not isinstance(answer, MCPError), answer

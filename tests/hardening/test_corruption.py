@@ -71,17 +71,33 @@ async def build(directory: Path, calls: int = 24) -> tuple[dict[CallIdentity, Ca
         for i in range(calls):
             identity = CallIdentity("alice" if i % 2 else "bob", "refund", f"O-{i}")
             now = T0 + i
-            claimed = CallRecord(identity=identity, fingerprint=f"fp{i}", state=CallState.PENDING, version=1,
-                                 run_id=f"run-{i}", attempts=1, created_at=now, updated_at=now, owner="me",
-                                 lease_until=now + 30, arguments=orjson.dumps({"order_id": f"O-{i}", "n": i}))
+            claimed = CallRecord(
+                identity=identity,
+                fingerprint=f"fp{i}",
+                state=CallState.PENDING,
+                version=1,
+                run_id=f"run-{i}",
+                attempts=1,
+                created_at=now,
+                updated_at=now,
+                owner="me",
+                lease_until=now + 30,
+                arguments=orjson.dumps({"order_id": f"O-{i}", "n": i}),
+            )
             won, _ = await journal.claim(claimed, now)
             assert won
             if i % 5 == 4:
                 end = claimed.evolve(state=CallState.RELEASED, owner=None, lease_until=None, error="Boom")
             else:
                 result = orjson.dumps({"content": [{"type": "text", "text": f"refunded O-{i} ✓"}], "isError": False})
-                end = claimed.evolve(state=CallState.COMPLETED, owner=None, lease_until=None, result=result,
-                                     completed_at=now + 1, expires_at=now + 86_400)
+                end = claimed.evolve(
+                    state=CallState.COMPLETED,
+                    owner=None,
+                    lease_until=None,
+                    result=result,
+                    completed_at=now + 1,
+                    expires_at=now + 86_400,
+                )
             assert await journal.swap(1, end)
             if i % 3 == 0:
                 await journal.append("worker", "context_update", {"done": i}, now)
@@ -117,15 +133,34 @@ def flip_offsets(frames: list[Frame], size: int) -> list[int]:
     for frame in (frames[0], frames[len(frames) // 2], frames[-1]):
         s = frame.start
         # '@', length, separator, sequence, checksum, first payload byte, a middle one, the newline
-        chosen.update([s, s + 1, s + 8, s + 9, s + 12, s + 25, s + 27, s + 34, s + HEADER,
-                       (s + HEADER + frame.end) // 2, frame.end - 2, frame.end - 1])
+        chosen.update(
+            [
+                s,
+                s + 1,
+                s + 8,
+                s + 9,
+                s + 12,
+                s + 25,
+                s + 27,
+                s + 34,
+                s + HEADER,
+                (s + HEADER + frame.end) // 2,
+                frame.end - 2,
+                frame.end - 1,
+            ]
+        )
     rng = random.Random(8)
     chosen.update(rng.randrange(size) for _ in range(24))
     return sorted(o for o in chosen if 0 <= o < size)
 
 
-async def check_reopened(directory: Path, truth: dict[CallIdentity, CallRecord], entries: list[JournalEntry],
-                         lost_frame: Frame | None, frames: list[Frame]) -> Any:
+async def check_reopened(
+    directory: Path,
+    truth: dict[CallIdentity, CallRecord],
+    entries: list[JournalEntry],
+    lost_frame: Frame | None,
+    frames: list[Frame],
+) -> Any:
     """Open the damaged journal: every record and entry not in `lost_frame` is intact; it still works."""
     journal = FileJournal.from_url(f"file://{directory}?durability=relaxed")
     await journal.open()
@@ -143,8 +178,16 @@ async def check_reopened(directory: Path, truth: dict[CallIdentity, CallRecord],
         lost_seq = lost_frame.seq if lost_frame is not None and lost_frame.payload["t"] == "entry" else None
         assert [e for e in await journal.entries()] == [e for e in entries if e.seq != lost_seq]
         # It keeps working: a new record is appended on a frame boundary and survives a reopen.
-        fresh = CallRecord(identity=CallIdentity("carol", "refund", "after-damage"), fingerprint="f", version=1,
-                           state=CallState.PENDING, run_id="r", attempts=1, created_at=T0, updated_at=T0)
+        fresh = CallRecord(
+            identity=CallIdentity("carol", "refund", "after-damage"),
+            fingerprint="f",
+            version=1,
+            state=CallState.PENDING,
+            run_id="r",
+            attempts=1,
+            created_at=T0,
+            updated_at=T0,
+        )
         assert (await journal.claim(fresh, T0))[0]
     finally:
         await journal.aclose()
@@ -173,7 +216,9 @@ async def test_a_flipped_byte_anywhere_is_found_reported_and_loses_only_its_own_
         found = verify(target)
         assert not found.ok, f"verify missed a flipped byte at {offset}"
         assert any(p.path.endswith(SEGMENT) and hit.start <= p.offset <= offset for p in found.problems), (
-            offset, found.problems)
+            offset,
+            found.problems,
+        )
 
         report = await check_reopened(target, truth, entries, hit, frames)
         assert report.problems, f"start-up did not report the flipped byte at {offset}"

@@ -125,7 +125,8 @@ async def test_a_full_disk_refuses_new_calls_and_once_space_is_back_nothing_is_l
         assert runs.count("echo") == 1 + 8  # each key ran exactly once, the refused ones after the fault
         records, _ = await snapshot(server.journal)
         assert {r.identity.key: r.state for r in records} == {
-            "A": CallState.COMPLETED, **{f"B{i}": CallState.COMPLETED for i in range(8)}
+            "A": CallState.COMPLETED,
+            **{f"B{i}": CallState.COMPLETED for i in range(8)},
         }
 
     # A restart on the same journal: everything acknowledged is replayed, nothing runs again.

@@ -257,8 +257,9 @@ class Interleavings(RuleBasedStateMachine):
     def tasks_known(self) -> list[Ident]:
         return sorted(i for i, r in self.records.items() if r.task_id is not None and not r.is_expired(self.now))
 
-    def new_run(self, slot: int, ident: Ident, behaviour: Behaviour, gate_at: GateAt | None,
-                linger: bool = False) -> Run:
+    def new_run(
+        self, slot: int, ident: Ident, behaviour: Behaviour, gate_at: GateAt | None, linger: bool = False
+    ) -> Run:
         self.serial += 1
         if gate_at == "between" and not TOOLS[ident[0]].steps:
             gate_at = "before"
@@ -306,12 +307,18 @@ class Interleavings(RuleBasedStateMachine):
         """A durable step's effect: counted per (run, index), checked against the run's fence."""
         record = await run.journal.get(call.identity)
         if not held(record, run.fence):
-            self.violate("1", f"run {run.serial} began step {index} of run {call.run_id[:8]} without holding "
-                              f"its record (fence {run.fence}): {describe(record)}")
+            self.violate(
+                "1",
+                f"run {run.serial} began step {index} of run {call.run_id[:8]} without holding "
+                f"its record (fence {run.fence}): {describe(record)}",
+            )
         self.step_effects[(call.run_id, index)] += 1
         if self.step_effects[(call.run_id, index)] > 1:
-            self.violate("1", f"step {index} of run {call.run_id[:8]} made its effect "
-                              f"{self.step_effects[(call.run_id, index)]} times (last by run {run.serial})")
+            self.violate(
+                "1",
+                f"step {index} of run {call.run_id[:8]} made its effect "
+                f"{self.step_effects[(call.run_id, index)]} times (last by run {run.serial})",
+            )
         return {"by": run.serial}
 
     # -- driving ----------------------------------------------------------------------------------
@@ -321,8 +328,14 @@ class Interleavings(RuleBasedStateMachine):
 
         async def answer() -> Any:
             try:
-                return await engine.execute(tool=run.ident[0], policy=policy, arguments=ARGUMENTS,
-                                            meta={KEY_META: run.ident[1]}, run=self.runner(run), principal=PRINCIPAL)
+                return await engine.execute(
+                    tool=run.ident[0],
+                    policy=policy,
+                    arguments=ARGUMENTS,
+                    meta={KEY_META: run.ident[1]},
+                    run=self.runner(run),
+                    principal=PRINCIPAL,
+                )
             except Exception as exc:  # noqa: BLE001 - every answer is checked, an exception included
                 return exc
 
@@ -337,20 +350,29 @@ class Interleavings(RuleBasedStateMachine):
         before = asyncio.all_tasks()
         answer: Any
         try:
-            answer = await engine.submit(tool=run.ident[0], policy=policy, arguments=ARGUMENTS,
-                                         meta={KEY_META: run.ident[1]}, run=self.runner(run), principal=PRINCIPAL)
+            answer = await engine.submit(
+                tool=run.ident[0],
+                policy=policy,
+                arguments=ARGUMENTS,
+                meta={KEY_META: run.ident[1]},
+                run=self.runner(run),
+                principal=PRINCIPAL,
+            )
         except Exception as exc:  # noqa: BLE001 - checked below
             answer = exc
         spawned = {task for task in asyncio.all_tasks() - before if not task.done()}
         self.ops.append(Op("task", run, spawned, cancel))
         if isinstance(answer, Exception):
             self.check_exception(run, answer)
-        if cancel is not None and not (isinstance(answer, TaskCancelledError | CallCancelledError) or (
-                isinstance(answer, CallRecord) and answer.state == CallState.RELEASED)):
+        if cancel is not None and not (
+            isinstance(answer, TaskCancelledError | CallCancelledError)
+            or (isinstance(answer, CallRecord) and answer.state == CallState.RELEASED)
+        ):
             self.violate("7", f"a task submitted for cancelled {run.ident} was answered {answer!r}")
 
-    async def begin(self, slot: int, ident: Ident, behaviour: Behaviour, gate_at: GateAt | None,
-                    as_task: bool = False) -> None:
+    async def begin(
+        self, slot: int, ident: Ident, behaviour: Behaviour, gate_at: GateAt | None, as_task: bool = False
+    ) -> None:
         run = self.new_run(slot, ident, behaviour, gate_at)
         if as_task:
             await self.start_task(run, self.policy(run))
@@ -380,15 +402,20 @@ class Interleavings(RuleBasedStateMachine):
 
     def check_exception(self, run: Run, exc: BaseException) -> None:
         expected = isinstance(exc, Boom) or (
-            isinstance(exc, DurableError) and not isinstance(exc, KeyReuseError | JournalError))
+            isinstance(exc, DurableError) and not isinstance(exc, KeyReuseError | JournalError)
+        )
         if not expected:
             self.violate("E", f"run {run.serial} on {run.ident} was answered {type(exc).__name__}: {exc}")
 
     def check_answer(self, op: Op, record: CallRecord | None) -> None:
         run, answer = op.run, op.answer()
         ledger = self.ledgers[run.ident]
-        if op.cancel is not None and ledger.cancel is op.cancel and op.cancel.live(self.now) and not isinstance(
-                answer, CallCancelledError | TaskCancelledError):
+        if (
+            op.cancel is not None
+            and ledger.cancel is op.cancel
+            and op.cancel.live(self.now)
+            and not isinstance(answer, CallCancelledError | TaskCancelledError)
+        ):
             self.violate("7", f"a repeat of {run.ident}, cancelled by {op.cancel.by}, was answered {answer!r}")
         if not isinstance(answer, CallOutcome):
             self.check_exception(run, answer)
@@ -405,27 +432,38 @@ class Interleavings(RuleBasedStateMachine):
 
     def check_replay(self, run: Run, answer: CallOutcome, recorded: bytes | None, record: CallRecord | None) -> None:
         if answer.payload != recorded:
-            self.violate("3", f"a repeat of {run.ident} on {run.owner} replayed {answer.payload!r}; the "
-                              f"recorded result is {recorded!r} ({describe(record)})")
+            self.violate(
+                "3",
+                f"a repeat of {run.ident} on {run.owner} replayed {answer.payload!r}; the "
+                f"recorded result is {recorded!r} ({describe(record)})",
+            )
 
-    def check_superseded(self, run: Run, answer: CallOutcome, recorded: bytes | None,
-                         record: CallRecord | None) -> None:
+    def check_superseded(
+        self, run: Run, answer: CallOutcome, recorded: bytes | None, record: CallRecord | None
+    ) -> None:
         if answer.payload == run.payload:
             self.violate("3", f"run {run.serial} on {run.ident} was answered superseded with its own result")
         elif answer.payload != recorded:
-            self.violate("3", f"run {run.serial} on {run.ident} was answered superseded {answer.payload!r}; the "
-                              f"recorded result is {recorded!r} ({describe(record)})")
+            self.violate(
+                "3",
+                f"run {run.serial} on {run.ident} was answered superseded {answer.payload!r}; the "
+                f"recorded result is {recorded!r} ({describe(record)})",
+            )
 
     def check_acknowledged(self, run: Run, answer: CallOutcome, ledger: Ledger, record: CallRecord | None) -> None:
         before = ledger.live_final(self.now)
         if answer.payload != run.payload:
             self.violate("3", f"run {run.serial} on {run.ident} was answered {answer.payload!r} as its own result")
         elif before is not None and before != answer.payload:
-            self.violate("2", f"run {run.serial} on {run.ident} was acknowledged {answer.payload!r} while "
-                              f"{before!r} was final")
+            self.violate(
+                "2", f"run {run.serial} on {run.ident} was acknowledged {answer.payload!r} while {before!r} was final"
+            )
         elif record is None or not record.state.is_final or record.result != answer.payload:
-            self.violate("5", f"run {run.serial} on {run.ident} was acknowledged {answer.payload!r}; the journal "
-                              f"holds {describe(record)}")
+            self.violate(
+                "5",
+                f"run {run.serial} on {run.ident} was acknowledged {answer.payload!r}; the journal "
+                f"holds {describe(record)}",
+            )
         else:
             ledger.final, ledger.final_expires = record.result, record.expires_at
 
@@ -471,15 +509,15 @@ class Interleavings(RuleBasedStateMachine):
                 ledger.final, ledger.final_expires = live.result, live.expires_at
             return
         if live is None or not live.state.is_final:
-            self.violate("5", f"{ident}'s final result {final!r} (until {ledger.final_expires}) is gone: "
-                              f"{describe(live)}")
+            self.violate(
+                "5", f"{ident}'s final result {final!r} (until {ledger.final_expires}) is gone: {describe(live)}"
+            )
         elif live.result != final:
             self.violate("2", f"{ident}'s final result {final!r} was overwritten: {describe(live)}")
         elif ledger.final_expires is not None and (live.expires_at is None or live.expires_at >= ledger.final_expires):
             ledger.final_expires = live.expires_at
         elif ledger.final_expires is not None:
-            self.violate("5", f"{ident}'s final result now expires at {live.expires_at}, before "
-                              f"{ledger.final_expires}")
+            self.violate("5", f"{ident}'s final result now expires at {live.expires_at}, before {ledger.final_expires}")
 
     def observe_attempts(self, ident: Ident, live: CallRecord | None, ledger: Ledger) -> None:
         if live is None:
@@ -490,8 +528,9 @@ class Interleavings(RuleBasedStateMachine):
             # (within one rule, with no look in between). Its attempts count afresh.
             ledger.attempts, ledger.attempts_since = None, live.created_at
         if ledger.attempts is not None and live.attempts < ledger.attempts:
-            self.violate("6", f"{ident}'s attempts went from {ledger.attempts} down to {live.attempts}: "
-                              f"{describe(live)}")
+            self.violate(
+                "6", f"{ident}'s attempts went from {ledger.attempts} down to {live.attempts}: {describe(live)}"
+            )
         ledger.attempts = live.attempts
 
     def observe_cancel(self, ident: Ident, live: CallRecord | None, ledger: Ledger) -> None:
@@ -502,8 +541,13 @@ class Interleavings(RuleBasedStateMachine):
 
     # -- rules: calls -----------------------------------------------------------------------------
 
-    @rule(slot=slot_numbers, tool=tools, behaviour=st.sampled_from(["ok", "ok", "error", "raise", "raise_persisted"]),
-          gate=st.sampled_from([None, None, "before", "between"]), as_task=st.booleans())
+    @rule(
+        slot=slot_numbers,
+        tool=tools,
+        behaviour=st.sampled_from(["ok", "ok", "error", "raise", "raise_persisted"]),
+        gate=st.sampled_from([None, None, "before", "between"]),
+        as_task=st.booleans(),
+    )
     def call(self, slot: int, tool: str, behaviour: Behaviour, gate: GateAt | None, as_task: bool) -> None:
         """A call (`execute`) or a task (`submit`) on engine `slot`. With a gate its run, if the
         engine starts one, parks there: a stall, before its effect or between its two steps
@@ -522,10 +566,16 @@ class Interleavings(RuleBasedStateMachine):
         await self.settle()
 
     @precondition(lambda self: bool(self.resumable()))
-    @rule(pick=picks, other=slot_numbers, behaviour=st.sampled_from(["ok", "ok", "error", "raise"]),
-          gate=st.sampled_from([None, "before", "between"]), as_task=st.booleans())
-    def the_lease_runs_out_and_another_engine_repeats(self, pick: int, other: int, behaviour: Behaviour,
-                                                       gate: GateAt | None, as_task: bool) -> None:
+    @rule(
+        pick=picks,
+        other=slot_numbers,
+        behaviour=st.sampled_from(["ok", "ok", "error", "raise"]),
+        gate=st.sampled_from([None, "before", "between"]),
+        as_task=st.booleans(),
+    )
+    def the_lease_runs_out_and_another_engine_repeats(
+        self, pick: int, other: int, behaviour: Behaviour, gate: GateAt | None, as_task: bool
+    ) -> None:
         """The heart of the stale-owner interleavings, as one rule: a stalled run's lease runs out
         (the clock passes it) and another engine calls its key, which takes the record over
         (retry) or marks it in doubt (refuse); its own run may stall in turn. `resume` later
@@ -535,8 +585,7 @@ class Interleavings(RuleBasedStateMachine):
         others = [i for i in self.alive() if i != stalled.run.slot] or self.alive()
         self.drive(self.begin, others[other % len(others)], stalled.run.ident, behaviour, gate, as_task)
 
-    @rule(slot=slot_numbers, tool=tools, behaviour=st.sampled_from(["ok", "error"]),
-          copies=st.integers(2, 3))
+    @rule(slot=slot_numbers, tool=tools, behaviour=st.sampled_from(["ok", "error"]), copies=st.integers(2, 3))
     def concurrent_duplicates(self, slot: int, tool: str, behaviour: Behaviour, copies: int) -> None:
         self.drive(self.duplicates, self.live_slot(slot), (tool, KEY), behaviour, copies)
 
@@ -582,8 +631,11 @@ class Interleavings(RuleBasedStateMachine):
         await self.settle()
         after = (await self.read_records()).get(ident)
         if terminal and (changed or after is None or after.version != before.version):
-            self.violate("7", f"cancelling terminal task {ident} ({describe(before)}) changed it "
-                              f"(changed={changed}): {describe(after)}")
+            self.violate(
+                "7",
+                f"cancelling terminal task {ident} ({describe(before)}) changed it "
+                f"(changed={changed}): {describe(after)}",
+            )
         elif changed:
             self.ledgers[ident].cancel = CancelMark("requestor", after.expires_at if after is not None else None)
 
@@ -690,6 +742,10 @@ def test_engines_sharing_a_journal_keep_every_invariant_through_stalls_crashes_c
     machine = type(f"Interleavings_{backend}", (Interleavings,), {"backend": backend})
     run_state_machine_as_test(
         machine,
-        settings=settings(max_examples=examples(backend), stateful_step_count=STEPS, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+        settings=settings(
+            max_examples=examples(backend),
+            stateful_step_count=STEPS,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
     )

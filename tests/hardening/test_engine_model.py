@@ -146,14 +146,21 @@ class EngineModel(RuleBasedStateMachine):
         previous = self.live(ident)
         attempts = 1 if prediction == "run_fresh" or previous is None else previous.attempts + 1
         state = {"ok": "completed", "error": "failed", "raise": "released"}[behaviour]
-        self.model[ident] = Model(value, state, attempts, None if behaviour == "raise" else payload,
-                                  expires_at=self.now + RETENTION)
+        self.model[ident] = Model(
+            value, state, attempts, None if behaviour == "raise" else payload, expires_at=self.now + RETENTION
+        )
         self.expected_runs[ident] = self.expected_runs.get(ident, 0) + 1
 
     # -- driving the engine ---------------------------------------------------------------------
 
-    def tool(self, ident: tuple[str, str], behaviour: str, gate: anyio.Event | None = None, started: Any = None,
-             linger: bool = False) -> tuple[Any, bytes]:
+    def tool(
+        self,
+        ident: tuple[str, str],
+        behaviour: str,
+        gate: anyio.Event | None = None,
+        started: Any = None,
+        linger: bool = False,
+    ) -> tuple[Any, bytes]:
         """A tool run that counts itself and returns a payload unique to this run."""
         self.serial += 1
         payload = orjson.dumps({"run": self.serial, "principal": ident[0], "key": ident[1], "behaviour": behaviour})
@@ -174,13 +181,26 @@ class EngineModel(RuleBasedStateMachine):
 
     async def execute(self, ident: tuple[str, str], value: int, run: Any, policy: ToolPolicy = PATIENT) -> Any:
         try:
-            return await self.engine.execute(tool=TOOL, policy=policy, arguments={"value": value},
-                                             meta={KEY_META: ident[1]}, run=run, principal=ident[0])
+            return await self.engine.execute(
+                tool=TOOL,
+                policy=policy,
+                arguments={"value": value},
+                meta={KEY_META: ident[1]},
+                run=run,
+                principal=ident[0],
+            )
         except (DurableError, Boom) as exc:
             return exc
 
-    def check(self, ident: tuple[str, str], prediction: str, answer: Any, payload: bytes, behaviour: str,
-              record_before: Model | None) -> None:
+    def check(
+        self,
+        ident: tuple[str, str],
+        prediction: str,
+        answer: Any,
+        payload: bytes,
+        behaviour: str,
+        record_before: Model | None,
+    ) -> None:
         if prediction in ("run_fresh", "run_again"):
             if behaviour == "raise":
                 assert isinstance(answer, Boom), answer
@@ -212,8 +232,7 @@ class EngineModel(RuleBasedStateMachine):
         if prediction in ("run_fresh", "run_again"):
             self.after_run(ident, value, prediction, behaviour, payload)
 
-    @rule(ident=identities, value=argument_values, behaviour=st.sampled_from(["ok", "error"]),
-          copies=st.integers(2, 4))
+    @rule(ident=identities, value=argument_values, behaviour=st.sampled_from(["ok", "error"]), copies=st.integers(2, 4))
     def concurrent_duplicates(self, ident: tuple[str, str], value: int, behaviour: str, copies: int) -> None:
         before = self.live(ident)
         snapshot = replace(before) if before is not None else None
@@ -288,16 +307,30 @@ class EngineModel(RuleBasedStateMachine):
 
         async def die() -> bool:
             if record is None:
-                fresh = CallRecord(identity=identity, fingerprint=fingerprint({"value": value}),
-                                   state=CallState.PENDING, version=1, run_id=f"ghost-{self.ghosts}", attempts=1,
-                                   created_at=self.now, updated_at=self.now, owner=owner,
-                                   lease_until=self.now + LEASE, arguments=orjson.dumps({"value": value}))
+                fresh = CallRecord(
+                    identity=identity,
+                    fingerprint=fingerprint({"value": value}),
+                    state=CallState.PENDING,
+                    version=1,
+                    run_id=f"ghost-{self.ghosts}",
+                    attempts=1,
+                    created_at=self.now,
+                    updated_at=self.now,
+                    owner=owner,
+                    lease_until=self.now + LEASE,
+                    arguments=orjson.dumps({"value": value}),
+                )
                 won, _ = await self.journal.claim(fresh, self.now)
                 return won
             stored = await self.journal.get(identity)
             assert stored is not None
-            taken = stored.evolve(state=CallState.PENDING, owner=owner, lease_until=self.now + LEASE,
-                                  attempts=stored.attempts + 1, updated_at=self.now)
+            taken = stored.evolve(
+                state=CallState.PENDING,
+                owner=owner,
+                lease_until=self.now + LEASE,
+                attempts=stored.attempts + 1,
+                updated_at=self.now,
+            )
             return await self.journal.swap(stored.version, taken)
 
         if record is not None:
@@ -381,6 +414,10 @@ def test_the_engine_runs_each_identity_once_per_retention_and_replays_byte_ident
     machine = type(f"EngineModel_{backend}", (EngineModel,), {"backend": backend})
     run_state_machine_as_test(
         machine,
-        settings=settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]),
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
     )

@@ -47,8 +47,16 @@ class RawStdio:
 
 
 HOSTILE_METAS: list[Any] = [
-    "a string", ["a", "list"], 42, True, {KEY_META: {"nested": 1}}, {KEY_META: 12}, {KEY_META: ""},
-    {KEY_META: None}, {KEY_META: "bad\nkey"}, {KEY_META: "k" * 256},
+    "a string",
+    ["a", "list"],
+    42,
+    True,
+    {KEY_META: {"nested": 1}},
+    {KEY_META: 12},
+    {KEY_META: ""},
+    {KEY_META: None},
+    {KEY_META: "bad\nkey"},
+    {KEY_META: "k" * 256},
 ]
 
 
@@ -59,8 +67,10 @@ async def test_a_malformed_meta_on_the_legacy_wire_is_refused_and_changes_nothin
     command = [*serve_command(), "serve", "tests/hardening/target.py", "--journal", f"sqlite:///{db}"]
     async with await anyio.open_process(command, cwd=REPO, env=env, stderr=None) as proc:
         wire = RawStdio(proc)
-        init = await wire.request("initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                                 "clientInfo": {"name": "raw", "version": "0"}})
+        init = await wire.request(
+            "initialize",
+            {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}},
+        )
         assert init["result"]["protocolVersion"] == "2025-11-25"
         await wire.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         ok = await wire.request("tools/call", {"name": "echo", "arguments": {"text": "first"}})

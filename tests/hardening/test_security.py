@@ -35,7 +35,9 @@ from tests.helpers import body_bytes, client_as, key_meta, meta_of, resource_tex
 
 CARD = "4111-2222-3333-4444"
 INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}},
 }
 JSON_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -72,15 +74,23 @@ async def test_on_http_only_a_valid_token_gets_in_and_principals_never_replay_ea
     async with serve_app(server.streamable_http_app(streamable_http_path="/mcp")) as base:
         url = f"{base}/mcp"
         async with httpx2.AsyncClient(timeout=30.0) as http:
-            for headers in ({}, {"Authorization": "Bearer tok-mallory"}, {"Authorization": "Bearer tok-alic"},
-                            {"Authorization": "Basic dG9rLWFsaWNlOg=="}, {"Authorization": "Bearer"}):
+            for headers in (
+                {},
+                {"Authorization": "Bearer tok-mallory"},
+                {"Authorization": "Bearer tok-alic"},
+                {"Authorization": "Basic dG9rLWFsaWNlOg=="},
+                {"Authorization": "Bearer"},
+            ):
                 refused = await http.post(url, json=INITIALIZE, headers={**JSON_HEADERS, **headers})
                 assert refused.status_code == 401, headers
         assert runs.calls == []
 
         # Same key, same arguments, and a `_meta` that claims to be someone else: the token decides.
-        call: dict[str, Any] = {"name": "whoami", "arguments": {"text": "same"},
-                                "meta": {KEY_META: "shared", "mcp-durable/principal": "alice", "principal": "alice"}}
+        call: dict[str, Any] = {
+            "name": "whoami",
+            "arguments": {"text": "same"},
+            "meta": {KEY_META: "shared", "mcp-durable/principal": "alice", "principal": "alice"},
+        }
         async with client_as(url, "tok-alice", mode) as alice:
             alice_first = await alice.call_tool(**call)
         async with client_as(url, "tok-bob", mode) as bob:
@@ -158,28 +168,39 @@ async def test_sensitive_arguments_are_masked_in_every_journal_resource_but_repl
     url = f"sqlite:///{tmp_path}/journal.db"
     server = _secret_server(url, runs)
     async with Client(server, mode=mode) as client:
-        paid = await client.call_tool("charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500},
-                                      meta=key_meta("pay-1"))
+        paid = await client.call_tool(
+            "charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500}, meta=key_meta("pay-1")
+        )
         declined = await client.call_tool(
             "charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9, "decline": True}, meta=key_meta("pay-2")
         )
         assert CARD in text_of(paid) and declined.is_error and CARD in text_of(declined)
         views = {}
-        for uri in ("journal://calls/charge/pay-1", "journal://calls/charge/pay-2", "journal://calls",
-                    "journal://calls?tool=charge", "journal://in-doubt", "journal://stats", "journal://recovery"):
+        for uri in (
+            "journal://calls/charge/pay-1",
+            "journal://calls/charge/pay-2",
+            "journal://calls",
+            "journal://calls?tool=charge",
+            "journal://in-doubt",
+            "journal://stats",
+            "journal://recovery",
+        ):
             views[uri] = resource_text(await client.read_resource(uri))
         # The owner's repeats are answered from the journal, secrets included, byte for byte.
-        paid_again = await client.call_tool("charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500},
-                                            meta=key_meta("pay-1"))
-        declined_again = await client.call_tool("charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9,
-                                                           "decline": True}, meta=key_meta("pay-2"))
+        paid_again = await client.call_tool(
+            "charge", {"order_id": "O-1", "card": CARD, "amount_cents": 500}, meta=key_meta("pay-1")
+        )
+        declined_again = await client.call_tool(
+            "charge", {"order_id": "O-2", "card": CARD, "amount_cents": 9, "decline": True}, meta=key_meta("pay-2")
+        )
     leaks = {uri: text for uri, text in views.items() if CARD in text}
     assert not leaks, f"the card number leaked into {sorted(leaks)}"
     one = orjson.loads(views["journal://calls/charge/pay-1"])
     assert one["arguments"]["card"] == "[redacted]" and one["arguments"]["order_id"] == "O-1"
     assert meta_of(paid_again)["mcp-durable/replayed"] is True and body_bytes(paid_again) == body_bytes(paid)
-    assert (meta_of(declined_again)["mcp-durable/replayed"] is True
-            and body_bytes(declined_again) == body_bytes(declined))
+    assert meta_of(declined_again)["mcp-durable/replayed"] is True and body_bytes(declined_again) == body_bytes(
+        declined
+    )
     assert runs.count("charge") == 2
     # The journal itself keeps what replay needs: the stored bytes hold the real result.
     reader = create_journal(url)
@@ -214,10 +235,12 @@ async def test_local_http_refuses_a_foreign_host_or_origin(tmp_path: Path) -> No
     async with serve_http("tests/hardening/target.py", journal=f"sqlite:///{tmp_path}/journal.db") as served:
         async with httpx2.AsyncClient(timeout=30.0) as http:
             local = await http.post(served.url, json=INITIALIZE, headers=JSON_HEADERS)
-            foreign_host = await http.post(served.url, json=INITIALIZE,
-                                           headers={**JSON_HEADERS, "Host": f"evil.example:{served.port}"})
-            foreign_origin = await http.post(served.url, json=INITIALIZE,
-                                             headers={**JSON_HEADERS, "Origin": "http://evil.example"})
+            foreign_host = await http.post(
+                served.url, json=INITIALIZE, headers={**JSON_HEADERS, "Host": f"evil.example:{served.port}"}
+            )
+            foreign_origin = await http.post(
+                served.url, json=INITIALIZE, headers={**JSON_HEADERS, "Origin": "http://evil.example"}
+            )
     assert local.status_code == 200
     assert foreign_host.status_code == 421, foreign_host.text
     assert foreign_origin.status_code == 403, foreign_origin.text

@@ -12,20 +12,24 @@ import time
 
 from .harness import Options, Summary, run
 
-HEADER = ("| journal | events recorded | cut points | states checked | by window | opened / refused | "
-          "repaired at open | acks checked | claims checked | steps checked | states with a violation | lost acks | "
-          "lost claims | other violations | time |")
+HEADER = (
+    "| journal | events recorded | cut points | states checked | by window | opened / refused | "
+    "repaired at open | acks checked | claims checked | steps checked | states with a violation | lost acks | "
+    "lost claims | other violations | time |"
+)
 
 
 def row(s: Summary) -> str:
     windows = ", ".join(f"{name} {n}" for name, n in sorted(s.cuts_by_window.items()))
     other = len(s.violations) - s.count("lost_ack") - s.count("lost_claim")
     bad = len({(v.cut, v.variant) for v in s.violations})
-    return (f"| {s.kind} | {s.events} | {len(s.cuts)} | {s.states} | {windows} | "
-            f"{s.outcomes['opened']} / {s.outcomes['refused']} | {s.recovered_with_repairs} | {s.acks_checked} | "
-            f"{s.claims_checked} | {s.steps_checked} | {bad} | "
-            f"**{s.count('lost_ack')}** | **{s.count('lost_claim')}** | "
-            f"{other} | {s.seconds_recording + s.seconds_checking:.0f} s |")
+    return (
+        f"| {s.kind} | {s.events} | {len(s.cuts)} | {s.states} | {windows} | "
+        f"{s.outcomes['opened']} / {s.outcomes['refused']} | {s.recovered_with_repairs} | {s.acks_checked} | "
+        f"{s.claims_checked} | {s.steps_checked} | {bad} | "
+        f"**{s.count('lost_ack')}** | **{s.count('lost_claim')}** | "
+        f"{other} | {s.seconds_recording + s.seconds_checking:.0f} s |"
+    )
 
 
 def main() -> int:
@@ -35,8 +39,12 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--calls", type=int, default=200, help="durable calls in the recorded workload")
     parser.add_argument("--variants", type=int, default=2, help="crash states per cut point")
-    parser.add_argument("--restarts", type=int, default=10,
-                        help="crash states that start a second recorded run, cut again (power lost during recovery)")
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=10,
+        help="crash states that start a second recorded run, cut again (power lost during recovery)",
+    )
     parser.add_argument("--restart-cuts", type=int, default=50, help="cut points in each second run")
     parser.add_argument("--skip-fsync", choices=("dir", "data"), help="record the deliberately broken build")
     parser.add_argument("--synchronous", help="SQLite: record with ?synchronous=NORMAL|OFF (default FULL)")
@@ -51,9 +59,22 @@ def main() -> int:
                 last[0] = time.monotonic()
                 print(f"  {s.kind}: {s.states} states, {len(s.violations)} violations", file=sys.stderr)
 
-        summaries.append(run(Options(kind, cuts=args.cuts, seed=args.seed, calls=args.calls, variants=args.variants,
-                                     skip_fsync=args.skip_fsync, synchronous=args.synchronous, restarts=args.restarts,
-                                     restart_cuts=args.restart_cuts), progress))
+        summaries.append(
+            run(
+                Options(
+                    kind,
+                    cuts=args.cuts,
+                    seed=args.seed,
+                    calls=args.calls,
+                    variants=args.variants,
+                    skip_fsync=args.skip_fsync,
+                    synchronous=args.synchronous,
+                    restarts=args.restarts,
+                    restart_cuts=args.restart_cuts,
+                ),
+                progress,
+            )
+        )
     print(HEADER)
     print("|" + "---|" * (HEADER.count("|") - 1))
     for s in summaries:

@@ -52,8 +52,9 @@ def journal_exists(kind: str, root: Path) -> bool:
     if kind == "sqlite":
         return path.is_file() and path.stat().st_size > 0
     # Empty segments without a manifest are a creation cut short, which opens as a new journal.
-    return path.is_dir() and any(p.name == "MANIFEST" or (p.name.startswith("seg-") and p.stat().st_size)
-                                 for p in path.iterdir())
+    return path.is_dir() and any(
+        p.name == "MANIFEST" or (p.name.startswith("seg-") and p.stat().st_size) for p in path.iterdir()
+    )
 
 
 def kept_aside(kind: str, root: Path) -> list[str]:

@@ -67,8 +67,10 @@ class Violation:
     crash_model: dict[str, str]
 
     def describe(self) -> str:
-        return (f"cut {self.cut} (after event {self.event!r}, window {self.window}) variant {self.variant}: "
-                f"{self.kind}: {self.detail}; crash model: {self.crash_model}")
+        return (
+            f"cut {self.cut} (after event {self.event!r}, window {self.window}) variant {self.variant}: "
+            f"{self.kind}: {self.detail}; crash model: {self.crash_model}"
+        )
 
 
 @dataclass(slots=True)
@@ -104,9 +106,20 @@ def record(options: Options, workdir: Path, *, first_key: int = 0, existing: boo
     env = {k: v for k, v in os.environ.items() if k != SKIP_FSYNC_ENV}
     if options.skip_fsync:
         env[SKIP_FSYNC_ENV] = options.skip_fsync
-    argv = [sys.executable, "-m", "tests.powerloss.workload", options.kind, str(root), str(markers),
-            "--calls", str(options.calls if not existing else max(10, options.calls // 4)),
-            "--seed", str(options.seed + first_key), "--first-key", str(first_key)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.powerloss.workload",
+        options.kind,
+        str(root),
+        str(markers),
+        "--calls",
+        str(options.calls if not existing else max(10, options.calls // 4)),
+        "--seed",
+        str(options.seed + first_key),
+        "--first-key",
+        str(first_key),
+    ]
     if options.synchronous:
         argv += ["--synchronous", options.synchronous]
     done = run_traced(argv, log, timeout=600, env=env, cwd=REPO)
@@ -195,15 +208,23 @@ class Expected:
                 # design (the new claim, and its result once acknowledged, are what must survive).
                 del self.acks[ident]
         elif kind == "step":
-            self.steps[(marker["process_id"], marker["index"])] = [marker["process_id"], marker["index"],
-                                                                   marker["result"]]
+            self.steps[(marker["process_id"], marker["index"])] = [
+                marker["process_id"],
+                marker["index"],
+                marker["result"],
+            ]
 
     def copy(self) -> Expected:
         return Expected(dict(self.acks), dict(self.claims), dict(self.steps))
 
     def request(self, kind: str, root: Path) -> dict[str, Any]:
-        return {"kind": kind, "root": str(root), "acks": list(self.acks.values()),
-                "claims": list(self.claims.values()), "steps": list(self.steps.values())}
+        return {
+            "kind": kind,
+            "root": str(root),
+            "acks": list(self.acks.values()),
+            "claims": list(self.claims.values()),
+            "steps": list(self.steps.values()),
+        }
 
 
 # -- checking ------------------------------------------------------------------------------------
@@ -218,8 +239,13 @@ class Checker:
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k != SKIP_FSYNC_ENV}
-        return subprocess.Popen([sys.executable, "-m", "tests.powerloss.checker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, cwd=REPO, env=env)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.powerloss.checker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            env=env,
+        )
 
     def check(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.proc is None or self.proc.poll() is not None:
@@ -300,8 +326,7 @@ def _unexplained(problems: list[dict[str, Any]], kept_aside: list[str]) -> list[
     compaction rewrites it; `journal verify` reports it at every run, recovery once (later opens
     start from a snapshot beyond it), leaving `<segment>.damaged-<offset>` as the record.
     """
-    return [p for p in problems
-            if f"{Path(p['path']).name}.damaged-{p['offset']}" not in kept_aside]
+    return [p for p in problems if f"{Path(p['path']).name}.damaged-{p['offset']}" not in kept_aside]
 
 
 def run(options: Options, progress: Any = None) -> Summary:
@@ -322,8 +347,9 @@ def run(options: Options, progress: Any = None) -> Summary:
         log, root, markers = record(options, base / "recording")
         summary.seconds_recording = time.perf_counter() - began
         began = time.perf_counter()
-        starts = _check_recording(options, summary, checker, states_dir, log, root, markers, Expected(),
-                                  generation=1, progress=progress)
+        starts = _check_recording(
+            options, summary, checker, states_dir, log, root, markers, Expected(), generation=1, progress=progress
+        )
         recording_again = 0.0
         for i, (start, expected) in enumerate(starts):
             workdir = base / f"restart-{i}"
@@ -333,8 +359,19 @@ def run(options: Options, progress: Any = None) -> Summary:
             began_recording = time.perf_counter()
             log2, root2, markers2 = record(options, workdir, first_key=100_000 * (i + 1), existing=True)
             recording_again += time.perf_counter() - began_recording
-            _check_recording(options, summary, checker, states_dir, log2, root2, markers2, expected, generation=2,
-                             progress=progress, initial=start)
+            _check_recording(
+                options,
+                summary,
+                checker,
+                states_dir,
+                log2,
+                root2,
+                markers2,
+                expected,
+                generation=2,
+                progress=progress,
+                initial=start,
+            )
         summary.seconds_checking = time.perf_counter() - began - recording_again
         summary.seconds_recording += recording_again
     finally:
@@ -345,9 +382,20 @@ def run(options: Options, progress: Any = None) -> Summary:
     return summary
 
 
-def _check_recording(options: Options, summary: Summary, checker: Checker, states_dir: Path, log: Path, root: Path,
-                     markers: Path, expected: Expected, *, generation: int, progress: Any,
-                     initial: Path | None = None) -> list[tuple[Path, Expected]]:
+def _check_recording(
+    options: Options,
+    summary: Summary,
+    checker: Checker,
+    states_dir: Path,
+    log: Path,
+    root: Path,
+    markers: Path,
+    expected: Expected,
+    *,
+    generation: int,
+    progress: Any,
+    initial: Path | None = None,
+) -> list[tuple[Path, Expected]]:
     """Cut one recording and check its states; returns the starts kept for a second generation.
 
     `initial`: the crash state a second generation's recording started from (its durable start)."""

@@ -277,8 +277,9 @@ def _name_of(model: Model, inode: int) -> str:
     return f"inode{inode}"
 
 
-def events_with_states(calls: Iterable[Call], root: Path, marker_path: Path, *,
-                       initial: Path | None = None) -> Iterator[tuple[Event, Model]]:
+def events_with_states(
+    calls: Iterable[Call], root: Path, marker_path: Path, *, initial: Path | None = None
+) -> Iterator[tuple[Event, Model]]:
     """Every event, after it was applied to the model (one model, mutated in place).
 
     `initial`: a copy of what `root` held, durably, before the recording started."""

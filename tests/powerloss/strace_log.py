@@ -37,14 +37,15 @@ def traced_command(argv: Sequence[str], log: Path) -> list[str]:
     strace = strace_binary()
     if strace is None:
         raise RuntimeError("strace is not installed (apt-get install strace)")
-    return [strace, "-f", "-xx", "-s", "1000000", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}",
-            "-o", str(log), *argv]
+    return [strace, "-f", "-xx", "-s", "1000000", "-y", "--seccomp-bpf", "-e", f"trace={TRACED}", "-o", str(log), *argv]
 
 
-def run_traced(argv: Sequence[str], log: Path, *, timeout: float, env: dict[str, str] | None = None,
-               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(traced_command(argv, log), capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=cwd, check=False)
+def run_traced(
+    argv: Sequence[str], log: Path, *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        traced_command(argv, log), capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False
+    )
 
 
 @dataclass(frozen=True, slots=True)

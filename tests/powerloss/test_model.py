@@ -60,8 +60,16 @@ class _AllRandom(random.Random):
 def test_only_synced_data_and_names_of_synced_directories_survive(tmp_path: Path) -> None:
     states = _states(tmp_path)
     labels = [label.split()[0] + " " + label.split()[-1].rsplit("/", 1)[-1] for label, _, _ in states]
-    assert [lbl.split()[0] for lbl in labels] == ["mkdir", "fsync", "create", "write", "fsync", "fsync", "write",
-                                                  "rename"]
+    assert [lbl.split()[0] for lbl in labels] == [
+        "mkdir",
+        "fsync",
+        "create",
+        "write",
+        "fsync",
+        "fsync",
+        "write",
+        "rename",
+    ]
     by_step = {i + 1: (durable, everything) for i, (_, durable, everything) in enumerate(states)}
     # mkdir not yet synced: gone after a power loss; a SIGKILL would keep it.
     assert not (by_step[1][0] / "d").exists() and (by_step[1][1] / "d").is_dir()

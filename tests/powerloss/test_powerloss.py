@@ -16,8 +16,7 @@ from .strace_log import strace_binary
 
 if strace_binary() is None:
     if os.environ.get("CI"):
-        pytest.fail("strace is required in CI for the power-loss harness (apt-get install strace)",
-                    pytrace=False)
+        pytest.fail("strace is required in CI for the power-loss harness (apt-get install strace)", pytrace=False)
     pytest.skip("strace is not installed: the power-loss harness cannot record", allow_module_level=True)
 
 

@@ -79,8 +79,16 @@ def result_for(key: str, size: int) -> bytes:
 
 
 class Workload:
-    def __init__(self, kind: str, root: Path, markers: Path, calls: int, seed: int,
-                 synchronous: str | None = None, first_key: int = 0) -> None:
+    def __init__(
+        self,
+        kind: str,
+        root: Path,
+        markers: Path,
+        calls: int,
+        seed: int,
+        synchronous: str | None = None,
+        first_key: int = 0,
+    ) -> None:
         self.kind = kind
         self.first_key = first_key
         self.synchronous = synchronous
@@ -121,13 +129,27 @@ class Workload:
         policy = ToolPolicy(retention=retention)
         size = rng.choice((20, 200, 900, 3000))
         try:
-            outcome = await engine.execute(tool=tool, policy=policy, arguments={"n": key}, meta={KEY_META: key},
-                                           run=self.tool(tool, key, principal, size), principal=principal)
+            outcome = await engine.execute(
+                tool=tool,
+                policy=policy,
+                arguments={"n": key},
+                meta={KEY_META: key},
+                run=self.tool(tool, key, principal, size),
+                principal=principal,
+            )
         except RuntimeError:
             return
         assert outcome.payload is not None
-        self.mark(m="ack", principal=principal, tool=tool, key=key, payload=outcome.payload.decode(),
-                  failed=tool == "decline", expires=tool == "temp", at=self.clock())
+        self.mark(
+            m="ack",
+            principal=principal,
+            tool=tool,
+            key=key,
+            payload=outcome.payload.decode(),
+            failed=tool == "decline",
+            expires=tool == "temp",
+            at=self.clock(),
+        )
         self.done.append((principal, tool, key))
 
     async def batch(self, engine: Engine, first: int, count: int) -> None:
@@ -190,8 +212,7 @@ def main() -> None:
     parser.add_argument("--synchronous", help="SQLite: the URL's synchronous= (default: the journal's FULL)")
     parser.add_argument("--first-key", type=int, default=0, help="number the keys from here (a second run)")
     args = parser.parse_args()
-    anyio.run(Workload(args.kind, args.root, args.markers, args.calls, args.seed, args.synchronous,
-                       args.first_key).run)
+    anyio.run(Workload(args.kind, args.root, args.markers, args.calls, args.seed, args.synchronous, args.first_key).run)
 
 
 if __name__ == "__main__":

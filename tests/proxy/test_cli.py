@@ -17,8 +17,7 @@ from tests.proxy.upstreams import MEMORY
 
 
 def _proxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*serve_command(), "proxy", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run([*serve_command(), "proxy", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
 def test_print_config_writes_the_policies_the_proxy_would_use_for_the_upstream(tmp_path: Path) -> None:
@@ -53,10 +52,17 @@ def test_usage_errors_exit_2_and_config_errors_exit_1(tmp_path: Path) -> None:
 async def test_the_proxy_serves_over_stdio(tmp_path: Path, mode: str) -> None:
     command, *prefix = serve_command()
     params = StdioServerParameters(
-        command=command, cwd=str(REPO),
+        command=command,
+        cwd=str(REPO),
         env={"MEMORY_FILE_PATH": str(tmp_path / "memory.jsonl"), "PATH": "/usr/bin:/bin"},
-        args=[*prefix, "proxy", "--upstream-command", shlex.join(package_bin(MEMORY)),
-              "--journal", f"sqlite:///{tmp_path}/proxy.db"],
+        args=[
+            *prefix,
+            "proxy",
+            "--upstream-command",
+            shlex.join(package_bin(MEMORY)),
+            "--journal",
+            f"sqlite:///{tmp_path}/proxy.db",
+        ],
     )
     async with Client(params, mode=mode) as client:
         gone = await client.call_tool("delete_entities", {"entityNames": ["nobody"]}, meta=key_meta("d-1"))

@@ -61,16 +61,26 @@ async def _session(server: Any, mode: str) -> dict[str, Any]:
         return ElicitResult(action="accept", content={"username": "ada"})
 
     seen: dict[str, Any] = {}
-    async with Client(server, mode=mode, logging_callback=on_log, log_level="debug",
-                      sampling_callback=on_sampling, elicitation_callback=on_elicitation) as client:
+    async with Client(
+        server,
+        mode=mode,
+        logging_callback=on_log,
+        log_level="debug",
+        sampling_callback=on_sampling,
+        elicitation_callback=on_elicitation,
+    ) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         for name, _ in TOOLS + LEGACY_ONLY:
             seen[f"schema:{name}"] = tools[name].model_dump(by_alias=True, exclude_none=True)
         for name, arguments in TOOLS + (LEGACY_ONLY if mode == "legacy" else []):
             progress: list[tuple[float, float | None, str | None]] = []
 
-            async def on_progress(progress: float, total: float | None, message: str | None,
-                                  sink: list[tuple[float, float | None, str | None]] = progress) -> None:
+            async def on_progress(
+                progress: float,
+                total: float | None,
+                message: str | None,
+                sink: list[tuple[float, float | None, str | None]] = progress,
+            ) -> None:
                 sink.append((progress, total, message))
 
             result = await client.call_tool(name, arguments, progress_callback=on_progress)
@@ -80,25 +90,34 @@ async def _session(server: Any, mode: str) -> dict[str, Any]:
         seen["asked"] = asked
         for uri in ("test://static-text", "test://static-binary", "test://template/42/data"):
             seen[uri] = _strip_sdk_meta((await client.read_resource(uri)).model_dump(by_alias=True, exclude_none=True))
-        seen["prompts"] = [p.model_dump(by_alias=True, exclude_none=True) for p in (await client.list_prompts()).prompts
-                           if p.name.startswith("test_")]
+        seen["prompts"] = [
+            p.model_dump(by_alias=True, exclude_none=True)
+            for p in (await client.list_prompts()).prompts
+            if p.name.startswith("test_")
+        ]
         for name, arguments in (("test_simple_prompt", {}), ("test_prompt_with_arguments", {"arg1": "a", "arg2": "b"})):
-            seen[f"prompt:{name}"] = _strip_sdk_meta((await client.get_prompt(name, arguments)).model_dump(
-                by_alias=True, exclude_none=True))
-        completion = await client.complete(PromptReference(type="ref/prompt", name="test_prompt_with_arguments"),
-                                           {"name": "arg1", "value": "pa"})
+            seen[f"prompt:{name}"] = _strip_sdk_meta(
+                (await client.get_prompt(name, arguments)).model_dump(by_alias=True, exclude_none=True)
+            )
+        completion = await client.complete(
+            PromptReference(type="ref/prompt", name="test_prompt_with_arguments"), {"name": "arg1", "value": "pa"}
+        )
         seen["completion"] = completion.completion.model_dump(by_alias=True, exclude_none=True)
         templates = (await client.list_resource_templates()).resource_templates
-        seen["templates"] = [t.model_dump(by_alias=True, exclude_none=True) for t in templates
-                             if t.uri_template.startswith("test://")]
+        seen["templates"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in templates if t.uri_template.startswith("test://")
+        ]
     return seen
 
 
 @pytest.mark.parametrize("mode", ERAS)
 async def test_the_conformance_fixtures_behave_through_the_proxy_as_served_directly(mode: str) -> None:
     direct = await _session(fixtures, mode)
-    upstream = UpstreamSpec(command=[sys.executable, str(REPO / "tests/proxy/servers/conformance_fixtures.py")],
-                            env={"PYTHONPATH": str(REPO)}, cwd=str(REPO))
+    upstream = UpstreamSpec(
+        command=[sys.executable, str(REPO / "tests/proxy/servers/conformance_fixtures.py")],
+        env={"PYTHONPATH": str(REPO)},
+        cwd=str(REPO),
+    )
     proxied = await _session(ProxyServer(upstream, journal="memory://"), mode)
     assert direct["test_error_handling"]["isError"] is True
     assert len(direct["progress:test_tool_with_progress"]) == 3

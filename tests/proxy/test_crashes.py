@@ -68,7 +68,8 @@ async def test_a_proxy_killed_mid_call_never_runs_the_call_twice_upstream_under_
         async with serve_cli_http(args, env=env) as first:
             async with anyio.create_task_group() as tg, Client(first.url, mode="legacy") as client:
                 await _call_in_background(
-                    tg, lambda: client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1")), outcome)
+                    tg, lambda: client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1")), outcome
+                )
                 await _until(lambda: counter.count("gated") == 1, "the call reached the upstream")
                 first.kill()  # SIGKILL the proxy while the upstream runs the call
         counter.open_gate()
@@ -122,8 +123,12 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
     env = upstream_env(tmp_path)
     counter = Counter(env["COUNTER_FILE"])
     journal = f"sqlite:///{tmp_path}/proxy.db"
-    proxy = ProxyServer(plain_stdio_spec(env), parse_policies('[tools.gated]\nin_doubt = "refuse"\n'),
-                        journal=journal, admin_principals=["local"])
+    proxy = ProxyServer(
+        plain_stdio_spec(env),
+        parse_policies('[tools.gated]\nin_doubt = "refuse"\n'),
+        journal=journal,
+        admin_principals=["local"],
+    )
     async with Client(proxy, mode=mode) as client:
         outcome: list[Any] = []
         async with anyio.create_task_group() as tg:

@@ -50,8 +50,12 @@ def make(tmp_path: Path, lifespans: list[str]) -> ProxyServer:
     def job(job: str) -> dict[str, Any]:
         return {"job": job}
 
-    return make_durable(upstream, parse_policies(POLICIES), journal=f"sqlite:///{tmp_path}/journal.db",
-                        retention_schedule=RetentionSchedule(interval=INTERVAL, compact_garbage_ratio=None))
+    return make_durable(
+        upstream,
+        parse_policies(POLICIES),
+        journal=f"sqlite:///{tmp_path}/journal.db",
+        retention_schedule=RetentionSchedule(interval=INTERVAL, compact_garbage_ratio=None),
+    )
 
 
 async def purged(proxy: ProxyServer, key: str) -> None:

@@ -88,16 +88,21 @@ async def _everything_session(client: Client) -> dict[str, Any]:
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         reported.append((progress, total, message))
 
-    long_run = await client.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 3},
-                                      progress_callback=on_progress)
+    long_run = await client.call_tool(
+        "trigger-long-running-operation", {"duration": 0.3, "steps": 3}, progress_callback=on_progress
+    )
     resources = [r for r in (await client.list_resources()).resources if not r.uri.startswith("journal://")]
-    templates = [t for t in (await client.list_resource_templates()).resource_templates
-                 if not t.uri_template.startswith("journal://")]
+    templates = [
+        t
+        for t in (await client.list_resource_templates()).resource_templates
+        if not t.uri_template.startswith("journal://")
+    ]
     prompts = (await client.list_prompts()).prompts
     doc = await client.read_resource(resources[0].uri)
     prompt = await client.get_prompt("args-prompt", {"city": "Paris", "state": "TX"})
-    completion = await client.complete(PromptReference(type="ref/prompt", name="completable-prompt"),
-                                       {"name": "department", "value": "E"})
+    completion = await client.complete(
+        PromptReference(type="ref/prompt", name="completable-prompt"), {"name": "department", "value": "E"}
+    )
     echo = await client.call_tool("echo", {"message": "hi"})
     return {
         "long_run": wire(long_run)["content"],

@@ -46,8 +46,7 @@ async def test_one_principals_records_and_replays_are_never_visible_to_the_other
             async with client_as(proxy.url, "tokB", mode) as bob:
                 bob_first = await bob.call_tool(**call)
                 bob_calls = json.loads(resource_text(await bob.read_resource("journal://calls")))
-                bob_record = json.loads(
-                    resource_text(await bob.read_resource("journal://calls/record/shared-key")))
+                bob_record = json.loads(resource_text(await bob.read_resource("journal://calls/record/shared-key")))
                 with pytest.raises(Exception):  # noqa: B017 - another principal's record reads as not found
                     await bob.read_resource("journal://calls/record/shared-key?principal=alice")
     assert counter.count("record") == 2  # once per principal, never a replay across them
@@ -100,14 +99,17 @@ async def test_an_upstream_request_never_reaches_a_client_other_than_the_caller(
     def sampler(name: str):  # type: ignore[no-untyped-def]
         async def on_sampling(context: object, params: object) -> CreateMessageResult:
             asked[name].append(params.messages[0].content.text)  # type: ignore[attr-defined]
-            return CreateMessageResult(role="assistant", content=TextContent(type="text", text=f"from {name}"),
-                                       model="m")
+            return CreateMessageResult(
+                role="assistant", content=TextContent(type="text", text=f"from {name}"), model="m"
+            )
 
         return on_sampling
 
     proxy = ProxyServer(plain_stdio_spec(env), journal="memory://")
-    async with Client(proxy, mode="legacy", sampling_callback=sampler("a")) as a, \
-            Client(proxy, mode="legacy", sampling_callback=sampler("b")) as b:
+    async with (
+        Client(proxy, mode="legacy", sampling_callback=sampler("a")) as a,
+        Client(proxy, mode="legacy", sampling_callback=sampler("b")) as b,
+    ):
         alone = await b.call_tool("ask_client", {"prompt": "alone?"})
         async with anyio.create_task_group() as tg:
             tg.start_soon(a.call_tool, "gated", {"text": "hold"})

@@ -32,8 +32,12 @@ async def _durable_and_plain_calls(client: Client, counter: Counter) -> dict[str
     plain_1 = await client.call_tool("plain", {"text": "c"}, meta=key_meta("k-2"))
     plain_2 = await client.call_tool("plain", {"text": "c"}, meta=key_meta("k-2"))
     return {
-        "first": first, "second": second, "derived": (derived_1, derived_2), "plain": (plain_1, plain_2),
-        "record_runs": counter.count("record"), "plain_runs": counter.count("plain"),
+        "first": first,
+        "second": second,
+        "derived": (derived_1, derived_2),
+        "plain": (plain_1, plain_2),
+        "record_runs": counter.count("record"),
+        "plain_runs": counter.count("plain"),
     }
 
 

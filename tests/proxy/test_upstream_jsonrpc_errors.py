@@ -97,7 +97,10 @@ async def test_an_upstream_jsonrpc_error_is_kept_under_persist_and_released_unde
                 await client.call_tool("released", {"order_id": "O-2"})
     assert first.is_error and first_text(first) == "provider declined O-1"
     assert meta_of(first)["mcp-durable/jsonrpc-error"] == {
-        "code": DECLINED, "message": "provider declined O-1", "data": {"order_id": "O-1"}}
+        "code": DECLINED,
+        "message": "provider declined O-1",
+        "data": {"order_id": "O-1"},
+    }
     assert kept == CallState.FAILED  # before the fix: PENDING, with no call outstanding upstream
     assert meta_of(again)["mcp-durable/replayed"] is True and body_bytes(again) == body_bytes(first)
     assert runs["kept"] == 1  # the repeat was answered from the journal

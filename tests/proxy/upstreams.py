@@ -1,8 +1,8 @@
 """Upstreams for the proxy tests: npm reference servers and the plain Python upstream.
 
-    upstream_env(tmp_path)            env for tests/proxy/servers/plain_upstream.py (counter, ledger)
-    async with plain_http_upstream(env) as served: …   # the plain server over HTTP (uvicorn subprocess)
-    plain_stdio_command()             the plain server as a stdio command
+upstream_env(tmp_path)            env for tests/proxy/servers/plain_upstream.py (counter, ledger)
+async with plain_http_upstream(env) as served: …   # the plain server over HTTP (uvicorn subprocess)
+plain_stdio_command()             the plain server as a stdio command
 """
 
 from __future__ import annotations
@@ -52,4 +52,3 @@ def npm_spec(package: str, env: Mapping[str, str] | None = None, args: tuple[str
 def proxy_cli(spec_args: list[str], journal: str, *extra: str) -> list[str]:
     """`mcp-durable proxy` arguments (without the transport options serve_cli_http adds)."""
     return ["proxy", *spec_args, "--journal", journal, *extra]
-

@@ -43,7 +43,8 @@ async def request(client: Client, method: str, params: dict[str, Any]) -> dict[s
     """Send `method` with `params` and return the raw result (raises `MCPError` on an error)."""
     # mcp bounds the result type by BaseModel, but validates with any TypeAdapter: these tests want the raw dict.
     result: dict[str, Any] = await client.session.send_request(  # type: ignore[type-var]
-        Request[Any, Any](method=method, params=params), _ANY)
+        Request[Any, Any](method=method, params=params), _ANY
+    )
     return result
 
 

@@ -42,9 +42,19 @@ def build(journal: Journal, ran: list[str], *, admins: tuple[str, ...], clock: C
 async def journal_with_a_call_in_doubt() -> AsyncIterator[Journal]:
     journal = create_journal("memory://")
     await journal.open()
-    ghost = CallRecord(identity=CallIdentity("local", "ship", "o-1"), fingerprint=fingerprint({"order_id": "o-1"}),
-                       state=CallState.PENDING, version=1, run_id="r", attempts=1, created_at=1.0,
-                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b'{"order_id":"o-1"}')
+    ghost = CallRecord(
+        identity=CallIdentity("local", "ship", "o-1"),
+        fingerprint=fingerprint({"order_id": "o-1"}),
+        state=CallState.PENDING,
+        version=1,
+        run_id="r",
+        attempts=1,
+        created_at=1.0,
+        updated_at=1.0,
+        owner="previous-boot",
+        lease_until=2.0,
+        arguments=b'{"order_id":"o-1"}',
+    )
     await journal.claim(ghost, 1.0)
     yield journal
     await journal.aclose()
@@ -66,8 +76,9 @@ async def test_a_non_admin_local_principal_is_refused_by_the_admin_tools(mode: s
     async with journal_with_a_call_in_doubt() as journal:
         server = build(journal, [], admins=("ops",))
         async with Client(server, mode=mode) as client:
-            refused = await client.call_tool("journal_resolve", {"tool": "ship", "key": "o-1",
-                                                                 "resolution": "completed", "result": {"x": 1}})
+            refused = await client.call_tool(
+                "journal_resolve", {"tool": "ship", "key": "o-1", "resolution": "completed", "result": {"x": 1}}
+            )
             assert refused.is_error and "forbidden" in first_text(refused)
             # The same machine-readable refusal as a durable call's (results.refusal)
             assert refused.meta is not None and refused.meta["mcp-durable/error"]["error"] == "forbidden"
@@ -87,9 +98,16 @@ async def test_resolving_a_call_in_doubt_as_completed_makes_its_key_replay_the_o
             before = await client.call_tool("ship", {"order_id": "o-1"})
             assert before.is_error and before.meta is not None
             assert before.meta["mcp-durable/error"]["error"] == "in_doubt"
-            resolved = await client.call_tool("journal_resolve", {
-                "tool": "ship", "key": "o-1", "resolution": "completed", "result": {"shipped": "o-1", "by": "hand"},
-                "note": "checked the carrier"})
+            resolved = await client.call_tool(
+                "journal_resolve",
+                {
+                    "tool": "ship",
+                    "key": "o-1",
+                    "resolution": "completed",
+                    "result": {"shipped": "o-1", "by": "hand"},
+                    "note": "checked the carrier",
+                },
+            )
             assert not resolved.is_error, resolved
             assert resolved.structured_content["state"] == "completed"
             after = await client.call_tool("ship", {"order_id": "o-1"})
@@ -104,12 +122,14 @@ async def test_resolving_a_call_in_doubt_as_not_applied_lets_the_next_call_run(m
     async with journal_with_a_call_in_doubt() as journal:
         server = build(journal, ran, admins=("local",))
         async with Client(server, mode=mode) as client:
-            resolved = await client.call_tool("journal_resolve",
-                                              {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
+            resolved = await client.call_tool(
+                "journal_resolve", {"tool": "ship", "key": "o-1", "resolution": "not_applied"}
+            )
             assert not resolved.is_error and resolved.structured_content["state"] == "released"
             after = await client.call_tool("ship", {"order_id": "o-1"})
-            again = await client.call_tool("journal_resolve",
-                                           {"tool": "ship", "key": "o-1", "resolution": "not_applied"})
+            again = await client.call_tool(
+                "journal_resolve", {"tool": "ship", "key": "o-1", "resolution": "not_applied"}
+            )
         assert again.is_error and "not in doubt" in first_text(again)
         assert again.meta is not None and again.meta["mcp-durable/error"]["error"] == "operator_error"
         assert ran == ["o-1"] and after.structured_content == {"shipped": "o-1"}
@@ -163,8 +183,9 @@ async def test_forgetting_a_call_in_doubt_lets_its_key_run_as_a_new_call_and_jou
 
         server = build(journal, ran, admins=("local",))
         async with Client(server, mode=mode) as client:
-            forgotten = await client.call_tool("journal_forget", {"tool": "ship", "key": "o-1",
-                                                                  "note": "never shipped"})
+            forgotten = await client.call_tool(
+                "journal_forget", {"tool": "ship", "key": "o-1", "note": "never shipped"}
+            )
             assert not forgotten.is_error, forgotten
             assert forgotten.structured_content["state"] == "released"
             after = await client.call_tool("ship", {"order_id": "o-1"})

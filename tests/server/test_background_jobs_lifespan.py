@@ -25,8 +25,11 @@ RETENTION = 0.3
 
 
 def make(tmp_path: Path) -> DurableServer:
-    server = DurableServer("background", journal=f"sqlite:///{tmp_path}/journal.db",
-                           retention_schedule=RetentionSchedule(interval=INTERVAL, compact_garbage_ratio=None))
+    server = DurableServer(
+        "background",
+        journal=f"sqlite:///{tmp_path}/journal.db",
+        retention_schedule=RetentionSchedule(interval=INTERVAL, compact_garbage_ratio=None),
+    )
 
     @server.tool(durable=ToolPolicy(key_fields=("job",), retention=RETENTION))
     def job(job: str) -> dict[str, Any]:

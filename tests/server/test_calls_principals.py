@@ -56,17 +56,28 @@ async def test_two_principals_using_the_same_key_each_run_the_tool_and_get_only_
 
 async def test_a_request_without_a_valid_bearer_token_is_refused_with_401(tmp_path: Path) -> None:
     initialize = {
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-                   "clientInfo": {"name": "probe", "version": "0"}},
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "probe", "version": "0"},
+        },
     }
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    bad = {"no token": {}, "unknown": {"Authorization": "Bearer tokC"}, "near miss": {"Authorization": "Bearer tokA-"},
-           "not bearer": {"Authorization": "Basic dG9rQTo="}}
+    bad = {
+        "no token": {},
+        "unknown": {"Authorization": "Bearer tokC"},
+        "near miss": {"Authorization": "Bearer tokA-"},
+        "not bearer": {"Authorization": "Basic dG9rQTo="},
+    }
     async with _authenticated_server(tmp_path) as served:
         async with httpx2.AsyncClient(timeout=30.0) as http:
-            refused = {name: await http.post(served.url, json=initialize, headers={**headers, **extra})
-                       for name, extra in bad.items()}
+            refused = {
+                name: await http.post(served.url, json=initialize, headers={**headers, **extra})
+                for name, extra in bad.items()
+            }
             accepted = await http.post(served.url, json=initialize, headers={**headers, "Authorization": "Bearer tokB"})
     assert {name: response.status_code for name, response in refused.items()} == dict.fromkeys(bad, 401)
     # The challenge names this server's own metadata URL (not a default port).

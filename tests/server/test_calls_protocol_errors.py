@@ -50,8 +50,13 @@ def make(journal: str) -> tuple[DurableServer, Counter[str]]:
     @server.tool(durable=ToolPolicy(key_fields=("order_id",), exceptions="persist"))
     def needs_consent(order_id: str) -> dict[str, Any]:
         runs["needs_consent"] += 1
-        raise UrlElicitationRequiredError([ElicitRequestURLParams(
-            mode="url", message="approve the refund", url="https://example.com/approve", elicitation_id=order_id)])
+        raise UrlElicitationRequiredError(
+            [
+                ElicitRequestURLParams(
+                    mode="url", message="approve the refund", url="https://example.com/approve", elicitation_id=order_id
+                )
+            ]
+        )
 
     @server.tool(durable=ToolPolicy(key_fields=("order_id",), exceptions="persist", task_support="required"))
     def task_persisted(order_id: str) -> dict[str, Any]:

@@ -27,9 +27,7 @@ async def test_a_tool_called_five_times_with_one_key_runs_once_and_repeats_repla
 ) -> None:
     counter = Counter(tmp_path / "counter")
     async with connect(transport, **counting_setup(transport)) as client:
-        results = [
-            await client.call_tool("record", {"text": "hello"}, meta=key_meta("order-7")) for _ in range(5)
-        ]
+        results = [await client.call_tool("record", {"text": "hello"}, meta=key_meta("order-7")) for _ in range(5)]
     assert counter.count("record") == 1
     first, repeats = results[0], results[1:]
     assert not first.is_error, first
@@ -59,12 +57,13 @@ async def test_a_derived_key_is_returned_to_the_client_and_replays_identical_arg
 
 
 @pytest.mark.parametrize("transport", ["stdio-legacy", "http-auto"])
-async def test_the_payments_refund_moves_money_once_for_five_calls_with_one_key(
-    transport: str, tmp_path: Path
-) -> None:
+async def test_the_payments_refund_moves_money_once_for_five_calls_with_one_key(transport: str, tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.db"
-    setup: dict[str, Any] = {"target": "tools/payments.py", "journal": f"sqlite:///{tmp_path}/journal.db",
-             "env": {"PAYMENTS_LEDGER": str(ledger)}}
+    setup: dict[str, Any] = {
+        "target": "tools/payments.py",
+        "journal": f"sqlite:///{tmp_path}/journal.db",
+        "env": {"PAYMENTS_LEDGER": str(ledger)},
+    }
     async with connect(transport, **setup) as client:
         results = [
             await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 1250}, meta=key_meta("refund-O-1"))

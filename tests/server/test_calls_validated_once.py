@@ -23,8 +23,9 @@ def counted(n: int) -> int:
     return n
 
 
-async def stamp(n: Annotated[int, AfterValidator(counted)],
-                nonce: str = Field(default_factory=lambda: uuid.uuid4().hex)) -> str:
+async def stamp(
+    n: Annotated[int, AfterValidator(counted)], nonce: str = Field(default_factory=lambda: uuid.uuid4().hex)
+) -> str:
     """Returns the nonce it was given (drawn by validation when the caller gave none)."""
     return nonce
 

@@ -65,8 +65,10 @@ async def test_resources_and_tasks_answer_a_journal_that_fails_with_the_same_jso
     assert body["error"] == "journal_unavailable"
     listed = errors.pop("tasks/list")  # reads the journal without starting the engine: its own message
     assert (listed.error.code, _without_uri(listed.error.data)["error"]) == (-32603, "journal_unavailable")
-    answers = {method: (error.error.code, error.error.message, _without_uri(error.error.data))
-               for method, error in errors.items()}
+    answers = {
+        method: (error.error.code, error.error.message, _without_uri(error.error.data))
+        for method, error in errors.items()
+    }
     # Word for word the refused tool call's text and refusal object, under the table's code.
     assert answers == dict.fromkeys(errors, (WIRE["journal_unavailable"].jsonrpc, first_text(refused), body))
     assert errors["resources/read"].error.data["uri"] == "journal://stats"
@@ -80,7 +82,10 @@ async def test_a_refusal_of_a_task_creating_call_is_the_tables_json_rpc_error_wi
     assert refused.meta is not None and refused.meta["mcp-durable/error"]["error"] == "missing_key"
     error = caught.value.error
     assert (error.code, error.message, error.data) == (
-        WIRE["missing_key"].jsonrpc, first_text(refused), refused.meta["mcp-durable/error"])
+        WIRE["missing_key"].jsonrpc,
+        first_text(refused),
+        refused.meta["mcp-durable/error"],
+    )
 
 
 async def test_a_config_error_raised_while_serving_is_not_answered_as_a_refusal(

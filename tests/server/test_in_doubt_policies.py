@@ -35,20 +35,43 @@ PAY = {"order_id": "O-1", "amount_cents": 250}
 
 def _setup(tmp_path: Path, *, mail_policy: str = "reconcile", url: str | None = None) -> tuple[DurableServer, Counter]:
     counter = Counter(tmp_path / "events.log")
-    server = make_server(url or f"sqlite:///{tmp_path}/journal.db", mail_policy=mail_policy, lease=0.5, wait=0.0,
-                         counter=str(counter.path), ledger=str(tmp_path / "ledger.db"),
-                         outbox=str(tmp_path / "outbox.db"))
+    server = make_server(
+        url or f"sqlite:///{tmp_path}/journal.db",
+        mail_policy=mail_policy,
+        lease=0.5,
+        wait=0.0,
+        counter=str(counter.path),
+        ledger=str(tmp_path / "ledger.db"),
+        outbox=str(tmp_path / "outbox.db"),
+    )
     return server, counter
 
 
-async def _plant(journal: Journal, tool: str, key: str, args: dict[str, Any], *, lease_in: float = -1.0,
-                 attempts: int = 1, owner: str = "dead-instance") -> CallRecord:
+async def _plant(
+    journal: Journal,
+    tool: str,
+    key: str,
+    args: dict[str, Any],
+    *,
+    lease_in: float = -1.0,
+    attempts: int = 1,
+    owner: str = "dead-instance",
+) -> CallRecord:
     """What a server killed inside the call leaves behind: a PENDING record of a gone owner."""
     now = time.time()
-    record = CallRecord(identity=CallIdentity("local", tool, key), fingerprint=keys.fingerprint(args),
-                        state=CallState.PENDING, version=1, run_id=uuid.uuid4().hex, attempts=attempts,
-                        created_at=now, updated_at=now, owner=owner, lease_until=now + lease_in,
-                        arguments=keys.canonical_json(args))
+    record = CallRecord(
+        identity=CallIdentity("local", tool, key),
+        fingerprint=keys.fingerprint(args),
+        state=CallState.PENDING,
+        version=1,
+        run_id=uuid.uuid4().hex,
+        attempts=attempts,
+        created_at=now,
+        updated_at=now,
+        owner=owner,
+        lease_until=now + lease_in,
+        arguments=keys.canonical_json(args),
+    )
     won, _ = await journal.claim(record, now)
     assert won
     return record
@@ -152,8 +175,11 @@ async def test_refuse_answers_in_doubt_until_an_operator_resolves_the_call(
     await server.engine.start()
     await _plant(server.journal, "send_email", "m4", MAIL)
     identity = CallIdentity("local", "send_email", "m4")
-    stored = {"content": [{"type": "text", "text": "resolved by hand"}], "structuredContent": {"id": "msg_manual"},
-              "isError": resolution == "failed"}
+    stored = {
+        "content": [{"type": "text", "text": "resolved by hand"}],
+        "structuredContent": {"id": "msg_manual"},
+        "isError": resolution == "failed",
+    }
     async with Client(server, mode=mode) as client:
         for _ in range(2):
             refused = await client.call_tool("send_email", MAIL, meta=key_meta("m4"))

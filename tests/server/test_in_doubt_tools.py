@@ -13,8 +13,12 @@ MAIL = {"to": "ann@example.com", "subject": "Your refund", "body": "It is on its
 
 async def test_the_served_mailer_requires_a_key_and_sends_one_mail_per_key(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path / "outbox.db")
-    async with connect("stdio-legacy", target="tools/mailer.py", journal=f"sqlite:///{tmp_path}/j.db",
-                       env={"MAILER_OUTBOX": str(outbox.path)}) as client:
+    async with connect(
+        "stdio-legacy",
+        target="tools/mailer.py",
+        journal=f"sqlite:///{tmp_path}/j.db",
+        env={"MAILER_OUTBOX": str(outbox.path)},
+    ) as client:
         tools = {t.name: t for t in (await client.list_tools()).tools}
         missing = await client.call_tool("send_email", MAIL)
         first = await client.call_tool("send_email", MAIL, meta=key_meta("welcome-ann"))
@@ -28,8 +32,12 @@ async def test_the_served_mailer_requires_a_key_and_sends_one_mail_per_key(tmp_p
 
 async def test_the_served_shipping_tool_ships_an_order_once(tmp_path: Path) -> None:
     warehouse = Warehouse(tmp_path / "warehouse.db")
-    async with connect("stdio-legacy", target="tools/shipping.py", journal=f"sqlite:///{tmp_path}/j.db",
-                       env={"WAREHOUSE_DB": str(warehouse.path)}) as client:
+    async with connect(
+        "stdio-legacy",
+        target="tools/shipping.py",
+        journal=f"sqlite:///{tmp_path}/j.db",
+        env={"WAREHOUSE_DB": str(warehouse.path)},
+    ) as client:
         first = await client.call_tool("ship_order", {"order_id": "O-42"})
         second = await client.call_tool("ship_order", {"order_id": "O-42"})
     assert not first.is_error and second.structured_content == first.structured_content

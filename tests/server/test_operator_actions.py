@@ -41,8 +41,12 @@ async def test_a_rerun_from_step_3_of_a_five_step_tool_replays_steps_before_it_a
     async with Client(server, mode=mode) as client:
         first = structured(await client.call_tool("five_steps", {"job": "J-1"}))
         refused = await client.call_tool("journal_rerun", {"tool": "five_steps", "key": "J-1", "from_step": 6})
-        rerun = structured(await client.call_tool("journal_rerun", {"tool": "five_steps", "key": "J-1", "from_step": 3,
-                                                                    "note": "the carrier lost the parcel"}))
+        rerun = structured(
+            await client.call_tool(
+                "journal_rerun",
+                {"tool": "five_steps", "key": "J-1", "from_step": 3, "note": "the carrier lost the parcel"},
+            )
+        )
         second = structured(await client.call_tool("five_steps", {"job": "J-1"}))
         repeat = await client.call_tool("five_steps", {"job": "J-1"})
         (audit,) = await audit_entries(server.journal, CallIdentity("local", "five_steps", "J-1"))
@@ -61,8 +65,11 @@ async def test_a_rerun_from_step_3_of_a_five_step_tool_replays_steps_before_it_a
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_over_http_only_an_admin_reruns_and_only_the_named_principals_record(mode: str, tmp_path: Path) -> None:
-    env = {"STEPS_LOG": str(tmp_path / "steps.log"), "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
-           "MCP_DURABLE_ADMINS": "ops"}
+    env = {
+        "STEPS_LOG": str(tmp_path / "steps.log"),
+        "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
+        "MCP_DURABLE_ADMINS": "ops",
+    }
     log = Counter(tmp_path / "steps.log")
     async with serve_http(TARGET, journal=f"sqlite:///{tmp_path}/journal.db", env=env) as served:
         async with client_as(served.url, "tokA", mode) as alice:
@@ -71,8 +78,11 @@ async def test_over_http_only_an_admin_reruns_and_only_the_named_principals_reco
             bob_first = structured(await bob.call_tool("five_steps", {"job": "J-2"}))
             denied = await bob.call_tool("journal_rerun", {"tool": "five_steps", "key": "J-2", "principal": "alice"})
         async with client_as(served.url, "tokO", mode) as ops:
-            done = structured(await ops.call_tool("journal_rerun", {"tool": "five_steps", "key": "J-2",
-                                                                    "principal": "alice", "from_step": 0}))
+            done = structured(
+                await ops.call_tool(
+                    "journal_rerun", {"tool": "five_steps", "key": "J-2", "principal": "alice", "from_step": 0}
+                )
+            )
         async with client_as(served.url, "tokB", mode) as bob:
             bob_again = await bob.call_tool("five_steps", {"job": "J-2"})
         async with client_as(served.url, "tokA", mode) as alice:
@@ -86,8 +96,9 @@ async def test_over_http_only_an_admin_reruns_and_only_the_named_principals_reco
 
 def cli(journal: str, *args: str, check: int = 0) -> subprocess.CompletedProcess[str]:
     command, *prefix = serve_command()
-    proc = subprocess.run([command, *prefix, "journal", "--journal", journal, *args], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [command, *prefix, "journal", "--journal", journal, *args], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == check, proc.stderr
     return proc
 
@@ -100,8 +111,12 @@ async def test_the_cli_reruns_a_call_from_a_step_and_the_next_call_runs_only_the
         first = structured(await client.call_tool("five_steps", {"job": "J-3"}))
     assert "journaled 5 step(s)" in cli(journal, "rerun", "five_steps", "J-3", "--from-step", "9", check=1).stderr
     assert "no call five_steps/nope" in cli(journal, "rerun", "five_steps", "nope", check=1).stderr
-    (view,) = [orjson.loads(line) for line in cli(journal, "--json", "rerun", "five_steps", "J-3", "--from-step", "3",
-                                                   "--note", "retry the shipment").stdout.splitlines()]
+    (view,) = [
+        orjson.loads(line)
+        for line in cli(
+            journal, "--json", "rerun", "five_steps", "J-3", "--from-step", "3", "--note", "retry the shipment"
+        ).stdout.splitlines()
+    ]
     assert view["state"] == "released"
     assert "only a completed or failed call" in cli(journal, "rerun", "five_steps", "J-3", check=1).stderr
     async with Client(make_server(journal, str(log.path)), mode="legacy") as client:
@@ -138,14 +153,18 @@ async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_re
     results: list[Any] = []
     async with Client(server, mode=mode) as client:
         async with anyio.create_task_group() as group:
+
             async def held() -> None:
                 with anyio.fail_after(60):  # a bound on a hang, never a timing assertion
                     results.append(await client.call_tool("five_steps", {"job": "J-4", "hold": True}))
 
             group.start_soon(held)
             await wait_for(log, "charge J-4")
-            done = structured(await client.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-4",
-                                                                        "note": "customer withdrew"}))
+            done = structured(
+                await client.call_tool(
+                    "journal_cancel", {"tool": "five_steps", "key": "J-4", "note": "customer withdrew"}
+                )
+            )
         log.open_gate()
         again = await client.call_tool("five_steps", {"job": "J-4", "hold": True})
         refused = await client.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-4"})
@@ -162,12 +181,16 @@ async def test_cancelling_a_running_call_stops_its_tool_and_the_call_is_never_re
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_over_http_a_non_admin_cannot_cancel_another_principals_call(mode: str, tmp_path: Path) -> None:
-    env = {"STEPS_LOG": str(tmp_path / "steps.log"), "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
-           "MCP_DURABLE_ADMINS": "ops"}
+    env = {
+        "STEPS_LOG": str(tmp_path / "steps.log"),
+        "MCP_DURABLE_TOKENS": "tokA=alice,tokB=bob,tokO=ops",
+        "MCP_DURABLE_ADMINS": "ops",
+    }
     log = Counter(tmp_path / "steps.log")
     results: list[Any] = []
     async with serve_http(TARGET, journal=f"sqlite:///{tmp_path}/journal.db", env=env) as served:
         async with anyio.create_task_group() as group:
+
             async def alice_call() -> None:
                 with anyio.fail_after(60):  # a bound on a hang, never a timing assertion
                     async with client_as(served.url, "tokA", mode) as alice:
@@ -176,12 +199,14 @@ async def test_over_http_a_non_admin_cannot_cancel_another_principals_call(mode:
             group.start_soon(alice_call)
             await wait_for(log, "charge J-5")
             async with client_as(served.url, "tokB", mode) as bob:
-                denied = await bob.call_tool("journal_cancel",
-                                             {"tool": "five_steps", "key": "J-5", "principal": "alice"})
+                denied = await bob.call_tool(
+                    "journal_cancel", {"tool": "five_steps", "key": "J-5", "principal": "alice"}
+                )
                 own = await bob.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5"})
             async with client_as(served.url, "tokO", mode) as ops:
-                done = structured(await ops.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5",
-                                                                         "principal": "alice"}))
+                done = structured(
+                    await ops.call_tool("journal_cancel", {"tool": "five_steps", "key": "J-5", "principal": "alice"})
+                )
     assert refusal_code(denied) == "forbidden" and refusal_code(own) == "forbidden"
     assert done["principal"] == "alice" and done["state"] == "released"
     assert [refusal_code(r) for r in results] == ["cancelled"]

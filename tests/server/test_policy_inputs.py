@@ -69,8 +69,9 @@ async def test_without_fingerprint_fields_a_reworded_argument_is_key_reuse() -> 
     server = _refunds([], ToolPolicy())
     async with Client(server) as client:
         await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "a"}, meta=key_meta("k"))
-        reworded = await client.call_tool("refund", {"order_id": "O-1", "amount_cents": 5, "reason": "b"},
-                                          meta=key_meta("k"))
+        reworded = await client.call_tool(
+            "refund", {"order_id": "O-1", "amount_cents": 5, "reason": "b"}, meta=key_meta("k")
+        )
     assert error_of(reworded) == "key_reuse"
 
 
@@ -79,8 +80,7 @@ def test_a_fingerprint_name_that_is_not_an_argument_is_refused_at_registration(s
     server = DurableServer("typo", journal="memory://")
     fields: dict[str, Any] = {setting: ("reson",)}  # a parametrized field name, so typed loosely
     with pytest.raises(ConfigError, match="reson"):
-        server.add_tool(lambda order_id, reason="": order_id, name="refund",
-                        durable=ToolPolicy(**fields))
+        server.add_tool(lambda order_id, reason="": order_id, name="refund", durable=ToolPolicy(**fields))
     assert "refund" not in server.policies and server._tool_manager.get_tool("refund") is None
 
 
@@ -101,8 +101,9 @@ async def test_a_key_in_another_protocols_meta_name_is_used_after_our_own(mode: 
         theirs = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"idempotency_key": "ck-1"}))
         again = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"idempotency_key": "ck-1"}))
         second_name = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"idempotencyKey": "ck-1"}))
-        ours_first = await client.call_tool("checkout", {"cart": "c1"},
-                                            meta=request_meta({KEY_META: "ours-1", "idempotency_key": "ck-1"}))
+        ours_first = await client.call_tool(
+            "checkout", {"cart": "c1"}, meta=request_meta({KEY_META: "ours-1", "idempotency_key": "ck-1"})
+        )
         none = await client.call_tool("checkout", {"cart": "c1"}, meta=request_meta({"other": "ck-1"}))
     assert meta_of(theirs)["mcp-durable/key"] == "ck-1" and meta_of(again)["mcp-durable/replayed"] is True
     assert meta_of(second_name)["mcp-durable/key"] == "ck-1" and meta_of(second_name)["mcp-durable/replayed"] is True

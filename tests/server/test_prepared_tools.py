@@ -78,15 +78,18 @@ def _wire(result: CallToolResult) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-@pytest.mark.parametrize(("tool", "arguments"), [
-    ("echo", {"text": "é \"q\"\n", "times": 2}),
-    ("shout", {"text": "abc"}),
-    ("ship", {"order": "O-1", "items": [1, 2]}),
-    ("declines", {"text": "x"}),
-    ("crashes", {"text": "x"}),
-    ("lies", {"text": "x"}),
-    ("with_context", {"text": "x"}),
-])
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("echo", {"text": 'é "q"\n', "times": 2}),
+        ("shout", {"text": "abc"}),
+        ("ship", {"order": "O-1", "items": [1, 2]}),
+        ("declines", {"text": "x"}),
+        ("crashes", {"text": "x"}),
+        ("lies", {"text": "x"}),
+        ("with_context", {"text": "x"}),
+    ],
+)
 async def test_a_durable_tool_answers_as_the_same_tool_on_a_plain_server(
     mode: str, tool: str, arguments: dict[str, Any]
 ) -> None:
@@ -178,8 +181,14 @@ async def test_a_validation_that_runs_code_is_never_remembered() -> None:
 
 
 def _schema(**fields: Any) -> Any:
-    return type("M", (BaseModel,), {"__annotations__": {k: v[0] for k, v in fields.items()},
-                                     **{k: v[1] for k, v in fields.items() if v[1] is not ...}})
+    return type(
+        "M",
+        (BaseModel,),
+        {
+            "__annotations__": {k: v[0] for k, v in fields.items()},
+            **{k: v[1] for k, v in fields.items() if v[1] is not ...},
+        },
+    )
 
 
 class Nested(BaseModel):
@@ -203,13 +212,16 @@ class PostInit(BaseModel):
         pass
 
 
-@pytest.mark.parametrize(("model", "pure"), [
-    (_schema(n=(int, ...), s=(str, "x"), f=(float, 1.5)), True),
-    (_schema(items=(list[Nested], ...), maybe=(dict[str, int] | None, None)), True),
-    (_schema(n=(Annotated[int, AfterValidator(lambda n: n)], ...)), False),
-    (_schema(nonce=(str, Field(default_factory=lambda: "x"))), False),
-    (_schema(inner=(Validated, ...)), False),
-    (_schema(inner=(PostInit, ...)), False),
-])
+@pytest.mark.parametrize(
+    ("model", "pure"),
+    [
+        (_schema(n=(int, ...), s=(str, "x"), f=(float, 1.5)), True),
+        (_schema(items=(list[Nested], ...), maybe=(dict[str, int] | None, None)), True),
+        (_schema(n=(Annotated[int, AfterValidator(lambda n: n)], ...)), False),
+        (_schema(nonce=(str, Field(default_factory=lambda: "x"))), False),
+        (_schema(inner=(Validated, ...)), False),
+        (_schema(inner=(PostInit, ...)), False),
+    ],
+)
 def test_pure_schema_tells_validation_that_runs_no_code(model: Any, pure: bool) -> None:
     assert pure_schema(model.__pydantic_core_schema__) is pure

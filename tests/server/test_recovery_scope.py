@@ -23,10 +23,19 @@ async def _orphan(url: str, principal: str, key: str) -> None:
     await journal.open()
     try:
         arguments = {"text": key}
-        record = CallRecord(identity=CallIdentity(principal, "record", key), fingerprint=fingerprint(arguments),
-                            state=CallState.PENDING, version=1, run_id=key, attempts=1, created_at=2.0,
-                            updated_at=2.0, owner="dead-replica", lease_until=3.0,
-                            arguments=orjson.dumps(arguments))
+        record = CallRecord(
+            identity=CallIdentity(principal, "record", key),
+            fingerprint=fingerprint(arguments),
+            state=CallState.PENDING,
+            version=1,
+            run_id=key,
+            attempts=1,
+            created_at=2.0,
+            updated_at=2.0,
+            owner="dead-replica",
+            lease_until=3.0,
+            arguments=orjson.dumps(arguments),
+        )
         assert (await journal.claim(record, 2.0))[0]
     finally:
         await journal.aclose()
@@ -39,8 +48,12 @@ async def test_recovery_shows_each_principal_its_own_in_doubt_count_and_an_admin
     url = f"sqlite:///{tmp_path}/journal.db"
     for principal, key in (("alice", "a-1"), ("alice", "a-2"), ("bob", "b-1")):
         await _orphan(url, principal, key)
-    server = DurableServer("recovery", journal=url, tokens={"tok-a": "alice", "tok-b": "bob", "tok-c": "carol",
-                                                             "tok-o": "ops"}, admin_principals=("ops",))
+    server = DurableServer(
+        "recovery",
+        journal=url,
+        tokens={"tok-a": "alice", "tok-b": "bob", "tok-c": "carol", "tok-o": "ops"},
+        admin_principals=("ops",),
+    )
 
     @server.tool(durable=True)
     def record(text: str) -> str:
@@ -54,5 +67,9 @@ async def test_recovery_shows_each_principal_its_own_in_doubt_count_and_an_admin
                 assert isinstance(content, TextResourceContents), content
                 seen[name] = orjson.loads(content.text)
     assert {name: body["calls_found_in_doubt"] for name, body in seen.items()} == {
-        "alice": 2, "bob": 1, "carol": 0, "ops": 3}
+        "alice": 2,
+        "bob": 1,
+        "carol": 0,
+        "ops": 3,
+    }
     assert seen["alice"]["scope"] == "principal" and seen["ops"]["scope"] == "all"

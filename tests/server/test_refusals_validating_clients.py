@@ -122,8 +122,11 @@ def check_row(row: dict[str, Any]) -> None:
 async def test_the_typescript_sdk_parses_every_refusal_on_tools_with_an_output_schema(tmp_path: Path) -> None:
     require_node_peers()
     async with typed_servers(tmp_path) as servers:
-        proc = node_script(tmp_path / "client.mjs", TS_CLIENT, args=[
-            servers.url, servers.locked_url, str(servers.gate), ",".join(TOOLS), BIG_TEXT, DOUBT_KEY, DOUBT_TEXT])
+        proc = node_script(
+            tmp_path / "client.mjs",
+            TS_CLIENT,
+            args=[servers.url, servers.locked_url, str(servers.gate), ",".join(TOOLS), BIG_TEXT, DOUBT_KEY, DOUBT_TEXT],
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {(r["tool"], r["expected"]) for r in rows if r["expected"]} == {(t, c) for t in TOOLS for c in CODES}
@@ -137,8 +140,11 @@ def inspector_call(url: str, tool: str, args: dict[str, str], key: str | None, c
         argv += ["--tool-arg", f"{name}={value}"]
     if key is not None:
         argv += ["--tool-metadata", f"{KEY_META}={key}"]
-    env = {**os.environ, "MCP_CATALOG_PATH": str(cwd / "catalog.json"),
-           "MCP_CLIENT_CONFIG_PATH": str(cwd / "client.json")}
+    env = {
+        **os.environ,
+        "MCP_CATALOG_PATH": str(cwd / "catalog.json"),
+        "MCP_CLIENT_CONFIG_PATH": str(cwd / "client.json"),
+    }
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -157,6 +163,7 @@ async def test_the_inspector_cli_parses_every_refusal_on_tools_with_an_output_sc
     work.mkdir()
     async with typed_servers(tmp_path) as servers:
         for tool in TOOLS:
+
             def run(expected: str, args: dict[str, str], key: str | None, url: str = servers.url) -> None:
                 inspector_refusal(inspector_call(url, tool, args, key, work), tool, expected)  # noqa: B023
 
@@ -177,8 +184,11 @@ async def test_the_inspector_cli_parses_every_refusal_on_tools_with_an_output_sc
                 break
             await anyio.sleep(0.01)
         assert started.exists(), held.communicate()
-        inspector_refusal(inspector_call(servers.url, "as_model", {"text": "held", "hold": "true"}, "k-held", work),
-                          "as_model", "in_progress")
+        inspector_refusal(
+            inspector_call(servers.url, "as_model", {"text": "held", "hold": "true"}, "k-held", work),
+            "as_model",
+            "in_progress",
+        )
         Path(f"{servers.gate}.as_model").touch()
         out, err = held.communicate(timeout=180)
         assert held.returncode == 0, out + err
@@ -200,4 +210,3 @@ async def test_a_refusal_is_structured_content_only_where_the_output_schema_acce
             assert body["error"] == "missing_key" and body["tool"] == tool and body["message"]
             assert refused.structured_content == (body if tool == "as_dict" else None)
             assert first_text(refused) == f"missing_key: {body['message']}"
-

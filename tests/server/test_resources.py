@@ -51,9 +51,19 @@ async def orphaned_journal(url: str) -> AsyncIterator[Journal]:
     """A journal holding one PENDING call of a previous boot that died (found in doubt at start)."""
     journal = create_journal(url)
     await journal.open()
-    ghost = CallRecord(identity=CallIdentity("local", "refund", "ghost"), fingerprint="0" * 64,
-                       state=CallState.PENDING, version=1, run_id="r", attempts=1, created_at=1.0,
-                       updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=b"{}")
+    ghost = CallRecord(
+        identity=CallIdentity("local", "refund", "ghost"),
+        fingerprint="0" * 64,
+        state=CallState.PENDING,
+        version=1,
+        run_id="r",
+        attempts=1,
+        created_at=1.0,
+        updated_at=1.0,
+        owner="previous-boot",
+        lease_until=2.0,
+        arguments=b"{}",
+    )
     await journal.claim(ghost, 1.0)
     try:
         yield journal
@@ -94,7 +104,9 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
 
             listing = await read_json(client, "journal://calls")
             assert [(c["tool"], c["key"]) for c in listing["calls"]] == [
-                ("decline", "o-9"), ("refund", KEY), ("refund", "ghost")
+                ("decline", "o-9"),
+                ("refund", KEY),
+                ("refund", "ghost"),
             ]  # newest first
             assert listing["next_cursor"] is None
             assert listing["calls"][1]["uri"] == KEY_URI
@@ -118,8 +130,11 @@ async def test_every_journal_resource_reads_back_the_calls_made_in_the_test(mode
             assert in_doubt["count"] == 1 and [c["key"] for c in in_doubt["calls"]] == ["ghost"]
 
             entries = await read_json(client, "journal://entries?limit=500")
-            lifecycle = [e["data"]["to"] for e in entries["entries"]
-                         if e["process_id"] == "server/shop" and e["entry_type"] == "state_transition"]
+            lifecycle = [
+                e["data"]["to"]
+                for e in entries["entries"]
+                if e["process_id"] == "server/shop" and e["entry_type"] == "state_transition"
+            ]
             assert lifecycle == ["starting", "running"]
             seqs = [e["seq"] for e in entries["entries"]]
             assert seqs == sorted(seqs) and entries["next_after"] == seqs[-1]
@@ -140,8 +155,12 @@ async def test_unknown_records_and_bad_parameters_are_errors_not_empty_answers(m
             await client.read_resource("journal://calls/refund/never-called")
         with pytest.raises(MCPError, match="Unknown resource"):
             await client.read_resource("journal://processes/no-such-process")
-        for bad in ("journal://calls?limit=0", "journal://calls?limit=many", "journal://calls?state=lost",
-                    "journal://calls?cursor=not-a-cursor!"):
+        for bad in (
+            "journal://calls?limit=0",
+            "journal://calls?limit=many",
+            "journal://calls?state=lost",
+            "journal://calls?cursor=not-a-cursor!",
+        ):
             with pytest.raises(MCPError):
                 await client.read_resource(bad)
 
@@ -151,9 +170,18 @@ async def _fill(journal: Journal, n: int) -> list[CallIdentity]:
     identities = []
     for i in range(n):
         identity = CallIdentity("local", "refund" if i % 3 else "ship", f"k-{i:04d}")
-        record = CallRecord(identity=identity, fingerprint="f" * 64, state=CallState.COMPLETED, version=2,
-                            run_id=f"r{i}", attempts=1, created_at=1000.0 + i // 4, updated_at=1000.0 + i // 4,
-                            completed_at=1000.0 + i // 4, result=b'{"content":[]}')
+        record = CallRecord(
+            identity=identity,
+            fingerprint="f" * 64,
+            state=CallState.COMPLETED,
+            version=2,
+            run_id=f"r{i}",
+            attempts=1,
+            created_at=1000.0 + i // 4,
+            updated_at=1000.0 + i // 4,
+            completed_at=1000.0 + i // 4,
+            result=b'{"content":[]}',
+        )
         assert (await journal.claim(record, 0.0))[0]
         identities.append(identity)
     return identities
@@ -198,7 +226,7 @@ async def test_recovery_reports_what_opening_a_file_journal_found_after_a_torn_w
     async with Client(build_server(url), mode=mode) as client:
         await client.call_tool("refund", {"order_id": "before", "amount_cents": 1, "card": "4111-1111"})
     (segment,) = sorted((tmp_path / "fj").glob("seg-*.log"))
-    torn = b"@0000ffff 00000000000000ff 00000000 {\"t\":\"call\""  # a frame cut off mid-write
+    torn = b'@0000ffff 00000000000000ff 00000000 {"t":"call"'  # a frame cut off mid-write
     with segment.open("ab") as out:
         out.write(torn)
     async with Client(build_server(url), mode=mode) as client:

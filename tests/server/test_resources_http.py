@@ -44,12 +44,17 @@ async def test_over_http_each_principal_reads_only_its_own_records_and_an_admin_
             assert stats["scope"] == "principal" and stats["calls"] == 1 and "entries" not in stats
             assert (await read_json(alice, "journal://in-doubt"))["count"] == 0
             # Bob's record, his key, the admin-only resources: all answer like URIs nothing serves.
-            for uri in ("journal://calls/record/bob-only", "journal://calls/record/shared?principal=bob",
-                        "journal://entries", "journal://processes/server%2Fcounting"):
+            for uri in (
+                "journal://calls/record/bob-only",
+                "journal://calls/record/shared?principal=bob",
+                "journal://entries",
+                "journal://processes/server%2Fcounting",
+            ):
                 assert f"Unknown resource: {uri}" in await refused(alice, uri)
             assert "journal_resolve" in {t.name for t in (await alice.list_tools()).tools}
-            denied = await alice.call_tool("journal_resolve", {"tool": "record", "key": "shared",
-                                                               "resolution": "not_applied"})
+            denied = await alice.call_tool(
+                "journal_resolve", {"tool": "record", "key": "shared", "resolution": "not_applied"}
+            )
             assert denied.is_error and "forbidden" in first_text(denied)
             denied = await alice.call_tool("journal_purge_expired", {})
             assert denied.is_error and "forbidden" in first_text(denied)
@@ -57,7 +62,9 @@ async def test_over_http_each_principal_reads_only_its_own_records_and_an_admin_
         async with client_as(served.url, "tokO", mode) as ops:
             everyone = await read_json(ops, "journal://calls")
             assert sorted((c["principal"], c["key"]) for c in everyone["calls"]) == [
-                ("alice", "shared"), ("bob", "bob-only"), ("bob", "shared")
+                ("alice", "shared"),
+                ("bob", "bob-only"),
+                ("bob", "shared"),
             ]
             bobs = await read_json(ops, "journal://calls/record/shared?principal=bob")
             assert bobs["principal"] == "bob" and bobs["arguments"] == {"text": "b"}

@@ -28,8 +28,7 @@ class Provider:
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_principals_and_keys_with_colons_never_share_a_downstream_key(tmp_path: Path, mode: str) -> None:
     provider = Provider()
-    server = DurableServer("scoped", journal=f"sqlite:///{tmp_path}/journal.db",
-                           tokens={"tok-a": "a", "tok-ab": "a:b"})
+    server = DurableServer("scoped", journal=f"sqlite:///{tmp_path}/journal.db", tokens={"tok-a": "a", "tok-ab": "a:b"})
 
     @server.tool(durable=True)
     def refund(order_id: str) -> dict[str, Any]:

@@ -61,7 +61,10 @@ async def test_a_re_execution_replays_the_completed_steps_and_resumes_at_the_fir
         replay = await client.call_tool("three_steps", {"job": "J"})
     assert not result.is_error, result
     assert result.structured_content == {
-        "results": ["reserve-done", "charge-done", "notify-done"], "replayed": 1, "run": 2, "attempt": 2,
+        "results": ["reserve-done", "charge-done", "notify-done"],
+        "replayed": 1,
+        "run": 2,
+        "attempt": 2,
     }
     assert [events.count(n) for n in ("reserve", "charge", "notify")] == [1, 2, 1]
     assert replay.structured_content == result.structured_content and meta_of(replay)["mcp-durable/replayed"] is True
@@ -107,5 +110,7 @@ async def test_shipping_an_order_twice_reserves_labels_and_notifies_once(
         second = await client.call_tool("ship_order", {"order_id": "O-9"})
     assert not first.is_error and second.structured_content == first.structured_content
     assert [(o["op"], o["outcome"]) for o in warehouse.operations("O-9")] == [
-        ("reserve", "applied"), ("label", "applied"), ("notify", "applied"),
+        ("reserve", "applied"),
+        ("label", "applied"),
+        ("notify", "applied"),
     ]

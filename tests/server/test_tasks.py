@@ -55,8 +55,12 @@ class Fixture:
 async def fx(tmp_path: Path) -> AsyncIterator[Fixture]:
     gates = tmp_path / "gates"
     gates.mkdir()
-    server = make_server(journal=f"file://{tmp_path / 'journal'}", counter=tmp_path / "counter", gate=gates,
-                         ledger=tmp_path / "ledger.db")
+    server = make_server(
+        journal=f"file://{tmp_path / 'journal'}",
+        counter=tmp_path / "counter",
+        gate=gates,
+        ledger=tmp_path / "ledger.db",
+    )
     yield Fixture(server, Counter(tmp_path / "counter"), gates, PaymentProvider(tmp_path / "ledger.db"))
 
 
@@ -232,8 +236,13 @@ async def test_journal_resources_and_the_cli_show_which_calls_are_tasks_and_thei
     assert by_tool["refund"]["task"] is True and by_tool["refund"]["task_status"] == "completed"
     assert by_tool["echo"]["task"] is False and by_tool["echo"]["task_status"] is None
     assert record["task_id"] == task_id and record["task_status"] == "completed"
-    cli = subprocess.run([*serve_command(), "journal", "list", "--tasks", "--json", "--journal",
-                          f"file://{tmp_path / 'journal'}"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    cli = subprocess.run(
+        [*serve_command(), "journal", "list", "--tasks", "--json", "--journal", f"file://{tmp_path / 'journal'}"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert cli.returncode == 0, cli.stderr
     rows = [json.loads(line) for line in cli.stdout.splitlines() if line.strip()]
     assert [(r["tool"], r["task_status"]) for r in rows] == [("refund", "completed")]
@@ -252,8 +261,11 @@ async def test_legacy_status_notifications_reach_the_session_that_created_the_ta
             async def handler(params: TaskStatusNotificationParams) -> None:
                 seen.append((params.task_id, params.status))
 
-            return [NotificationBinding(method="notifications/tasks/status", params_type=TaskStatusNotificationParams,
-                                        handler=handler)]
+            return [
+                NotificationBinding(
+                    method="notifications/tasks/status", params_type=TaskStatusNotificationParams, handler=handler
+                )
+            ]
 
     async with Client(fx.server, mode="legacy", extensions=[Watch()]) as client:
         task_id = (await create_legacy_task(client, "refund", {"order_id": "O-8", "amount_cents": 1}))["task"]["taskId"]
@@ -322,8 +334,9 @@ async def test_modern_listen_streams_the_callers_own_tasks_until_they_end(fx: Fi
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(finish)
-            ended = await request(client, "subscriptions/listen",
-                                  {"notifications": {"taskIds": [handle.task_id, "not-mine"]}})
+            ended = await request(
+                client, "subscriptions/listen", {"notifications": {"taskIds": [handle.task_id, "not-mine"]}}
+            )
         with anyio.fail_after(5):
             while not seen or seen[-1]["status"] != "completed":
                 await anyio.sleep(0.01)

@@ -55,14 +55,19 @@ class Setup:
 
     def server(self) -> DurableServer:
         """A new server on the journal: a restart of whichever server used it before."""
-        return make_server(journal=self.journal, counter=self.counts.path, gate=self.gates, ledger=self.ledger,
-                           in_doubt="refuse")
+        return make_server(
+            journal=self.journal, counter=self.counts.path, gate=self.gates, ledger=self.ledger, in_doubt="refuse"
+        )
 
     @property
     def env(self) -> dict[str, str]:
         """The same server as a subprocess (`serve_http(TASKS, …)`)."""
-        return {"COUNTER_FILE": str(self.counts.path), "TASK_GATE": str(self.gates),
-                "PAYMENTS_LEDGER": str(self.ledger), "TASK_IN_DOUBT": "refuse"}
+        return {
+            "COUNTER_FILE": str(self.counts.path),
+            "TASK_GATE": str(self.gates),
+            "PAYMENTS_LEDGER": str(self.ledger),
+            "TASK_IN_DOUBT": "refuse",
+        }
 
     async def until_counted(self, event: str) -> None:
         with anyio.fail_after(30):  # a bound on a hang, not a timing assertion

@@ -123,8 +123,13 @@ async def test_the_ext_tasks_requester_creates_polls_settles_and_cancels_tasks(t
     counter = tmp_path / "counter"
     env = {"COUNTER_FILE": str(counter), "TASK_GATE": str(gates), "PAYMENTS_LEDGER": str(tmp_path / "ledger.db")}
     async with serve_http(TASKS, journal=f"file://{tmp_path / 'journal'}", env=env) as served:
-        run = node_script(tmp_path / "requester.mjs", CLIENT, args=[served.url, str(gates), str(counter)],
-                          timeout=60, env={"NODE_MODULES": str(NODE_MODULES)})
+        run = node_script(
+            tmp_path / "requester.mjs",
+            CLIENT,
+            args=[served.url, str(gates), str(counter)],
+            timeout=60,
+            env={"NODE_MODULES": str(NODE_MODULES)},
+        )
         assert run.returncode == 0, run.stderr + served.stderr()
     out = json.loads(run.stdout.strip().splitlines()[-1])
     counts = Counter(counter)

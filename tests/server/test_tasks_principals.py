@@ -36,8 +36,12 @@ async def _client_as(url: str, token: str, mode: str) -> AsyncIterator[Client]:
 @asynccontextmanager
 async def _server(tmp_path: Path) -> AsyncIterator[ServedHttp]:
     (tmp_path / "gates").mkdir(exist_ok=True)
-    env = {"COUNTER_FILE": str(tmp_path / "counter"), "TASK_GATE": str(tmp_path / "gates"),
-           "PAYMENTS_LEDGER": str(tmp_path / "ledger.db"), "MCP_DURABLE_TOKENS": TOKENS}
+    env = {
+        "COUNTER_FILE": str(tmp_path / "counter"),
+        "TASK_GATE": str(tmp_path / "gates"),
+        "PAYMENTS_LEDGER": str(tmp_path / "ledger.db"),
+        "MCP_DURABLE_TOKENS": TOKENS,
+    }
     async with serve_http(TASKS, journal=f"file://{tmp_path / 'journal'}", env=env) as served:
         yield served
 
@@ -59,8 +63,10 @@ async def test_another_principal_never_sees_a_task(mode: str, tmp_path: Path) ->
                 task_id = (await call_for_task(alice, "refund", args)).task_id
         async with _client_as(served.url, "tokB", mode) as bob:
             unknown = await _refused(bob, "tasks/get", "not-a-task-id")
-            errors: dict[str, Any] = {"tasks/get": await _refused(bob, "tasks/get", task_id),
-                                      "tasks/cancel": await _refused(bob, "tasks/cancel", task_id)}
+            errors: dict[str, Any] = {
+                "tasks/get": await _refused(bob, "tasks/get", task_id),
+                "tasks/cancel": await _refused(bob, "tasks/cancel", task_id),
+            }
             if mode == "legacy":
                 errors["tasks/result"] = await _refused(bob, "tasks/result", task_id)
                 bob_tasks = (await request(bob, "tasks/list", {}))["tasks"]

@@ -84,11 +84,19 @@ async def test_the_typescript_sdk_tasks_client_creates_polls_fetches_and_cancels
     require_node_peers()
     gates = tmp_path / "gates"
     gates.mkdir()
-    env = {"COUNTER_FILE": str(tmp_path / "counter"), "TASK_GATE": str(gates),
-           "PAYMENTS_LEDGER": str(tmp_path / "ledger.db")}
+    env = {
+        "COUNTER_FILE": str(tmp_path / "counter"),
+        "TASK_GATE": str(gates),
+        "PAYMENTS_LEDGER": str(tmp_path / "ledger.db"),
+    }
     async with serve_http(TASKS, journal=f"file://{tmp_path / 'journal'}", env=env) as served:
-        run = node_script(tmp_path / "client.mjs", CLIENT, args=[served.url, str(gates)], timeout=60,
-                          env={"NODE_MODULES": str(NODE_MODULES)})
+        run = node_script(
+            tmp_path / "client.mjs",
+            CLIENT,
+            args=[served.url, str(gates)],
+            timeout=60,
+            env={"NODE_MODULES": str(NODE_MODULES)},
+        )
         assert run.returncode == 0, run.stderr + served.stderr()
     out = json.loads(run.stdout.strip().splitlines()[-1])
     counts = Counter(tmp_path / "counter")

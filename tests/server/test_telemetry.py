@@ -111,10 +111,19 @@ def make_server(tmp_path: Path, reader: InMemoryMetricReader) -> tuple[DurableSe
 async def orphan(journal: WatchedJournal, tool: str, arguments: dict[str, Any], key: str) -> None:
     """A PENDING record whose owner died inside the call, as a SIGKILLed server leaves it."""
     now = time.time()
-    record = CallRecord(identity=CallIdentity("local", tool, key), fingerprint=fingerprint(arguments),
-                        state=CallState.PENDING, version=1, run_id="dead-run", attempts=1, created_at=now - 60,
-                        updated_at=now - 60, owner="a-dead-instance", lease_until=now - 30,
-                        arguments=canonical_json(arguments))
+    record = CallRecord(
+        identity=CallIdentity("local", tool, key),
+        fingerprint=fingerprint(arguments),
+        state=CallState.PENDING,
+        version=1,
+        run_id="dead-run",
+        attempts=1,
+        created_at=now - 60,
+        updated_at=now - 60,
+        owner="a-dead-instance",
+        lease_until=now - 30,
+        arguments=canonical_json(arguments),
+    )
     assert (await journal.claim(record, now))[0]
 
 
@@ -124,20 +133,31 @@ def call_spans(exporter: InMemorySpanExporter, tool: str) -> list[ReadableSpan]:
 
 def children(exporter: InMemorySpanExporter, parent: ReadableSpan) -> list[str]:
     assert parent.context is not None
-    return [s.name for s in exporter.get_finished_spans()
-            if s.parent is not None and s.parent.span_id == parent.context.span_id]
+    return [
+        s.name
+        for s in exporter.get_finished_spans()
+        if s.parent is not None and s.parent.span_id == parent.context.span_id
+    ]
 
 
 def points(reader: InMemoryMetricReader, name: str) -> list[Any]:
     data = reader.get_metrics_data()
     assert data is not None
-    return [p for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics if m.name == name
-            for p in m.data.data_points]
+    return [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == name
+        for p in m.data.data_points
+    ]
 
 
 def calls_counted(reader: InMemoryMetricReader) -> dict[tuple[str, str, str | None], int]:
-    return {(p.attributes["tool"], p.attributes["outcome"], p.attributes.get("error_code")): p.value
-            for p in points(reader, "mcp_durable.calls")}
+    return {
+        (p.attributes["tool"], p.attributes["outcome"], p.attributes.get("error_code")): p.value
+        for p in points(reader, "mcp_durable.calls")
+    }
 
 
 def attrs(span: ReadableSpan) -> dict[str, Any]:
@@ -156,8 +176,14 @@ async def test_a_run_and_its_replay_mark_the_sdk_span_with_child_spans_for_claim
     assert not first.is_error and not again.is_error
     ran, replayed = call_spans(spans, "refund")
     key_hash = hashlib.sha256(b"O-1").hexdigest()[:32]
-    assert attrs(ran) == {"mcp_durable.tool": "refund", "mcp_durable.principal": "local", "mcp_durable.outcome": "ran",
-                          "mcp_durable.attempt": 1, "mcp_durable.state": "completed", "mcp_durable.key_hash": key_hash}
+    assert attrs(ran) == {
+        "mcp_durable.tool": "refund",
+        "mcp_durable.principal": "local",
+        "mcp_durable.outcome": "ran",
+        "mcp_durable.attempt": 1,
+        "mcp_durable.state": "completed",
+        "mcp_durable.key_hash": key_hash,
+    }
     assert attrs(replayed)["mcp_durable.outcome"] == "replayed"
     assert attrs(replayed)["mcp_durable.key_hash"] == key_hash
     assert "O-1" not in str(ran.attributes) + str(replayed.attributes)  # the key only as a hash
@@ -179,6 +205,7 @@ async def test_a_duplicate_that_latched_on_to_a_running_call_is_marked_waited(
     server, journal, release = make_server(tmp_path, reader)
     results: list[Any] = []
     async with Client(server, mode=mode) as client, anyio.create_task_group() as group:
+
         async def call() -> None:
             results.append(await client.call_tool("slow", {"order_id": "O-2"}))
 
@@ -225,8 +252,12 @@ async def test_an_in_doubt_call_and_refusals_carry_their_codes_and_the_gauge_cou
     refused = [s for s in call_spans(spans, "refund") if attrs(s)["mcp_durable.outcome"] == "refused"]
     assert [attrs(s)["mcp_durable.error_code"] for s in refused] == ["key_reuse"]
     assert attrs(refused[0])["mcp_durable.key_hash"] == hashlib.sha256(b"k-1").hexdigest()[:32]
-    assert calls_counted(reader) == {("ship", "in_doubt", "in_doubt"): 2, ("email", "refused", "missing_key"): 1,
-                                     ("refund", "ran", None): 1, ("refund", "refused", "key_reuse"): 1}
+    assert calls_counted(reader) == {
+        ("ship", "in_doubt", "in_doubt"): 2,
+        ("email", "refused", "missing_key"): 1,
+        ("refund", "ran", None): 1,
+        ("refund", "refused", "key_reuse"): 1,
+    }
 
 
 async def test_keys_are_recorded_in_clear_only_when_configured_and_nothing_is_emitted_without_telemetry(
@@ -234,6 +265,7 @@ async def test_keys_are_recorded_in_clear_only_when_configured_and_nothing_is_em
 ) -> None:
     server = DurableServer("otel", journal="memory://", telemetry=Telemetry(record_keys=True))
     plain = DurableServer("plain", journal="memory://")
+
     def lookup(order_id: str) -> str:
         return order_id
 
@@ -247,10 +279,11 @@ async def test_keys_are_recorded_in_clear_only_when_configured_and_nothing_is_em
     assert attrs(with_telemetry)["mcp_durable.key"] == "O-9"
     assert attrs(without) == {}
     assert without.context is not None
-    assert not [s for s in spans.get_finished_spans() if s.name.startswith("durable.")
-                and s.parent is not None and s.parent.span_id == without.context.span_id]
-
-
+    assert not [
+        s
+        for s in spans.get_finished_spans()
+        if s.name.startswith("durable.") and s.parent is not None and s.parent.span_id == without.context.span_id
+    ]
 
 
 async def test_a_lease_renewal_that_finds_the_call_taken_from_its_owner_is_counted(
@@ -320,8 +353,12 @@ async def test_the_in_doubt_gauge_falls_to_zero_by_itself_when_background_recove
             raise ConnectionError("the carrier's API is down")  # the call stays in doubt
         return f"shipped {arguments['order_id']}"
 
-    server = DurableServer("otel", journal=f"sqlite:///{tmp_path}/journal.db", reconcile_interval=0.2,
-                           telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])))
+    server = DurableServer(
+        "otel",
+        journal=f"sqlite:///{tmp_path}/journal.db",
+        reconcile_interval=0.2,
+        telemetry=Telemetry(meter_provider=MeterProvider(metric_readers=[reader])),
+    )
 
     @server.tool(durable=ToolPolicy(key_fields=("order_id",), reconcile=found))
     async def ship(order_id: str) -> str:
@@ -330,9 +367,17 @@ async def test_the_in_doubt_gauge_falls_to_zero_by_itself_when_background_recove
     identity = CallIdentity("local", "ship", "O-9")
     await server.engine.start()
     now = time.time()
-    planted = CallRecord(identity=identity, fingerprint=fingerprint({"order_id": "O-9"}), state=CallState.IN_DOUBT,
-                         version=1, run_id="dead-run", attempts=1, created_at=now, updated_at=now,
-                         arguments=canonical_json({"order_id": "O-9"}))
+    planted = CallRecord(
+        identity=identity,
+        fingerprint=fingerprint({"order_id": "O-9"}),
+        state=CallState.IN_DOUBT,
+        version=1,
+        run_id="dead-run",
+        attempts=1,
+        created_at=now,
+        updated_at=now,
+        arguments=canonical_json({"order_id": "O-9"}),
+    )
     assert (await server.journal.claim(planted, now))[0]
     async with Client(server):  # no call for the key: the server's background recovery decides it
         with anyio.fail_after(30):  # a bound on a hang, never a timing assertion

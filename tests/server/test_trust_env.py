@@ -26,7 +26,9 @@ from tests.helpers import client_as, key_meta, serve_app
 
 TOKENS = "tok-alice=alice,tok-ops=ops"
 INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0"}},
 }
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

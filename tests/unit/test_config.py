@@ -55,8 +55,13 @@ def test_settings_are_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_no_setting_is_read_unless_the_environment_is_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = {config.JOURNAL: "memory://", config.TOKENS: "t1=alice", config.ADMINS: "ops",
-                config.INSTANCE: "replica-1", config.UPSTREAM_TOKEN: "up"}
+    settings = {
+        config.JOURNAL: "memory://",
+        config.TOKENS: "t1=alice",
+        config.ADMINS: "ops",
+        config.INSTANCE: "replica-1",
+        config.UPSTREAM_TOKEN: "up",
+    }
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     readers = (config.journal_url, config.tokens, config.admins, config.instance, config.upstream_token)

@@ -25,8 +25,21 @@ def test_the_edges_of_rounding_read_as_datetime_writes_them() -> None:
     # Halves of a microsecond (rounded to even), values that round up into the next second,
     # whole seconds (no fraction written), and times of today, as `time.time()` gives them.
     base = 1_764_000_000
-    edges = [base + 0.0000005, base + 0.0000015, base + 0.9999995, base + 0.9999996, base + 0.9999994,
-             float(base), base + 0.5, base - 0.0000005, -0.0000005, -1.9999996, 0.0, 1e-7, -1e-7]
+    edges = [
+        base + 0.0000005,
+        base + 0.0000015,
+        base + 0.9999995,
+        base + 0.9999996,
+        base + 0.9999994,
+        float(base),
+        base + 0.5,
+        base - 0.0000005,
+        -0.0000005,
+        -1.9999996,
+        0.0,
+        1e-7,
+        -1e-7,
+    ]
     rng = random.Random(7)
     edges += [base + rng.random() * 86_400 for _ in range(20_000)]
     edges += [base + n + k / 1e6 + 5e-7 for n in range(50) for k in range(0, 1_000_000, 99_991)]

@@ -124,8 +124,10 @@ def test_the_fingerprinted_arguments_are_the_named_ones_or_all_but_the_excluded(
     arguments = {"order_id": "O-1", "amount_cents": 5, "reason": "typo"}
     assert ToolPolicy().fingerprinted(arguments) is arguments
     assert ToolPolicy(fingerprint_fields=("order_id",)).fingerprinted(arguments) == {"order_id": "O-1"}
-    assert ToolPolicy(fingerprint_exclude=("reason",)).fingerprinted(arguments) == {"order_id": "O-1",
-                                                                                  "amount_cents": 5}
+    assert ToolPolicy(fingerprint_exclude=("reason",)).fingerprinted(arguments) == {
+        "order_id": "O-1",
+        "amount_cents": 5,
+    }
 
 
 def test_an_interactive_tool_does_not_advertise_idempotence() -> None:

@@ -40,8 +40,9 @@ key = "caller"
 
 def test_each_entry_maps_onto_a_tool_policy() -> None:
     policies = parse_policies(FILE, "p.toml")
-    assert policies.tools["refund"] == ToolPolicy(key_fields=("order_id",), in_doubt="refuse", wait=2.0, lease=10.5,
-                                                  retention=600.0)
+    assert policies.tools["refund"] == ToolPolicy(
+        key_fields=("order_id",), in_doubt="refuse", wait=2.0, lease=10.5, retention=600.0
+    )
     assert policies.tools["send-mail"] == ToolPolicy(key="required", retention=None, timeout=45.0)
     assert policies.tools["report"] == ToolPolicy(timeout=None, retention=600.0)
     assert policies.tools["search"] == PASS_THROUGH
@@ -88,10 +89,15 @@ def _effective(policy: ToolPolicy | None) -> ToolPolicy | None:
 
 def test_the_printed_config_reads_back_as_the_same_policies() -> None:
     policies = parse_policies(FILE)
-    tools = [("refund", None, "Refund an order"), ("send-mail", None, None),
-             ("search", {"readOnlyHint": True}, None), ("note", None, None),
-             ("lookup", {"idempotentHint": True}, None), ("drop", {"idempotentHint": False}, None),
-             ("odd name", {"idempotentHint": True}, "two\nlines")]
+    tools = [
+        ("refund", None, "Refund an order"),
+        ("send-mail", None, None),
+        ("search", {"readOnlyHint": True}, None),
+        ("note", None, None),
+        ("lookup", {"idempotentHint": True}, None),
+        ("drop", {"idempotentHint": False}, None),
+        ("odd name", {"idempotentHint": True}, "two\nlines"),
+    ]
     text = render_policies(tools, policies)
     again = parse_policies(text)
     for name, hints, _ in tools:

@@ -16,7 +16,7 @@ import mcp_durable
 
 ROOT = Path(__file__).resolve().parents[2]
 
-USER_CODE = '''
+USER_CODE = """
 from typing import Any
 
 from mcp_durable import DurableServer, ToolPolicy, current_call
@@ -30,7 +30,7 @@ def build(journal: str) -> DurableServer:
         return {"order_id": order_id, "key": current_call().key}
 
     return server
-'''
+"""
 
 
 def test_user_code_naming_the_server_type_checks_strictly(tmp_path: Path) -> None:
@@ -39,9 +39,20 @@ def test_user_code_naming_the_server_type_checks_strictly(tmp_path: Path) -> Non
     # From the project's root: mypy cannot follow an editable install's import hook, so it reads
     # the package from the source tree here (an installed wheel carries `py.typed`, below).
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir", str(tmp_path / "cache"),
-         str(user)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            str(user),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

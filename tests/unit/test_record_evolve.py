@@ -14,9 +14,21 @@ FIELDS = [f.name for f in dataclasses.fields(CallRecord)]
 
 def full_record() -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("p", "t", "k"), fingerprint="f", state=CallState.PENDING, version=7, run_id="r",
-        attempts=2, created_at=1.0, updated_at=2.0, owner="o", lease_until=3.0, completed_at=4.0, expires_at=5.0,
-        result=b"x", error="e", arguments=b"{}",
+        identity=CallIdentity("p", "t", "k"),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=7,
+        run_id="r",
+        attempts=2,
+        created_at=1.0,
+        updated_at=2.0,
+        owner="o",
+        lease_until=3.0,
+        completed_at=4.0,
+        expires_at=5.0,
+        result=b"x",
+        error="e",
+        arguments=b"{}",
     )
 
 

@@ -17,20 +17,43 @@ from mcp_durable.journal.transfer import import_journal
 T0 = 1_700_000_000.0
 
 
-def record(state: CallState = CallState.RELEASED, *, reason: Reason | None = None, error: str | None = None,
-           key: str = "k") -> CallRecord:
+def record(
+    state: CallState = CallState.RELEASED, *, reason: Reason | None = None, error: str | None = None, key: str = "k"
+) -> CallRecord:
     return CallRecord(
-        identity=CallIdentity("local", "refund", key), fingerprint="f" * 64, state=state, version=2, run_id="r1",
-        attempts=1, created_at=T0, updated_at=T0 + 1, error=error, arguments=b'{"a":1}', reason=reason,
+        identity=CallIdentity("local", "refund", key),
+        fingerprint="f" * 64,
+        state=state,
+        version=2,
+        run_id="r1",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0 + 1,
+        error=error,
+        arguments=b'{"a":1}',
+        reason=reason,
     )
 
 
 def old_line(state: CallState, error: str | None, key: str = "k") -> dict[str, Any]:
     """A call record as a release before `reason` wrote it (frame `r` object and export line alike)."""
     return {
-        "principal": "local", "tool": "refund", "key": key, "fingerprint": "f" * 64, "state": state.value,
-        "version": 2, "run_id": "r1", "attempts": 1, "created_at": T0, "updated_at": T0 + 1, "owner": None,
-        "lease_until": None, "completed_at": None, "expires_at": None, "error": error, "result": None,
+        "principal": "local",
+        "tool": "refund",
+        "key": key,
+        "fingerprint": "f" * 64,
+        "state": state.value,
+        "version": 2,
+        "run_id": "r1",
+        "attempts": 1,
+        "created_at": T0,
+        "updated_at": T0 + 1,
+        "owner": None,
+        "lease_until": None,
+        "completed_at": None,
+        "expires_at": None,
+        "error": error,
+        "result": None,
         "arguments": '{"a":1}',
     }
 
@@ -89,14 +112,19 @@ async def test_importing_an_export_of_an_earlier_release_gives_its_records_their
     # The call lines after the header (`import_journal` reads those), as an earlier release wrote them.
     journal = create_journal("memory://")
     await journal.open()
-    lines = [orjson.dumps({"type": "call", **old_line(CallState.RELEASED, "cancelled by an operator", "a")}),
-             orjson.dumps({"type": "call", **old_line(CallState.IN_DOUBT, None, "b")}),
-             orjson.dumps({"type": "call", **old_line(CallState.COMPLETED, None, "c")})]
+    lines = [
+        orjson.dumps({"type": "call", **old_line(CallState.RELEASED, "cancelled by an operator", "a")}),
+        orjson.dumps({"type": "call", **old_line(CallState.IN_DOUBT, None, "b")}),
+        orjson.dumps({"type": "call", **old_line(CallState.COMPLETED, None, "c")}),
+    ]
     counts = await import_journal(journal, lines)
     assert counts.calls == 3
     reasons = [(await journal.get(CallIdentity("local", "refund", k))) for k in "abc"]
-    assert [r.reason if r is not None else "missing" for r in reasons] == \
-        [Reason.OPERATOR_CANCELLED, Reason.LOST_OWNER, None]
+    assert [r.reason if r is not None else "missing" for r in reasons] == [
+        Reason.OPERATOR_CANCELLED,
+        Reason.LOST_OWNER,
+        None,
+    ]
     await journal.aclose()
 
 

@@ -16,8 +16,10 @@ from mcp_durable.keys import LOCAL_PRINCIPAL, MAX_KEY_LENGTH, scoped_key
 
 PRINTABLE = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
 SEPARATORS = st.sampled_from([":", "%", "/", "|", "@", "#", " ", "%3A", "::", "sha256", "fields", "local", "é"])
-KEYS = st.lists(st.one_of(PRINTABLE, SEPARATORS), min_size=1, max_size=40).map("".join).filter(
-    lambda k: 1 <= len(k) <= MAX_KEY_LENGTH and k.isascii()
+KEYS = (
+    st.lists(st.one_of(PRINTABLE, SEPARATORS), min_size=1, max_size=40)
+    .map("".join)
+    .filter(lambda k: 1 <= len(k) <= MAX_KEY_LENGTH and k.isascii())
 )
 PRINCIPALS = st.one_of(
     st.just(LOCAL_PRINCIPAL),
@@ -61,14 +63,27 @@ def test_two_different_pairs_never_share_a_scoped_key(p1: str, k1: str, p2: str,
 
 def test_separators_in_principals_and_keys_cannot_make_two_pairs_collide() -> None:
     pairs = [
-        ("a", "b:K1"), ("a:b", "K1"),                      # the reported collision
-        ("local", "alice:K1"), ("alice", "K1"),             # a stdio key against an HTTP principal
-        ("a%3Ab", "K1"), ("a:b", "K1"),                     # an escape spelled out by hand
-        ("sha256", "0" * 64), ("local", "sha256:" + "0" * 64),  # a principal named like a derived key
-        ("fields", "x"), ("local", "fields:x"),
-        ("scoped-sha256", "ab"), ("", "K1"), ("local", ":K1"), ("local", "local:K1"),
-        ("a" * 250, "K1"), ("a" * 251, "K1"), ("a" * 250, "K10"),
-        ("ünï", "K1"), ("%C3%BCn%C3%AF", "K1"), ("a/b", "K1"), ("a", "/b:K1"),
+        ("a", "b:K1"),
+        ("a:b", "K1"),  # the reported collision
+        ("local", "alice:K1"),
+        ("alice", "K1"),  # a stdio key against an HTTP principal
+        ("a%3Ab", "K1"),
+        ("a:b", "K1"),  # an escape spelled out by hand
+        ("sha256", "0" * 64),
+        ("local", "sha256:" + "0" * 64),  # a principal named like a derived key
+        ("fields", "x"),
+        ("local", "fields:x"),
+        ("scoped-sha256", "ab"),
+        ("", "K1"),
+        ("local", ":K1"),
+        ("local", "local:K1"),
+        ("a" * 250, "K1"),
+        ("a" * 251, "K1"),
+        ("a" * 250, "K10"),
+        ("ünï", "K1"),
+        ("%C3%BCn%C3%AF", "K1"),
+        ("a/b", "K1"),
+        ("a", "/b:K1"),
     ]
     scoped = {scoped_key(p, k) for p, k in pairs}
     assert len(scoped) == len(set(pairs))

@@ -15,9 +15,19 @@ from mcp_durable.tasks import CANCELLED_REASON, new_task_id, task_view
 def record(
     state: CallState, *, error: str | None = None, attempts: int = 1, reason: Reason | None = None
 ) -> CallRecord:
-    return CallRecord(identity=CallIdentity("local", "t", "k"), fingerprint="f", state=state, version=1,
-                      run_id="r", attempts=attempts, created_at=1.0, updated_at=1.0, error=error,
-                      task_id="task", reason=reason)
+    return CallRecord(
+        identity=CallIdentity("local", "t", "k"),
+        fingerprint="f",
+        state=state,
+        version=1,
+        run_id="r",
+        attempts=attempts,
+        created_at=1.0,
+        updated_at=1.0,
+        error=error,
+        task_id="task",
+        reason=reason,
+    )
 
 
 RETRY, REFUSE = ToolPolicy(in_doubt="retry"), ToolPolicy(in_doubt="refuse")
@@ -32,20 +42,29 @@ RETRY, REFUSE = ToolPolicy(in_doubt="retry"), ToolPolicy(in_doubt="refuse")
         (record(CallState.IN_DOUBT), RETRY, "working", False),
         (record(CallState.IN_DOUBT), REFUSE, "failed", False),
         (record(CallState.IN_DOUBT, attempts=5), RETRY, "failed", False),  # parked
-        (record(CallState.IN_DOUBT, error="reconcile failed: OSError: down", reason=Reason.HOOK_FAILED), RETRY,
-         "failed", False),
+        (
+            record(CallState.IN_DOUBT, error="reconcile failed: OSError: down", reason=Reason.HOOK_FAILED),
+            RETRY,
+            "failed",
+            False,
+        ),
         (record(CallState.IN_DOUBT, reason=Reason.PARKED), RETRY, "failed", False),
         (record(CallState.IN_DOUBT, reason=Reason.TIMED_OUT), RETRY, "working", False),
         (record(CallState.IN_DOUBT), None, "failed", False),  # its tool is gone
-        (record(CallState.RELEASED, error=CANCELLED_REASON, reason=Reason.REQUESTOR_CANCELLED), RETRY, "cancelled",
-         False),
+        (
+            record(CallState.RELEASED, error=CANCELLED_REASON, reason=Reason.REQUESTOR_CANCELLED),
+            RETRY,
+            "cancelled",
+            False,
+        ),
         (record(CallState.RELEASED, reason=Reason.OPERATOR_CANCELLED), RETRY, "cancelled", False),
         (record(CallState.RELEASED, error=CANCELLED_REASON, reason=Reason.EXCEPTION), RETRY, "failed", False),
         (record(CallState.RELEASED, error="ValueError: boom"), RETRY, "failed", False),
     ],
 )
-def test_a_tasks_status_follows_its_record(row: CallRecord, policy: ToolPolicy | None, status: str,
-                                           is_error_result: bool) -> None:
+def test_a_tasks_status_follows_its_record(
+    row: CallRecord, policy: ToolPolicy | None, status: str, is_error_result: bool
+) -> None:
     view = task_view(row, policy)
     assert (view.status, view.is_error_result) == (status, is_error_result)
     assert view.terminal == (status in ("completed", "failed", "cancelled"))

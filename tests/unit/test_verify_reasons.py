@@ -17,9 +17,15 @@ async def written(path: Path) -> None:
     await journal.open()
     for key, reason in (("a", Reason.LOST_OWNER), ("b", None)):
         record = CallRecord(
-            identity=CallIdentity("local", "refund", key), fingerprint="f" * 64,
-            state=CallState.IN_DOUBT if reason else CallState.PENDING, version=1, run_id=f"run-{key}", attempts=1,
-            created_at=T0, updated_at=T0, reason=reason,
+            identity=CallIdentity("local", "refund", key),
+            fingerprint="f" * 64,
+            state=CallState.IN_DOUBT if reason else CallState.PENDING,
+            version=1,
+            run_id=f"run-{key}",
+            attempts=1,
+            created_at=T0,
+            updated_at=T0,
+            reason=reason,
         )
         assert (await journal.claim(record, T0))[0]
     await journal.aclose()
@@ -33,9 +39,7 @@ async def test_known_reasons_and_none_verify_and_an_unknown_one_is_reported_with
         conn.execute("UPDATE calls SET reason = 'bored' WHERE key = 'a'")
     conn.close()
     report = verify_sqlite(path)
-    assert [("refund/a" in p.path, p.reason) for p in report.problems] == [
-        (True, "unknown reason 'bored'")
-    ]
+    assert [("refund/a" in p.path, p.reason) for p in report.problems] == [(True, "unknown reason 'bored'")]
 
 
 async def test_a_file_without_the_reason_column_verifies_as_before(tmp_path: Path) -> None:

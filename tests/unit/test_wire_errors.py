@@ -15,8 +15,7 @@ from mcp_durable.wire_errors import WIRE, wire_of
 
 
 def _codes() -> set[str]:
-    return {cls.code for cls in vars(errors).values()
-            if inspect.isclass(cls) and issubclass(cls, errors.DurableError)}
+    return {cls.code for cls in vars(errors).values() if inspect.isclass(cls) and issubclass(cls, errors.DurableError)}
 
 
 def test_every_code_but_config_error_has_a_row_and_the_table_nothing_else() -> None:
@@ -26,10 +25,23 @@ def test_every_code_but_config_error_has_a_row_and_the_table_nothing_else() -> N
 def test_the_statuses_are_the_documented_ones() -> None:
     statuses = {code: wire.status for code, wire in WIRE.items()}
     assert statuses == {
-        "missing_key": 400, "invalid_key": 400, "non_finite_argument": 400, "arguments_too_deep": 400,
-        "too_large": 400, "not_serialisable": 400, "key_reuse": 422, "forbidden": 403, "not_found": 404,
-        "in_progress": 409, "in_doubt": 409, "cancelled": 409, "operator_error": 409,
-        "determinism_error": 500, "internal": 500, "upstream_unavailable": 502, "journal_unavailable": 503,
+        "missing_key": 400,
+        "invalid_key": 400,
+        "non_finite_argument": 400,
+        "arguments_too_deep": 400,
+        "too_large": 400,
+        "not_serialisable": 400,
+        "key_reuse": 422,
+        "forbidden": 403,
+        "not_found": 404,
+        "in_progress": 409,
+        "in_doubt": 409,
+        "cancelled": 409,
+        "operator_error": 409,
+        "determinism_error": 500,
+        "internal": 500,
+        "upstream_unavailable": 502,
+        "journal_unavailable": 503,
     }
 
 
@@ -40,14 +52,30 @@ def test_the_json_rpc_code_is_invalid_params_for_a_refusal_and_internal_error_fo
 
 
 def test_each_error_is_answered_by_its_codes_row() -> None:
-    cases = [errors.ForbiddenError("alice"), errors.OperatorError("not in doubt"),
-             errors.CallNotFoundError("ship", "k"), errors.JournalLockedError("/j", "pid 1"),
-             errors.KeyReuseError("ship", "k"), errors.UpstreamUnavailableError("http://up", "refused")]
+    cases = [
+        errors.ForbiddenError("alice"),
+        errors.OperatorError("not in doubt"),
+        errors.CallNotFoundError("ship", "k"),
+        errors.JournalLockedError("/j", "pid 1"),
+        errors.KeyReuseError("ship", "k"),
+        errors.UpstreamUnavailableError("http://up", "refused"),
+    ]
     assert [(wire_of(e).status, refusal_error(e).error.code) for e in cases] == [
-        (403, -32602), (409, -32602), (404, -32602), (503, -32603), (422, -32602), (502, -32603)]
+        (403, -32602),
+        (409, -32602),
+        (404, -32602),
+        (503, -32603),
+        (422, -32602),
+        (502, -32603),
+    ]
     error = refusal_error(errors.CallNotFoundError("ship", "k"), uri="journal://calls/ship/k")
-    assert error.error.data == {"uri": "journal://calls/ship/k", "error": "not_found", "message": "no call ship/k",
-                                "tool": "ship", "key": "k"}
+    assert error.error.data == {
+        "uri": "journal://calls/ship/k",
+        "error": "not_found",
+        "message": "no call ship/k",
+        "tool": "ship",
+        "key": "k",
+    }
 
 
 def test_a_code_missing_from_the_table_is_answered_as_internal() -> None:

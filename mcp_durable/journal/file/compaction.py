@@ -56,8 +56,9 @@ class CompactionTarget(Protocol):
 
     async def switch(self, sealed: tuple[int, ...], target: int) -> int: ...
 
-    def relocate(self, items: list[tuple[int, int, int]], offsets: list[int], target: int,
-                 dropped: set[int]) -> tuple[int, int]: ...
+    def relocate(
+        self, items: list[tuple[int, int, int]], offsets: list[int], target: int, dropped: set[int]
+    ) -> tuple[int, int]: ...
 
     async def snapshot(self) -> str | None: ...
 
@@ -126,8 +127,16 @@ async def compact(journal: CompactionTarget, now: float, *, at_phase: PhaseHook 
         phase("compaction:deleted")
         bytes_after = await anyio.to_thread.run_sync(_segment_bytes, directory, (target,))
     await journal.snapshot()
-    return CompactionReport(purged, kept_records, kept_entries, len(sealed), segments_after, bytes_before,
-                            bytes_after, time.perf_counter() - started)
+    return CompactionReport(
+        purged,
+        kept_records,
+        kept_entries,
+        len(sealed),
+        segments_after,
+        bytes_before,
+        bytes_after,
+        time.perf_counter() - started,
+    )
 
 
 def _delete(directory: Path, segments: tuple[int, ...]) -> None:

@@ -101,10 +101,16 @@ def scan(buf: bytes, start: int = 0, last_seq: int = 0) -> Iterator[Frame | Dama
                 length = int(buf[pos + 1 : pos + 9], 16)
                 seq = int(buf[pos + 10 : pos + 26], 16)
                 stop = pos + HEADER_SIZE + length
-                if (stop < end and buf[stop] == _NL and seq > last_seq and buf[pos + 9] == _SP
-                        and buf[pos + 26] == _SP and length >= 0
-                        and crc32(buf[pos + HEADER_SIZE : stop], crc32(buf[pos : pos + 27]))
-                        == int(buf[pos + 27 : pos + 35], 16)):
+                if (
+                    stop < end
+                    and buf[stop] == _NL
+                    and seq > last_seq
+                    and buf[pos + 9] == _SP
+                    and buf[pos + 26] == _SP
+                    and length >= 0
+                    and crc32(buf[pos + HEADER_SIZE : stop], crc32(buf[pos : pos + 27]))
+                    == int(buf[pos + 27 : pos + 35], 16)
+                ):
                     last_seq = seq
                     yield Frame(pos, seq, pos + HEADER_SIZE, length)
                     pos = stop + 1

@@ -29,8 +29,13 @@ DEAD = 0
 EMPTY = -1
 DELETED = -2
 MIN_TABLE = 1024
-STATE_CODES = {CallState.PENDING: 1, CallState.COMPLETED: 2, CallState.FAILED: 3,
-               CallState.IN_DOUBT: 4, CallState.RELEASED: 5}
+STATE_CODES = {
+    CallState.PENDING: 1,
+    CallState.COMPLETED: 2,
+    CallState.FAILED: 3,
+    CallState.IN_DOUBT: 4,
+    CallState.RELEASED: 5,
+}
 CODE_STATES: dict[int, CallState] = {code: state for state, code in STATE_CODES.items()}
 
 
@@ -78,8 +83,19 @@ class CallIndex(Columns):
     the table is saved in the snapshot as it is: loading a million records builds nothing.
     """
 
-    ARRAYS = (("lo", "Q"), ("hi", "Q"), ("pos", "Q"), ("size", "I"), ("seq", "Q"), ("version", "Q"),
-              ("created", "d"), ("expires", "d"), ("tool", "I"), ("principal", "I"), ("table", "i"))
+    ARRAYS = (
+        ("lo", "Q"),
+        ("hi", "Q"),
+        ("pos", "Q"),
+        ("size", "I"),
+        ("seq", "Q"),
+        ("version", "Q"),
+        ("created", "d"),
+        ("expires", "d"),
+        ("tool", "I"),
+        ("principal", "I"),
+        ("table", "i"),
+    )
 
     lo: array[int]
     hi: array[int]
@@ -135,12 +151,31 @@ class CallIndex(Columns):
     def put(self, h: int, record: CallRecord, position: int, size: int, seq: int) -> int:
         """Point the identity `h` at its latest frame; returns its slot."""
         return self.put_fields(
-            h, record.version, STATE_CODES[record.state], record.created_at, record.expires_at,
-            record.identity.tool, record.identity.principal, position, size, seq,
+            h,
+            record.version,
+            STATE_CODES[record.state],
+            record.created_at,
+            record.expires_at,
+            record.identity.tool,
+            record.identity.principal,
+            position,
+            size,
+            seq,
         )
 
-    def put_fields(self, h: int, version: int, state: int, created: float, expires: float | None, tool: str,
-                   principal: str, position: int, size: int, seq: int) -> int:
+    def put_fields(
+        self,
+        h: int,
+        version: int,
+        state: int,
+        created: float,
+        expires: float | None,
+        tool: str,
+        principal: str,
+        position: int,
+        size: int,
+        seq: int,
+    ) -> int:
         lo, hi = h & MASK64, h >> 64
         bucket = self._bucket(lo, hi)
         if bucket < 0 and (self.used + 1) * 10 > len(self.table) * 7:
@@ -267,8 +302,7 @@ class EntryIndex(Columns):
     def __len__(self) -> int:
         return len(self.seq)
 
-    def add(self, seq: int, position: int, size: int, phash: int, is_checkpoint: bool,
-            step: int | None = None) -> None:
+    def add(self, seq: int, position: int, size: int, phash: int, is_checkpoint: bool, step: int | None = None) -> None:
         """Index the entry `seq` of process hash `phash` (`step`: its step index, if a step)."""
         index = len(self.seq)
         self.seq.append(seq)

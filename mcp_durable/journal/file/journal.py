@@ -55,8 +55,15 @@ class FileJournal:
 
     single_writer = True
 
-    def __init__(self, directory: str | os.PathLike[str], *, durability: str = "strict", read_only: bool = False,
-                 url: str | None = None, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        durability: str = "strict",
+        read_only: bool = False,
+        url: str | None = None,
+        segment_bytes: int = SEGMENT_BYTES,
+    ) -> None:
         if durability not in ("strict", "relaxed"):
             raise ConfigError(f"durability must be strict or relaxed, not {durability!r}")
         self.directory = Path(directory)
@@ -160,9 +167,14 @@ class FileJournal:
         self._writer = SegmentWriter(self._open_segment)  # opens nothing until the first write
         self._commit = GroupCommit(self._writer, sync=self.durability == "strict", durable_seq=found.last_seq)
         self.recovery = RecoveryReport(
-            "file", 0.0, snapshot_used=found.snapshot_used, records_loaded=len(found.calls),
-            entries_replayed=found.frames_replayed, bytes_truncated=found.bytes_truncated,
-            truncated_to=found.truncated_to, problems=tuple(found.problems),
+            "file",
+            0.0,
+            snapshot_used=found.snapshot_used,
+            records_loaded=len(found.calls),
+            entries_replayed=found.frames_replayed,
+            bytes_truncated=found.bytes_truncated,
+            truncated_to=found.truncated_to,
+            problems=tuple(found.problems),
         )
 
     async def aclose(self) -> None:
@@ -466,13 +478,17 @@ class FileJournal:
         principal_id = idx.principals.ids.get(query.principal, -1) if query.principal is not None else None
         code = STATE_CODES[query.state] if query.state is not None else None
         top = query.cursor.created_at if query.cursor is not None else float("inf")
-        task_slots = ({s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None}
-                      if query.tasks_only else None)
+        task_slots = (
+            {s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None} if query.tasks_only else None
+        )
         candidates = [
-            (idx.created[s], s) for s in range(len(idx.state))
-            if idx.state[s] != DEAD and (code is None or idx.state[s] == code)
+            (idx.created[s], s)
+            for s in range(len(idx.state))
+            if idx.state[s] != DEAD
+            and (code is None or idx.state[s] == code)
             and (tool_id is None or idx.tool[s] == tool_id)
-            and (principal_id is None or idx.principal[s] == principal_id) and idx.created[s] <= top
+            and (principal_id is None or idx.principal[s] == principal_id)
+            and idx.created[s] <= top
             and (task_slots is None or s in task_slots)
         ]
         candidates.sort(reverse=True)
@@ -512,8 +528,9 @@ class FileJournal:
                 except FileNotFoundError:  # removed by a compaction since the listing
                     continue
         oldest = min((idx.created[s] for s in live), default=None)
-        return JournalStats("file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size,
-                            oldest)
+        return JournalStats(
+            "file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size, oldest
+        )
 
     def live_bytes(self) -> tuple[int, int]:
         """`(bytes in segments, bytes of live frames)`: the rest is garbage a compaction reclaims."""
@@ -521,8 +538,9 @@ class FileJournal:
         live = sum(idx.size[s] for s in range(len(idx.state)) if idx.state[s] != DEAD)
         live += sum(e.size[i] for i in range(len(e)) if i not in self._dropped)
         # The active segment counts up to its data: the space allocated ahead of it is not garbage.
-        total = self._active_end + sum(p.stat().st_size for p in self.directory.glob("seg-*.log")
-                                       if p.name != segment_name(self._active))
+        total = self._active_end + sum(
+            p.stat().st_size for p in self.directory.glob("seg-*.log") if p.name != segment_name(self._active)
+        )
         return total, live
 
     async def purge_entries(self, process_ids: Collection[str], *, before_seq: int | None = None) -> int:
@@ -548,8 +566,9 @@ class FileJournal:
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
         payload = entry_payload(process_id, entry_type, data, ts)
         seq, position, size, batch = self._submit(payload)
-        self._entries.add(seq, position, size, self._process_hash(process_id), entry_type == CHECKPOINT,
-                          step_index(entry_type, data))
+        self._entries.add(
+            seq, position, size, self._process_hash(process_id), entry_type == CHECKPOINT, step_index(entry_type, data)
+        )
         await self._durable(batch)
         return JournalEntry(process_id, entry_type, data, ts, seq)
 
@@ -579,8 +598,11 @@ class FileJournal:
         await self._opened().wait_seq(self._next_seq - 1)
         e, phash = self._entries, self._process_hash(process_id)
         i = e.checkpoint.get(phash)
-        if i is not None and i not in self._dropped \
-                and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id:
+        if (
+            i is not None
+            and i not in self._dropped
+            and (d := self._read(e.pos[i], e.size[i]))["process_id"] == process_id
+        ):
             return entry_from_dict(d, e.seq[i])
         for i in reversed(e.chain(phash, 0)):  # two process ids share a hash: look at each entry
             if i in self._dropped:
@@ -654,8 +676,9 @@ class FileJournal:
         await anyio.to_thread.run_sync(self._keeper.replace_segments, sealed, target, self._next_seq)
         return len(self._keeper.current.segments)
 
-    def relocate(self, items: list[tuple[int, int, int]], offsets: list[int], target: int,
-                 dropped: set[int]) -> tuple[int, int]:
+    def relocate(
+        self, items: list[tuple[int, int, int]], offsets: list[int], target: int, dropped: set[int]
+    ) -> tuple[int, int]:
         """Point the index at the copies of `items` (at `offsets` of `target`), leave out the
         entries `dropped` before the copy, and close readers of the segments gone; the records and
         entries kept. Runs without an await: what writers did meanwhile is kept, in order."""

@@ -59,14 +59,28 @@ def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, po
     if kind == "call":
         r = d["r"]
         calls.put_fields(
-            int(d["h"], 16), r["version"], _STATE_BY_NAME[r["state"]], r["created_at"], r["expires_at"],
-            r["tool"], r["principal"], position, size, seq,
+            int(d["h"], 16),
+            r["version"],
+            _STATE_BY_NAME[r["state"]],
+            r["created_at"],
+            r["expires_at"],
+            r["tool"],
+            r["principal"],
+            position,
+            size,
+            seq,
         )
         calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
     elif kind == "entry":
         entry_type = d["entry_type"]
-        entries.add(seq, position, size, process_hash(d["process_id"]), entry_type == CHECKPOINT,
-                    step_index(entry_type, d["data"]))
+        entries.add(
+            seq,
+            position,
+            size,
+            process_hash(d["process_id"]),
+            entry_type == CHECKPOINT,
+            step_index(entry_type, d["data"]),
+        )
     elif kind == "purge":
         for slot in calls.expired(d["now"]):
             calls.delete(slot)
@@ -104,15 +118,28 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
     else:
         calls, entries, last_seq = CallIndex(), EntryIndex(), 0
         start_index, start_offset = 0, 0
-    out = Recovered(calls, entries, last_seq, manifest.segments[-1], 0,
-                    snapshot_used=snap.path.name if snap else None, problems=problems)
+    out = Recovered(
+        calls,
+        entries,
+        last_seq,
+        manifest.segments[-1],
+        0,
+        snapshot_used=snap.path.name if snap else None,
+        problems=problems,
+    )
     for i in range(start_index, len(manifest.segments)):
         path = directory / segment_name(manifest.segments[i])
         sealed = i < len(manifest.segments) - 1
         try:
             with open(path, "rb") as f:
-                out.active_end = _replay_segment(f, manifest.segments[i], start_offset if i == start_index else 0,
-                                                 out, writable=writable, sealed=sealed)
+                out.active_end = _replay_segment(
+                    f,
+                    manifest.segments[i],
+                    start_offset if i == start_index else 0,
+                    out,
+                    writable=writable,
+                    sealed=sealed,
+                )
         except FileNotFoundError:
             raise JournalCorruptError(str(path), 0, "a segment named in the manifest is missing") from None
     if start_index >= len(manifest.segments):
@@ -160,8 +187,10 @@ def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, wri
                 d = orjson.loads(data[item.start : item.start + item.length])
                 apply(out.calls, out.entries, d, item.seq, pack(number, pos + item.offset), item.size)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                out.problems.append(f"{path.name}: frame at offset {pos + item.offset} has a valid checksum "
-                                    f"but an unreadable payload ({exc}); skipped")
+                out.problems.append(
+                    f"{path.name}: frame at offset {pos + item.offset} has a valid checksum "
+                    f"but an unreadable payload ({exc}); skipped"
+                )
             out.last_seq = item.seq
             out.frames_replayed += 1
         if resume is None:
@@ -190,8 +219,10 @@ def _repair(
         return
     aside = path.with_name(f"{path.name}.torn-{start}")
     where = "sealed segment" if sealed else "tail"
-    out.problems.append(f"{path.name}: torn or corrupt {where} at offset {start} ({damage.reason}): "
-                        f"{len(cut)} bytes cut off and kept in {aside.name}")
+    out.problems.append(
+        f"{path.name}: torn or corrupt {where} at offset {start} ({damage.reason}): "
+        f"{len(cut)} bytes cut off and kept in {aside.name}"
+    )
     out.bytes_truncated += len(cut)
     out.truncated_to = str(aside)
     if writable:

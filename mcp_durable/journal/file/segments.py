@@ -86,9 +86,14 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         return orjson.dumps(
-            {"format": self.format, "journal_id": self.journal_id, "hash_key": self.hash_key.hex(),
-             "segments": [segment_name(n) for n in self.segments], "next_segment": self.next_segment,
-             "seq_floor": self.seq_floor},
+            {
+                "format": self.format,
+                "journal_id": self.journal_id,
+                "hash_key": self.hash_key.hex(),
+                "segments": [segment_name(n) for n in self.segments],
+                "next_segment": self.next_segment,
+                "seq_floor": self.seq_floor,
+            },
             option=orjson.OPT_INDENT_2,
         )
 
@@ -101,11 +106,18 @@ class Manifest:
             return None
         try:
             d = orjson.loads(raw)
-            numbers = tuple(segment_number(name) for name in d["segments"])
-            if any(n is None for n in numbers) or not numbers:
+            found = [segment_number(name) for name in d["segments"]]
+            numbers = tuple(n for n in found if n is not None)
+            if len(numbers) != len(found) or not numbers:
                 raise ValueError("bad segment list")
-            return cls(d["journal_id"], bytes.fromhex(d["hash_key"]), numbers, int(d["next_segment"]),  # type: ignore[arg-type]
-                       int(d.get("seq_floor", 0)), int(d["format"]))
+            return cls(
+                d["journal_id"],
+                bytes.fromhex(d["hash_key"]),
+                numbers,
+                int(d["next_segment"]),
+                int(d.get("seq_floor", 0)),
+                int(d["format"]),
+            )
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             raise JournalCorruptError(str(path), 0, f"unreadable manifest: {exc}") from exc
 
@@ -146,7 +158,9 @@ class ManifestKeeper:
             if m.segments[: len(old)] != old:
                 raise RuntimeError("compacted segments are no longer the head of the manifest")
             updated = replace(
-                m, segments=(new, *m.segments[len(old) :]), next_segment=max(m.next_segment, new + 1),
+                m,
+                segments=(new, *m.segments[len(old) :]),
+                next_segment=max(m.next_segment, new + 1),
                 seq_floor=max(m.seq_floor, seq_floor),
             )
             updated.write(self.directory)

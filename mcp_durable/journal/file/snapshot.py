@@ -81,8 +81,9 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
     sections.append(("entry.steps.hashes", "Q", hashes.tobytes()))
     sections.append(("entry.steps.indexes", "q", indexes.tobytes()))
     sections.append(("entry.steps.counts", "Q", array("Q", entries.steps.values()).tobytes()))
-    tasks = [[principal, task_id, f"{h:032x}", tool, key]
-             for (principal, task_id), (h, tool, key) in calls.tasks.items()]
+    tasks = [
+        [principal, task_id, f"{h:032x}", tool, key] for (principal, task_id), (h, tool, key) in calls.tasks.items()
+    ]
     return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names), tasks)
 
 
@@ -92,10 +93,16 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
     for _, _, blob in data.sections:
         crc = zlib.crc32(blob, crc)
     header = {
-        "format": FORMAT, "seq": data.seq, "segments": [segment_name(n) for n in data.segments],
-        "end": data.end, "byteorder": sys.byteorder, "crc": crc,
+        "format": FORMAT,
+        "seq": data.seq,
+        "segments": [segment_name(n) for n in data.segments],
+        "end": data.end,
+        "byteorder": sys.byteorder,
+        "crc": crc,
         "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
-        "tools": data.tools, "principals": data.principals, "tasks": data.tasks,
+        "tools": data.tools,
+        "principals": data.principals,
+        "tasks": data.tasks,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
     write_synced(tmp, [orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)])
@@ -180,11 +187,19 @@ def load(path: Path) -> LoadedSnapshot:
             entries.steps = {step_key(h, i): c for h, i, c in zip(hashes, indexes, counts, strict=True)}
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise SnapshotError(f"snapshot lacks a section: {exc}") from exc
-    numbers = tuple(segment_number(n) for n in header["segments"])
-    if any(n is None for n in numbers):
+    found = [segment_number(n) for n in header["segments"]]
+    numbers = tuple(n for n in found if n is not None)
+    if len(numbers) != len(found):
         raise SnapshotError("snapshot names an unknown segment")
-    return LoadedSnapshot(path, int(header["seq"]), numbers, int(header["end"]), calls, entries,  # type: ignore[arg-type]
-                          has_steps)
+    return LoadedSnapshot(
+        path,
+        int(header["seq"]),
+        numbers,
+        int(header["end"]),
+        calls,
+        entries,
+        has_steps,
+    )
 
 
 def verify_file(path: Path) -> str | None:

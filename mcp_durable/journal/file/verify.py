@@ -81,8 +81,12 @@ def payload_problem(payload: bytes) -> str | None:
             record_from_json(d["r"])
             int(d["h"], 16)
         elif kind == "entry":
-            if not (isinstance(d["process_id"], str) and isinstance(d["entry_type"], str)
-                    and isinstance(d["data"], dict) and isinstance(d["ts"], int | float)):
+            if not (
+                isinstance(d["process_id"], str)
+                and isinstance(d["entry_type"], str)
+                and isinstance(d["data"], dict)
+                and isinstance(d["ts"], int | float)
+            ):
                 raise ValueError("an entry needs a process id, a type, a data object and a time")
         elif kind == "purge":
             float(d["now"])

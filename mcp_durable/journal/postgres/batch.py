@@ -62,9 +62,15 @@ class Batcher(Generic[I, O]):
     serve only batches that are full.
     """
 
-    def __init__(self, run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]], *, slots: int,
-                 max_items: int = 256, full_slots: int = 0,
-                 run_one: Callable[[I], Awaitable[O]] | None = None) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[[list[I]], Awaitable[Sequence[O | BaseException]]],
+        *,
+        slots: int,
+        max_items: int = 256,
+        full_slots: int = 0,
+        run_one: Callable[[I], Awaitable[O]] | None = None,
+    ) -> None:
         self._run_batch = run_batch
         self._run_one = run_one
         self._slots = anyio.Semaphore(slots)

@@ -77,14 +77,34 @@ _HELD = f"{_IDENTITY} AND state = %s AND owner = %s AND run_id = %s AND attempts
 #: An entry insert's tail: nothing inserted when the step it is stands already.
 _STEP_CONFLICT = " ON CONFLICT (process_id, step_index) WHERE step_index IS NOT NULL DO NOTHING RETURNING seq"
 #: The Postgres type of each column (in `_COLUMNS` order), for the JSON rows of a batch.
-_TYPES = ("text", "text", "text", "text", "text", "bigint", "text", "integer", "float8", "float8", "text", "float8",
-          "float8", "float8", "bytea", "text", "bytea", "text", "text")
+_TYPES = (
+    "text",
+    "text",
+    "text",
+    "text",
+    "text",
+    "bigint",
+    "text",
+    "integer",
+    "float8",
+    "float8",
+    "text",
+    "float8",
+    "float8",
+    "float8",
+    "bytea",
+    "text",
+    "bytea",
+    "text",
+    "text",
+)
 _NAMES = tuple(c.strip() for c in _COLUMNS.split(","))
 _BYTES = tuple(i for i, t in enumerate(_TYPES) if t == "bytea")
 #: The columns of a batch's rows read from the JSON parameter (bytes arrive as base64 text).
 _RECORDSET = ", ".join(f"{n} {'text' if t == 'bytea' else t}" for n, t in zip(_NAMES, _TYPES, strict=True))
-_DECODED = ", ".join(f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.{n}"
-                     for n, t in zip(_NAMES, _TYPES, strict=True))
+_DECODED = ", ".join(
+    f"decode(r.{n}, 'base64') AS {n}" if t == "bytea" else f"r.{n}" for n, t in zip(_NAMES, _TYPES, strict=True)
+)
 #: Batches of one kind (claims, swaps, reads) in flight at once, per journal. One: the calls
 #: that arrive while a batch commits gather into the next, so statements and commits per call
 #: fall where requests arrive spread out (over HTTP, 16 clients: 2.9 calls per statement against
@@ -132,13 +152,17 @@ def _broken_by_an_item(exc: JournalError) -> bool:
     cause = exc.__cause__
     if isinstance(cause, UnicodeEncodeError):
         return True
-    return isinstance(cause, psycopg.Error) and not isinstance(cause, (psycopg.OperationalError,
-                                                                       psycopg.InterfaceError))
+    return isinstance(cause, psycopg.Error) and not isinstance(
+        cause, (psycopg.OperationalError, psycopg.InterfaceError)
+    )
 
 
 #: A statement the database rolled back whole to break a deadlock or a serialisation conflict.
-_ROLLED_BACK = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
-                psycopg.errors.TransactionRollback)
+_ROLLED_BACK = (
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.TransactionRollback,
+)
 
 
 def _lock_order(record: CallRecord) -> tuple[str, str, str]:
@@ -279,11 +303,14 @@ class PostgresJournal:
         # enough to leave others for renewals, listings and entries (`open`).
         self._lanes = Lanes(0)
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
-            self._claim_batch, **_BATCHING, run_one=self._claim_one)
+            self._claim_batch, **_BATCHING, run_one=self._claim_one
+        )
         self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
-            self._swap_batch, **_BATCHING, run_one=self._swap_one)
+            self._swap_batch, **_BATCHING, run_one=self._swap_one
+        )
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
-            self._get_batch, **_BATCHING, run_one=self._get_one)
+            self._get_batch, **_BATCHING, run_one=self._get_one
+        )
 
     @classmethod
     def from_url(cls, url: str) -> PostgresJournal:
@@ -348,9 +375,7 @@ class PostgresJournal:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
-    async def _batch_rows(
-        self, sql: str, params: Callable[[], tuple[Any, ...]], lane: Lane | None
-    ) -> list[Row] | None:
+    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]], lane: Lane | None) -> list[Row] | None:
         """The rows a batch statement returns, or None when one of its items broke it (a text JSON
         or the database cannot carry, e.g. a lone surrogate or a NUL): the caller then answers
         ALONE for every item, each is decided by itself, and only the culprit fails."""
@@ -383,7 +408,11 @@ class PostgresJournal:
         given = conninfo_to_dict(s.conninfo).get("options") or ""
         options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)} {_PLANNER}".strip()
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
-            s.conninfo, min_size=s.pool_min, max_size=s.pool_max, timeout=s.pool_timeout, open=False,
+            s.conninfo,
+            min_size=s.pool_min,
+            max_size=s.pool_max,
+            timeout=s.pool_timeout,
+            open=False,
             # Give up a failing reconnection after a second instead of backing off for minutes:
             # the next call that needs a connection starts a fresh attempt at once, so the
             # pool is back within about a second of the database.
@@ -451,8 +480,9 @@ class PostgresJournal:
             # Ask for a NOTIFY: mark the record watched, if it is still the version we read.
             # If it is not, it changed since: return at once and let the caller re-read.
             try:
-                marked = await self._rowcount(self._watch_sql, (identity.principal, identity.tool, identity.key,
-                                                                seen[0]))
+                marked = await self._rowcount(
+                    self._watch_sql, (identity.principal, identity.tool, identity.key, seen[0])
+                )
             except JournalError:
                 marked = 1  # the database is away: fall back to re-reading below
             if marked == 0:
@@ -574,9 +604,11 @@ class PostgresJournal:
 
     async def _get_batch(self, identities: list[CallIdentity]) -> list[tuple[CallRecord, bool] | None | _Alone]:
         unique = list(dict.fromkeys(identities))
-        rows = await self._batch_rows(self._get_many_sql, lambda: ([i.principal for i in unique],
-                                                                   [i.tool for i in unique], [i.key for i in unique]),
-                                      self._lanes.free())
+        rows = await self._batch_rows(
+            self._get_many_sql,
+            lambda: ([i.principal for i in unique], [i.tool for i in unique], [i.key for i in unique]),
+            self._lanes.free(),
+        )
         if rows is None:
             return [ALONE] * len(identities)
         found: dict[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = {}
@@ -586,8 +618,7 @@ class PostgresJournal:
         return [found.get(identity) for identity in identities]
 
     async def _get_one(self, identity: CallIdentity) -> tuple[CallRecord, bool] | None:
-        row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key),
-                                   self._lanes.free())
+        row = await self._fetchone(self._get_sql, (identity.principal, identity.tool, identity.key), self._lanes.free())
         return None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
@@ -612,20 +643,26 @@ class PostgresJournal:
             if first.setdefault(record.identity, index) == index:
                 sent.append((version, record))
         sent.sort(key=lambda item: _lock_order(item[1]))
-        rows = await self._batch_rows(self._swap_many_sql,
-                                      lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),),
-                                      self._lanes.free())
+        rows = await self._batch_rows(
+            self._swap_many_sql, lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),), self._lanes.free()
+        )
         if rows is None:
             return [ALONE] * len(items)
         swapped = {CallIdentity(*row) for row in rows}
-        return [record.identity in swapped if first[record.identity] == index else ALONE
-                for index, (_, record) in enumerate(items)]
+        return [
+            record.identity in swapped if first[record.identity] == index else ALONE
+            for index, (_, record) in enumerate(items)
+        ]
 
     async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
         expected_version, record = item
         i = record.identity
-        return await self._rowcount(self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key,
-                                                     expected_version), self._lanes.free()) == 1
+        return (
+            await self._rowcount(
+                self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key, expected_version), self._lanes.free()
+            )
+            == 1
+        )
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         count = await self._rowcount(self._renew_sql, (lease_until, *_held(identity, fence)))
@@ -664,8 +701,14 @@ class PostgresJournal:
             )
             row = await cur.fetchone()
         assert row is not None
-        return JournalStats("postgres", {k: int(v) for k, v in by_state}, {k: int(v) for k, v in by_tool},
-                            int(row[0]), int(row[2]), row[1])
+        return JournalStats(
+            "postgres",
+            {k: int(v) for k, v in by_state},
+            {k: int(v) for k, v in by_tool},
+            int(row[0]),
+            int(row[2]),
+            row[1],
+        )
 
     # -- process entries --------------------------------------------------------------------------
 
@@ -676,11 +719,13 @@ class PostgresJournal:
         if step is not None:
             # A step counts as that step unless one is stored; then it is stored all the same,
             # not as the step (`append` never refuses an entry), by the statement below.
-            row = await self._fetchone(self._append_first_sql,
-                                       (self._entries_lock, process_id, entry_type, payload, ts, step))
+            row = await self._fetchone(
+                self._append_first_sql, (self._entries_lock, process_id, entry_type, payload, ts, step)
+            )
         if row is None:
-            row = await self._fetchone(self._append_sql, (self._entries_lock, process_id, entry_type, payload, ts,
-                                                          None))
+            row = await self._fetchone(
+                self._append_sql, (self._entries_lock, process_id, entry_type, payload, ts, None)
+            )
         assert row is not None
         return JournalEntry(process_id, entry_type, data, ts, int(row[0]))
 
@@ -702,8 +747,9 @@ class PostgresJournal:
             return 0
         if before_seq is None:
             return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s)", (names,))
-        return await self._rowcount(f"DELETE FROM {self._entries} WHERE process_id = ANY(%s) AND seq < %s",
-                                    (names, before_seq))
+        return await self._rowcount(
+            f"DELETE FROM {self._entries} WHERE process_id = ANY(%s) AND seq < %s", (names, before_seq)
+        )
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._fetchone(
@@ -716,5 +762,12 @@ class PostgresJournal:
 
 def _held(identity: CallIdentity, fence: Fence) -> tuple[Any, ...]:
     """The parameters of `_HELD`: the record of `identity`, PENDING under `fence`."""
-    return (identity.principal, identity.tool, identity.key, CallState.PENDING.value, fence.owner, fence.run_id,
-            fence.attempts)
+    return (
+        identity.principal,
+        identity.tool,
+        identity.key,
+        CallState.PENDING.value,
+        fence.owner,
+        fence.run_id,
+        fence.attempts,
+    )

@@ -78,8 +78,12 @@ class Lane:
         self.busy = False
         if conn is None:
             return
-        if (failed or self.closed or time.monotonic() - self._taken_at > HOLD_S
-                or conn.pgconn.transaction_status != TransactionStatus.IDLE):
+        if (
+            failed
+            or self.closed
+            or time.monotonic() - self._taken_at > HOLD_S
+            or conn.pgconn.transaction_status != TransactionStatus.IDLE
+        ):
             self.cursor = None
             with anyio.CancelScope(shield=True):  # handed back whole, even by a cancelled caller
                 await pool.putconn(conn)  # reset or discarded by the pool; closed if the pool is

@@ -90,7 +90,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         3,
         "MCP tasks: calls.task_id, found by (principal, task_id)",
         (
-            "ALTER TABLE {s}.calls ADD COLUMN task_id text COLLATE \"C\"",
+            'ALTER TABLE {s}.calls ADD COLUMN task_id text COLLATE "C"',
             "CREATE INDEX calls_by_task ON {s}.calls (principal, task_id) WHERE task_id IS NOT NULL",
         ),
     ),

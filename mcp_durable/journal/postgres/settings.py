@@ -32,7 +32,11 @@ DEFAULT_SCHEMA = "mcp_durable"
 #: (`mcp_durable.<schema>`), so it is kept short enough for both.
 _SCHEMA_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
 _DEFAULTS: dict[str, float] = {
-    "pool_min": 1, "pool_max": 10, "pool_timeout": 5.0, "statement_timeout": 15.0, "poll": 1.0,
+    "pool_min": 1,
+    "pool_max": 10,
+    "pool_timeout": 5.0,
+    "statement_timeout": 15.0,
+    "poll": 1.0,
 }
 _OURS = ("schema", *_DEFAULTS)
 #: libpq settings added unless the URL gives them: fail to connect in seconds, and notice a

@@ -78,8 +78,9 @@ def make_server(
     mailer.outbox = CrashingOutbox(outbox or env.get("MAILER_OUTBOX"), crash_plan, events)
 
     reconcile_every = env.get("CRASH_RECONCILE_EVERY")
-    server = DurableServer("danger", journal=journal,
-                           reconcile_interval=float(reconcile_every) if reconcile_every else None)
+    server = DurableServer(
+        "danger", journal=journal, reconcile_interval=float(reconcile_every) if reconcile_every else None
+    )
 
     def pay(order_id: str, amount_cents: int) -> dict[str, Any]:
         """Refund through a provider that honours the key (Stripe-like)."""
@@ -92,8 +93,14 @@ def make_server(
 
     server.add_tool(pay, durable=ToolPolicy(key="required", in_doubt="retry", lease=lease_s, wait=wait_s))
     if mode == "reconcile":
-        mail = ToolPolicy(idempotent=False, key="required", in_doubt="reconcile", reconcile=mailer.find_sent_mail,
-                          lease=lease_s, wait=wait_s)
+        mail = ToolPolicy(
+            idempotent=False,
+            key="required",
+            in_doubt="reconcile",
+            reconcile=mailer.find_sent_mail,
+            lease=lease_s,
+            wait=wait_s,
+        )
         assert mail.reconcile is mailer.POLICY.reconcile and mail.in_doubt == mailer.POLICY.in_doubt
     elif mode == "refuse":
         mail = ToolPolicy(idempotent=False, key="required", in_doubt="refuse", lease=lease_s, wait=wait_s)
@@ -125,8 +132,9 @@ def make_server(
             converted = registered.fn_metadata.convert_result(result)
             assert isinstance(converted, CallToolResult)  # a plain result, never an input request
             payload = dump_result(converted)
-        record = await server.engine.resolve(CallIdentity("local", tool, key), resolution, payload=payload,
-                                             note="crash test operator")
+        record = await server.engine.resolve(
+            CallIdentity("local", tool, key), resolution, payload=payload, note="crash test operator"
+        )
         return {"state": record.state.value, "attempts": record.attempts}
 
     return server

@@ -27,8 +27,12 @@ def make_server(journal: str | None = None) -> DurableServer:
     env = os.environ
     events = Counter(env.get(ENV_COUNTER))
     seconds = float(env.get("TASK_SECONDS", "1"))
-    policy = ToolPolicy(key_fields=("job",), in_doubt="retry", lease=float(env.get("CRASH_LEASE", "0.6")),
-                        wait=float(env.get("CRASH_WAIT", "0.2")))
+    policy = ToolPolicy(
+        key_fields=("job",),
+        in_doubt="retry",
+        lease=float(env.get("CRASH_LEASE", "0.6")),
+        wait=float(env.get("CRASH_WAIT", "0.2")),
+    )
     server = DurableServer("leases", journal=journal)
 
     @server.tool(durable=policy)

@@ -114,10 +114,17 @@ def _register(downstream: str, policy: InDoubtPolicy) -> None:
             await hold()
         return {**made, "by": REPLICA}
 
-    server.add_tool(tool, f"{downstream}_{policy}", durable=ToolPolicy(
-        key="required", idempotent=downstream == "ledger", lease=LEASE, in_doubt=policy,
-        reconcile=_reconcile_hook(lookup) if policy == "reconcile" else None,
-    ))
+    server.add_tool(
+        tool,
+        f"{downstream}_{policy}",
+        durable=ToolPolicy(
+            key="required",
+            idempotent=downstream == "ledger",
+            lease=LEASE,
+            in_doubt=policy,
+            reconcile=_reconcile_hook(lookup) if policy == "reconcile" else None,
+        ),
+    )
 
 
 for _downstream in DOWNSTREAMS:

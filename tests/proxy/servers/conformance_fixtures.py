@@ -29,8 +29,10 @@ RED_PIXEL_PNG = base64.b64encode(
         "53de0000000c4944415408d763f8cfc000000301010018dd8db00000000049454e44ae426082"
     )
 ).decode()
-SILENT_WAV = base64.b64encode(b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00"
-                              b"\x80>\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00").decode()
+SILENT_WAV = base64.b64encode(
+    b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00@\x1f\x00\x00"
+    b"\x80>\x00\x00\x02\x00\x10\x00data\x00\x00\x00\x00"
+).decode()
 
 server = MCPServer("conformance-fixtures")
 
@@ -52,8 +54,12 @@ def test_audio_content() -> list[Any]:
 
 
 def _embedded() -> EmbeddedResource:
-    return EmbeddedResource(type="resource", resource=TextResourceContents(
-        uri="test://embedded-resource", mime_type="text/plain", text="This is an embedded resource content."))
+    return EmbeddedResource(
+        type="resource",
+        resource=TextResourceContents(
+            uri="test://embedded-resource", mime_type="text/plain", text="This is an embedded resource content."
+        ),
+    )
 
 
 @server.tool()
@@ -63,8 +69,11 @@ def test_embedded_resource() -> list[Any]:
 
 @server.tool()
 def test_multiple_content_types() -> list[Any]:
-    return [TextContent(type="text", text="Multiple content types test:"),
-            ImageContent(type="image", data=RED_PIXEL_PNG, mime_type="image/png"), _embedded()]
+    return [
+        TextContent(type="text", text="Multiple content types test:"),
+        ImageContent(type="image", data=RED_PIXEL_PNG, mime_type="image/png"),
+        _embedded(),
+    ]
 
 
 @server.tool()
@@ -100,7 +109,8 @@ def test_structured_output(city: str) -> Weather:
 @server.tool()
 async def test_sampling(prompt: str, ctx: Context[Any, Any]) -> str:
     result = await ctx.session.create_message(
-        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))], max_tokens=100)
+        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))], max_tokens=100
+    )
     content = result.content
     return f"LLM response: {content.text if isinstance(content, TextContent) else content}"
 

@@ -120,7 +120,8 @@ async def progress(steps: int, ctx: Context[Any, Any]) -> str:
 async def ask_client(prompt: str, ctx: Context[Any, Any]) -> str:
     """Asks the calling client's model (sampling) and returns its answer."""
     result = await ctx.session.create_message(
-        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))], max_tokens=10)
+        messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))], max_tokens=10
+    )
     content = result.content
     return content.text if isinstance(content, TextContent) else str(content)
 

@@ -26,8 +26,9 @@ from tests.server.servers.counting import Counter  # noqa: E402
 STEPS = ("reserve", "charge", "pack", "ship", "notify")
 
 
-def make_server(journal: str | None = None, log: str | None = None, *, lease: float | None = None,
-                admins: tuple[str, ...] = ()) -> DurableServer:
+def make_server(
+    journal: str | None = None, log: str | None = None, *, lease: float | None = None, admins: tuple[str, ...] = ()
+) -> DurableServer:
     events = Counter(log or os.environ["STEPS_LOG"])
     lease = lease if lease is not None else float(os.environ.get("STEPS_LEASE", "30"))
     server = DurableServer("five", journal=journal, admin_principals=admins)

@@ -16,7 +16,12 @@ def make_server(journal: str | None = None) -> DurableServer:
 
     @server.tool(durable=ToolPolicy(key_fields=("order_id",), sensitive=("card",)))
     def refund(order_id: str, amount_cents: int, card: str = "") -> dict[str, Any]:
-        return {"order_id": order_id, "amount_cents": amount_cents, "principal": current_call().identity.principal,
-                "run": uuid.uuid4().hex, "card": card}
+        return {
+            "order_id": order_id,
+            "amount_cents": amount_cents,
+            "principal": current_call().identity.principal,
+            "run": uuid.uuid4().hex,
+            "card": card,
+        }
 
     return server

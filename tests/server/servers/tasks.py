@@ -54,8 +54,12 @@ def make_server(
 
     mode = in_doubt or env.get("TASK_IN_DOUBT", "retry")
     policy = ToolPolicy(
-        key_fields=("order_id",), task_support="optional", task_after=0.2, in_doubt=mode,  # type: ignore[arg-type]
-        reconcile=reconcile if mode == "reconcile" else None, lease=lease or float(env.get("TASK_LEASE", "1.0")),
+        key_fields=("order_id",),
+        task_support="optional",
+        task_after=0.2,
+        in_doubt=mode,  # type: ignore[arg-type]
+        reconcile=reconcile if mode == "reconcile" else None,
+        lease=lease or float(env.get("TASK_LEASE", "1.0")),
     )
 
     @server.tool(durable=policy)

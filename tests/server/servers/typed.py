@@ -83,9 +83,17 @@ async def seed_in_doubt(url: str) -> None:
         arguments = {"hold": False, "text": DOUBT_TEXT}  # the validated arguments, defaults filled
         for tool in TOOLS:
             record = CallRecord(
-                identity=CallIdentity("local", tool, DOUBT_KEY), fingerprint=fingerprint(arguments),
-                state=CallState.PENDING, version=1, run_id=f"run-{tool}", attempts=1, created_at=1.0,
-                updated_at=1.0, owner="previous-boot", lease_until=2.0, arguments=canonical_json(arguments),
+                identity=CallIdentity("local", tool, DOUBT_KEY),
+                fingerprint=fingerprint(arguments),
+                state=CallState.PENDING,
+                version=1,
+                run_id=f"run-{tool}",
+                attempts=1,
+                created_at=1.0,
+                updated_at=1.0,
+                owner="previous-boot",
+                lease_until=2.0,
+                arguments=canonical_json(arguments),
             )
             won, _ = await journal.claim(record, 1.0)
             assert won
