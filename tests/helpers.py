@@ -30,8 +30,6 @@
 - `meta_of(result)` is a tool result's `_meta` (which every durable answer carries).
 - `first_text(result)` is the text of a tool result's first content block, `resource_text(result)`
   that of a resource read; `read_json(client, uri)` is the JSON document a resource holds.
-- `finished_without_suspending(coroutine)` steps a coroutine once by hand: `(True, value)` when it
-  finished without giving the event loop a turn (journal/turns.py), else `(False, None)`.
 - `wire(result)` is a result's wire dict; `body_bytes(result)` the JSON bytes of its `content`,
   `structuredContent` and `isError` (what a replay must keep byte-identical).
 
@@ -48,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -334,14 +332,3 @@ def body_bytes(result: Any) -> bytes:
 
     data = wire(result)
     return orjson.dumps({name: data.get(name) for name in ("content", "structuredContent", "isError")})
-
-
-def finished_without_suspending(coroutine: Coroutine[Any, Any, Any]) -> tuple[bool, Any]:
-    """Step `coroutine` once by hand: (True, its value) if it finished without giving the event
-    loop a turn, else (False, None) (it is then closed)."""
-    try:
-        coroutine.send(None)
-    except StopIteration as stop:
-        return True, stop.value
-    coroutine.close()
-    return False, None

@@ -23,9 +23,10 @@ Atomicity per call, as with one transaction per call:
 
 Ops submitted during one turn of the event loop are handed over together at the next turn (one
 queue put): handed over one by one, the first op of a burst woke the idle thread and went
-alone, and at 64 concurrent MCP calls batches held ~8 writes instead of ~60 (CPU per call,
-fsync's kernel time included, 544 -> 337 µs). An op submitted while no other task is ready to
-run is handed over at once instead: nobody could add one in that turn (`turns.no_task_ready`).
+alone, and at 64 concurrent MCP calls batches held ~8 writes instead of ~60. A lone op waits
+for that turn too: whether another task could still add one is not something asyncio says
+through a public API, and reading its private queue of ready callbacks is not worth the few
+microseconds that turn costs a sequential write.
 Results reach the loop with one `call_soon_threadsafe` per batch.
 
 Inline commits: when the ops of a turn find the thread idle (nothing handed to it unanswered)
@@ -59,7 +60,6 @@ import anyio
 import anyio.to_thread
 
 from .. import observe
-from .turns import no_task_ready
 
 T = TypeVar("T")
 
@@ -178,16 +178,12 @@ class SQLiteWriter:
             return await anyio.to_thread.run_sync(waited.result)  # not cancellable either
         future: asyncio.Future[T] = loop.create_future()
         # Gathered, not queued at once: every task that runs in this turn of the loop adds its op,
-        # and the next turn hands them all over together (or this one, when no other task is
-        # ready). Queued one by one, the first op of a burst woke the idle thread and went
-        # alone, the rest waiting for the next batch.
+        # and the next turn hands them all over together. Queued one by one, the first op of a
+        # burst woke the idle thread and went alone, the rest waiting for the next batch.
         gathering = not self._gathered
         self._gathered.append(_Op(body, write, future))
         if gathering:
-            if no_task_ready():
-                self._hand_over()  # nobody could add an op in this turn: hand over now (turns.py)
-            else:
-                loop.call_soon(self._hand_over)
+            loop.call_soon(self._hand_over)
         # Not cancellable once queued, as a call to a worker thread is not: the op runs (and its
         # batch commits) whatever the caller does, so its caller must learn how it ended.
         with anyio.CancelScope(shield=True):

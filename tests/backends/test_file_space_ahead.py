@@ -13,7 +13,6 @@ from pathlib import Path
 
 from mcp_durable.journal.file import FileJournal, verify
 from mcp_durable.journal.file.writer import PREALLOCATE, data_end
-from tests.helpers import finished_without_suspending
 
 SEGMENT = "seg-00000001.log"
 
@@ -138,26 +137,5 @@ async def test_a_slow_disk_moves_the_flush_to_a_thread_and_a_fast_one_brings_it_
         assert group.flush_s < commit.INLINE_FLUSH_S and flushed_on[-1] == main
         entries = await journal.entries()
         assert len(entries) == 70
-    finally:
-        await journal.aclose()
-
-
-async def test_a_lone_append_with_fast_flushes_is_synced_without_a_turn_of_the_event_loop(tmp_path: Path) -> None:
-    """With nobody ready to join its batch (journal/turns.py) a lone writer leads the flush at
-    once, inline, and returns durable without giving the event loop a turn."""
-    import anyio
-
-    journal = await opened(tmp_path / "j")
-    group = journal._commit
-    assert group is not None
-    try:
-        await append(journal, 0, 1)
-        group.flush_s = 0.0  # recent flushes fast: inline
-        await anyio.sleep(0)  # start from a quiet loop
-        durable_before = group.durable_seq
-        finished, _ = finished_without_suspending(journal.append("p", "context_update", {"i": 1}, 1.0))
-        assert finished, "the lone append waited for a turn of the event loop"
-        assert group.durable_seq == durable_before + 1
-        assert [e.data["i"] for e in await journal.entries()] == [0, 1]
     finally:
         await journal.aclose()

@@ -18,7 +18,6 @@ from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState
 from mcp_durable.journal.sqlite import SQLiteJournal
 from mcp_durable.journal.sqlite_writer import SQLiteWriter
-from tests.helpers import finished_without_suspending
 
 T0 = 1_700_000_000.0
 
@@ -248,20 +247,6 @@ async def test_a_lone_write_on_an_idle_writer_commits_inline_and_durably(
         assert other.execute("SELECT owner FROM calls WHERE key='alone'").fetchone() == ("A",)
     finally:
         other.close()
-
-
-async def test_a_lone_write_is_handed_over_and_committed_without_a_turn_of_the_event_loop(
-    fast_writer_journal: tuple[SQLiteJournal, SQLiteWriter],
-) -> None:
-    # With no other task ready, nobody could add an op in this turn (journal/turns.py): the op is
-    # handed over at once, committed inline, and the claim returns without suspending.
-    journal, _ = fast_writer_journal
-    await anyio.sleep(0)  # start from a quiet loop
-    finished, outcome = finished_without_suspending(journal.claim(pending("alone"), T0))
-    assert finished, "the lone claim waited for a turn of the event loop"
-    won, _ = outcome
-    assert won
-    assert await journal.get(pending("alone").identity) is not None
 
 
 async def test_an_inline_commit_never_waits_for_another_process_on_the_event_loop(tmp_path: Path) -> None:

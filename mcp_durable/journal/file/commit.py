@@ -3,7 +3,7 @@
 A writer encodes its frame and appends it to the open batch in the event loop (no I/O, no
 await, so the position it gets is exact and the index can be updated at once), then waits for
 the batch. Whoever finds no flush running leads: it lets every task that is ready run once (so
-their frames join the batch; skipped when none is ready, `turns.let_ready_tasks_join`), takes
+their frames join the batch: one `anyio.lowlevel.checkpoint`), takes
 the batch, writes and syncs it, and wakes everyone. Frames arriving meanwhile gather in the
 next batch, whose first waiter leads the next flush. Nobody returns before the flush of its own
 frame:
@@ -36,7 +36,6 @@ import anyio.to_thread
 from ... import observe
 from ...errors import JournalError
 from ..fsync import sync_data
-from ..turns import let_ready_tasks_join
 from .writer import SegmentWriter
 
 #: Flushes are inline (in the event loop) while their moving average is under this; a thread
@@ -135,7 +134,7 @@ class GroupCommit:
                 while self.flushing is not None:
                     await self.flushing.waited().wait()
                 # Let every task that is ready now run once first: their frames join this batch.
-                await let_ready_tasks_join()
+                await anyio.lowlevel.checkpoint()
             except BaseException:
                 batch.led = False  # cancelled before leading: wake the others to elect another
                 batch.wake()
