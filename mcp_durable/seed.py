@@ -146,16 +146,16 @@ class SeedJournal:
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
-        self._opened = False
+        self.opened = False
         self._lock = anyio.Lock()
 
-    async def _ready(self) -> Journal:
-        if not self._opened:
+    async def ready(self) -> Journal:
+        if not self.opened:
             async with self._lock:
-                if not self._opened:
+                if not self.opened:
                     await self._check_before_open()
                     await self.journal.open()
-                    self._opened = True
+                    self.opened = True
         return self.journal
 
     async def _check_before_open(self) -> None:
@@ -172,14 +172,14 @@ class SeedJournal:
             "timestamp": entry.timestamp.isoformat(),
             "data": data,
         }
-        journal = await self._ready()
+        journal = await self.ready()
         await journal.append(entry.process_id, entry.entry_type, {SEED_ENVELOPE: envelope}, entry.timestamp.timestamp())
 
     async def read(
         self, process_id: str, *, since: datetime | None = None, entry_type: str | None = None, limit: int | None = None
     ) -> list[JournalEntry]:
         """The process's entries in journal order, filtered like the seed's `read`."""
-        journal = await self._ready()
+        journal = await self.ready()
         out: list[JournalEntry] = []
         for stored in await journal.entries(process_id=process_id):
             entry = _to_seed(stored)
@@ -199,19 +199,19 @@ class SeedJournal:
 
     async def last_checkpoint(self, process_id: str) -> dict[str, Any] | None:
         """The state of the process's last checkpoint, or None."""
-        stored = await (await self._ready()).last_checkpoint(process_id)
+        stored = await (await self.ready()).last_checkpoint(process_id)
         if stored is None:
             return None
         envelope = seed_envelope(stored)
         return dict(envelope["data"].get("state") or {}) if envelope is not None else dict(stored.data)
 
     async def close(self) -> None:
-        if self._opened:
-            self._opened = False
+        if self.opened:
+            self.opened = False
             await self.journal.aclose()
 
     async def __aenter__(self) -> SeedJournal:
-        await self._ready()
+        await self.ready()
         return self
 
     async def __aexit__(
@@ -294,10 +294,10 @@ class ReplayEngine:
             self._seed = journal
         else:  # one of our journals, opened by its owner
             self._seed = SeedJournal(journal)
-            self._seed._opened = True
+            self._seed.opened = True
 
     async def recover(self, process_id: str) -> Recovery:
-        journal = await self._seed._ready()
+        journal = await self._seed.ready()
         process = RecoveredProcess(process_id, lifecycle_state="created")
         stored_checkpoint = await journal.last_checkpoint(process_id)
         after = 0

@@ -30,8 +30,10 @@ def mount_console(app: Starlette, server: DurableServer, path: str = PATH) -> No
 
     from .app import console_app
 
-    manager = getattr(server._lowlevel_server, "_session_manager", None)
-    security = getattr(manager, "security_settings", None)
+    try:
+        security = server.session_manager.security_settings
+    except RuntimeError:  # no streamable HTTP app built: no Host/Origin settings to share
+        security = None
     app.router.routes.append(Mount(path, console_app(ServerSource(server), security)))
 
 

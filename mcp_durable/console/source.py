@@ -90,7 +90,7 @@ class ServerSource:
 
     def __init__(self, server: DurableServer) -> None:
         self.server = server
-        self.verifier: TokenVerifier | None = server._token_verifier
+        self.verifier: TokenVerifier | None = server.token_verifier
         self.journal_url = display_url(server.journal.url)
 
     @property

@@ -108,7 +108,7 @@ class LeaseKeeper:
 
     # -- asyncio: one timer ------------------------------------------------------------------------
 
-    def _hold(
+    def hold(
         self, identity: CallIdentity, fence: Fence, policy: ToolPolicy, on_lost: OnLost, lease_until: float
     ) -> _Held:
         assert self._loop is not None
@@ -120,7 +120,7 @@ class LeaseKeeper:
             self._schedule(at)
         return held
 
-    def _release(self, held: _Held) -> None:
+    def release(self, held: _Held) -> None:
         if self._held.get(held.identity) is held:
             del self._held[held.identity]
         if held.renewal is not None and not held.renewal.done():
@@ -153,7 +153,7 @@ class LeaseKeeper:
 
     def _lose(self, held: _Held, why: Reason) -> None:
         """Stop renewing `held` and tell its run why it must stop (once)."""
-        self._release(held)
+        self.release(held)
         if not held.lost:
             held.lost = True
             held.on_lost(why)
@@ -200,13 +200,13 @@ class _Holding:
         self.held: _Held | None = None
 
     async def __aenter__(self) -> None:
-        self.held = self.keeper._hold(self.identity, self.fence, self.policy, self.on_lost, self.lease_until)
+        self.held = self.keeper.hold(self.identity, self.fence, self.policy, self.on_lost, self.lease_until)
 
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self.held is not None:
-            self.keeper._release(self.held)
+            self.keeper.release(self.held)
 
 
 @asynccontextmanager

@@ -61,7 +61,7 @@ class Verdict:
         """The action as the audit entry names it."""
         raise NotImplementedError
 
-    def _suffix(self) -> str:
+    def suffix(self) -> str:
         return f": {self.note}" if self.note else ""
 
 
@@ -139,7 +139,7 @@ def judge(
     if record is None or record.is_expired(now):
         raise CallNotFoundError(identity.tool, identity.key)
     state = record.state
-    suffix = verdict._suffix()
+    suffix = verdict.suffix()
     if isinstance(verdict, Cancel):
         if state not in (CallState.PENDING, CallState.IN_DOUBT):
             raise OperatorError(

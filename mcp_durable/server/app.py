@@ -24,6 +24,7 @@ import anyio
 import orjson
 from mcp import MCPError
 from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import ProviderTokenVerifier, TokenVerifier
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
@@ -65,6 +66,13 @@ from .resources import (
     maintenance_body,
 )
 from .results import META_REPLAYED, OutputSchemas, answer, asks_for_input, dump_result, protocol_error_result, refusal
+from .sdk_internals import (
+    bare_tools_call_handler,
+    lowlevel_server,
+    registered_tool,
+    request_meta,
+    subscription_bus,
+)
 from .tasks import TaskProtocol, TasksExtension, skip_idle_interceptor
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
@@ -169,8 +177,13 @@ class DurableServer(MCPServer[Any]):
             kwargs["version"] = __version__
         # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
         tasks_extension = TasksExtension()
-        kwargs["extensions"] = [*(kwargs.get("extensions") or ()), tasks_extension]
+        extensions = kwargs["extensions"] = [*(kwargs.get("extensions") or ()), tasks_extension]
         super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
+        #: What verifies bearer tokens on HTTP (None: no auth), as the SDK builds it from the same
+        #: arguments; the console verifies its sign-in tokens with it.
+        self.token_verifier: TokenVerifier | None = kwargs.get("token_verifier")
+        if self.token_verifier is None and kwargs.get("auth_server_provider") is not None:
+            self.token_verifier = ProviderTokenVerifier(kwargs["auth_server_provider"])
         if journal is None or isinstance(journal, str):
             store = create_journal(journal or default_journal_url(from_env))
         else:
@@ -209,12 +222,12 @@ class DurableServer(MCPServer[Any]):
         self.middleware.append(self.tasks.middleware)
         # The SDK wraps every `tools/call` in its extensions' interceptors; ours acts only on calls
         # that may become tasks, so the others skip the chain (server/tasks.py).
-        composed = self._lowlevel_server.get_request_handler("tools/call")
+        composed = lowlevel_server(self).get_request_handler("tools/call")
         assert composed is not None  # MCPServer registers it, wrapped in the interceptors
-        self._lowlevel_server.add_request_handler(
+        lowlevel_server(self).add_request_handler(
             "tools/call",
             composed.params_type,
-            skip_idle_interceptor(self._extensions, composed.handler, self._handle_call_tool, self),
+            skip_idle_interceptor(extensions, composed.handler, bare_tools_call_handler(self), self),
         )
         self.engine.listeners.append(self.tasks.on_change)
         self.engine.task_resumer = self._resume_task
@@ -264,22 +277,23 @@ class DurableServer(MCPServer[Any]):
                 security=resource.security,
             )
             register(answering_durable_errors(resource.read))
-        install_read_context(self._lowlevel_server)
+        install_read_context(lowlevel_server(self))
         return views
 
     def _register_notifications(self) -> JournalNotifier:
         """Record changes announced in both protocol eras, scoped by principal (server/notifications.py)."""
-        notifier = JournalNotifier(self, self._subscriptions)
+        notifier = JournalNotifier(self, subscription_bus(self))
         self.engine.listeners.append(notifier.on_change)
-        lowlevel = self._lowlevel_server
+        lowlevel = lowlevel_server(self)
         lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, notifier.subscribe)
         lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, notifier.unsubscribe)
         if lowlevel.get_request_handler("subscriptions/listen") is not None:  # None: `subscriptions=False`
             lowlevel.add_request_handler(
                 "subscriptions/listen", SubscriptionsListenRequestParams, notifier.listen_handler()
             )
-        if isinstance(self._subscriptions, ScopedSubscriptionBus):  # e.g. PgSubscriptionBus: across replicas
-            notifier.forward_across(self._subscriptions)
+        bus = subscription_bus(self)
+        if isinstance(bus, ScopedSubscriptionBus):  # e.g. PgSubscriptionBus: across replicas
+            notifier.forward_across(bus)
         return notifier
 
     def _register_tools(self, tools: Sequence[ToolSpec]) -> None:
@@ -409,13 +423,13 @@ class DurableServer(MCPServer[Any]):
         tool_name = name or fn.__name__
         if policy is not None:
             try:
-                _check_fingerprint_names(tool_name, policy, self._tool_manager.get_tool(tool_name))
+                _check_fingerprint_names(tool_name, policy, registered_tool(self, tool_name))
             except ConfigError:
                 self.remove_tool(tool_name)  # never left registered without its durability
                 raise
             _warn_if_interactive_undeclared(tool_name, policy, fn)
             self.policies[tool_name] = policy
-            tool = self._tool_manager.get_tool(tool_name)
+            tool = registered_tool(self, tool_name)
             if tool is not None:
                 prevalidated.install(tool)  # the face validates; the SDK need not again
                 self._prepared[tool_name] = PreparedTool(tool, policy, _encoder(tool))
@@ -460,14 +474,14 @@ class DurableServer(MCPServer[Any]):
 
     def output_schema_of(self, tool: str) -> dict[str, Any] | None:
         """The output schema `tool` declares to clients (None: none, or no such tool)."""
-        registered = self._tool_manager.get_tool(tool)
+        registered = registered_tool(self, tool)
         return registered.output_schema if registered is not None else None
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
         policy = self.policies.get(name)
-        tool = self._tool_manager.get_tool(name)
+        tool = registered_tool(self, name)
         if policy is None or tool is None:
             try:
                 return await super().call_tool(name, arguments, context)
@@ -574,11 +588,11 @@ class DurableServer(MCPServer[Any]):
 
     def _bare_context(self) -> Context[Any, Any]:
         """The context `MCPServer.call_tool` makes for a call without one (a task run in the background)."""
-        return Context(mcp_server=self, subscriptions=self._subscriptions)
+        return Context(mcp_server=self, subscriptions=subscription_bus(self))
 
     def result_encoder(self, name: str) -> Encoder | None:
         """How a value a reconcile hook found for tool `name` becomes its stored result (None: not a tool here)."""
-        tool = self._tool_manager.get_tool(name)
+        tool = registered_tool(self, name)
         return None if tool is None else _encoder(tool)
 
     async def _after_recovery_pass(self, report: ReconcilePass) -> None:
@@ -720,7 +734,7 @@ class DurableServer(MCPServer[Any]):
         `limits.LimitExceeded` (bad arguments) or a `DurableError` (the call is refused).
         """
         policy = self.policies[name]
-        tool = self._tool_manager.get_tool(name)
+        tool = registered_tool(self, name)
         assert tool is not None
         model, validated, canonical = self._validated(tool, name, arguments)
         return await self.engine.submit(
@@ -744,7 +758,7 @@ class DurableServer(MCPServer[Any]):
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
         name = record.identity.tool
         policy = self.policies.get(name)
-        tool = self._tool_manager.get_tool(name)
+        tool = registered_tool(self, name)
         if policy is None or tool is None or record.arguments is None:
             return  # the tool is gone: the task stays in doubt for an operator
         arguments = orjson.loads(record.arguments)
@@ -805,11 +819,7 @@ def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None
     if context is None:
         return None
     try:
-        # `Context.request_context` is a pydantic private attribute behind `__getattr__`, several
-        # µs on every durable call; its storage (`__pydantic_private__`) is read directly first.
-        private = context.__pydantic_private__
-        request = private.get("_request_context") if private else None
-        meta = (request if request is not None else context.request_context).meta
+        meta = request_meta(context)
     except (ValueError, AttributeError, LookupError):
         return None
     if meta is None:

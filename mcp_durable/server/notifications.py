@@ -40,6 +40,7 @@ from ..journal.model import CallRecord
 from ..uris import STATS_URI, record_uri
 from .ports import DurableHost, ScopedSubscriptionBus
 from .redact import SensitiveNames
+from .sdk_internals import connection_of
 
 logger = logging.getLogger(__name__)
 SEND_TIMEOUT = 2.0
@@ -60,6 +61,11 @@ class PrincipalBus:
         self._listeners: dict[object, tuple[Callable[[ServerEvent], None], str | None]] = {}
         self._is_admin = is_admin
         inner.subscribe(self._deliver_all)  # the server's own events keep reaching every stream
+
+    @property
+    def listened_to(self) -> bool:
+        """Whether any stream listens now."""
+        return bool(self._listeners)
 
     def _deliver_all(self, event: ServerEvent) -> None:
         for listener, _ in list(self._listeners.values()):
@@ -97,7 +103,7 @@ def _connection_id(ctx: ServerRequestContext[Any, Any]) -> int:
     """The identity of the client connection a request came on. `ctx.session` is built per
     request around the connection; its unsolicited notifications go out on the connection's own
     channel, so any of its sessions can send a subscription's updates after the request ended."""
-    return id(getattr(ctx.session, "_connection", ctx.session))
+    return id(connection_of(ctx.session))
 
 
 class JournalNotifier:
@@ -228,7 +234,9 @@ class JournalNotifier:
         worker per event loop.
         """
         names = self._sensitive_names()
-        nobody_listens = (self._bus is None or not self._bus._listeners) and not self._legacy and self._replicas is None
+        nobody_listens = (
+            (self._bus is None or not self._bus.listened_to) and not self._legacy and self._replicas is None
+        )
         if nobody_listens and names is self._journaled:
             return  # the usual case: nothing to announce, the sensitive names journaled already
         principal = record.identity.principal

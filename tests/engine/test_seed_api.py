@@ -116,7 +116,7 @@ async def test_our_replay_engine_and_the_seeds_read_each_others_entries(tmp_path
         await process.update_context(a=1)
         await process.transition("running")
         seed = SeedJournal(native)
-        seed._opened = True
+        seed.opened = True
         await seed.append(JournalEntry(process_id="p", entry_type="context_update", data={"key": "b", "value": 2}))
         await seed.append(JournalEntry(process_id="p", entry_type="state_transition", data={"to_state": "waiting"}))
 
