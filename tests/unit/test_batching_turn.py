@@ -1,33 +1,15 @@
-"""The batching turn (mcp_durable/journal/turns.py): taken when another task could join a batch,
-skipped when none is ready; the Postgres batcher sends a lone item without any turn of the loop
-and still gathers items submitted together."""
+"""The batching turn (one `anyio.lowlevel.checkpoint` before a batch closes): a task ready to run
+joins the batch; the Postgres batcher sends a lone item alone (`run_one`) and gathers items
+submitted together into one batch."""
 
 from __future__ import annotations
 
 import asyncio
 
+import anyio.lowlevel
+
 from mcp_durable.journal.postgres.batch import Batcher
 from mcp_durable.journal.postgres.journal import BATCH_SLOTS
-from mcp_durable.journal.turns import let_ready_tasks_join, no_task_ready
-from tests.helpers import finished_without_suspending
-
-
-async def test_no_turn_is_taken_when_no_task_is_ready() -> None:
-    await asyncio.sleep(0)  # start from a quiet loop
-    assert no_task_ready()
-    assert finished_without_suspending(let_ready_tasks_join()) == (True, None)
-
-
-async def test_a_cancelled_callback_in_the_ready_queue_is_no_task_that_could_join() -> None:
-    """What psycopg leaves after each statement: the socket's reader callback, queued by the
-    selector and then cancelled by `remove_reader`; the loop drops it unrun."""
-    await asyncio.sleep(0)
-    asyncio.get_running_loop().call_soon(lambda: None).cancel()
-    assert no_task_ready()
-    assert finished_without_suspending(let_ready_tasks_join()) == (True, None)
-    asyncio.get_running_loop().call_soon(lambda: None)  # a live one still counts
-    assert not no_task_ready()
-    await asyncio.sleep(0)
 
 
 async def test_a_ready_task_runs_before_the_batch_closes() -> None:
@@ -37,13 +19,12 @@ async def test_a_ready_task_runs_before_the_batch_closes() -> None:
         joined.append("other")
 
     task = asyncio.get_running_loop().create_task(other())
-    assert not no_task_ready()
-    await let_ready_tasks_join()
+    await anyio.lowlevel.checkpoint()  # what a batch's leader awaits before it takes the batch
     assert joined == ["other"]
     await task
 
 
-async def test_a_lone_item_is_sent_alone_without_a_turn_and_items_submitted_together_share_a_batch() -> None:
+async def test_a_lone_item_is_sent_alone_and_items_submitted_together_share_a_batch() -> None:
     batches: list[list[int]] = []
 
     async def run_batch(items: list[int]) -> list[int]:
@@ -56,7 +37,7 @@ async def test_a_lone_item_is_sent_alone_without_a_turn_and_items_submitted_toge
 
     batcher: Batcher[int, int] = Batcher(run_batch, slots=2, run_one=run_one)
     await asyncio.sleep(0)
-    assert finished_without_suspending(batcher.submit(1)) == (True, 10)  # no turn of the loop
+    assert await batcher.submit(1) == 10
     results = await asyncio.gather(*(batcher.submit(n) for n in (2, 3, 4)))
     assert results == [20, 30, 40]
     assert batches == [[1], [2, 3, 4]]
