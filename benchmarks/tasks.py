@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -41,43 +41,66 @@ async def _create(client: Client, n: int) -> dict[str, Any]:
     return result
 
 
+#: One measured variant: its cell (journal name, kind) and one request of it.
+Variant = tuple[tuple[str, str], Callable[[], Awaitable[Any]]]
+
+
 async def run(settings: Settings) -> CaseResult:
+    """The case: every variant on every journal measured in interleaved rounds, then its table."""
     result = CaseResult("tasks")
     rounds = settings.pick(4, 60)
     per_round = 10
     urls = {name: url for name, url in journal_urls(settings).items() if name in ("memory", "file", "sqlite")}
-    samples: dict[tuple[str, str], list[float]] = {}
     fresh = itertools.count(1)
     async with AsyncExitStack() as stack:
-        variants: list[tuple[tuple[str, str], Callable[[], Awaitable[Any]]]] = []
+        variants: list[Variant] = []
         for name, url in urls.items():
             client = await stack.enter_async_context(Client(task_server(url), mode="legacy"))
-            done = (await _create(client, -1))["task"]["taskId"]
-            with_client = client
+            variants += await _variants(name, client, fresh)
+        samples = await _measure(variants, rounds, per_round)
+    result.tables.append(_table(urls, samples, rounds, per_round))
+    return result
 
-            async def plain(c: Client = with_client) -> None:
-                check_result(await c.call_tool(TOOL, {"n": next(fresh)}), replayed=False)
 
-            async def create(c: Client = with_client) -> None:
-                if (await _create(c, next(fresh)))["task"]["status"] not in ("working", "completed"):
-                    raise BenchmarkError("a task-creating call did not answer with a task")
+async def _variants(name: str, client: Client, fresh: Iterator[int]) -> list[Variant]:
+    """The three variants on one journal's client (`fresh` numbers each new key): a plain durable
+    call, a task-creating call, and `tasks/get` of a task created (and finished) here."""
+    done = (await _create(client, -1))["task"]["taskId"]
 
-            async def get(c: Client = with_client, task_id: str = done) -> None:
-                if (await _tasks_get(c, task_id))["taskId"] != task_id:
-                    raise BenchmarkError("tasks/get answered for another task")
+    async def plain() -> None:
+        check_result(await client.call_tool(TOOL, {"n": next(fresh)}), replayed=False)
 
-            variants += [((name, "plain"), plain), ((name, "create"), create), ((name, "get"), get)]
-        for _, call in variants:  # warm up every path
-            for _ in range(10):
+    async def create() -> None:
+        if (await _create(client, next(fresh)))["task"]["status"] not in ("working", "completed"):
+            raise BenchmarkError("a task-creating call did not answer with a task")
+
+    async def get() -> None:
+        if (await _tasks_get(client, done))["taskId"] != done:
+            raise BenchmarkError("tasks/get answered for another task")
+
+    return [((name, "plain"), plain), ((name, "create"), create), ((name, "get"), get)]
+
+
+async def _measure(variants: list[Variant], rounds: int, per_round: int) -> dict[tuple[str, str], list[float]]:
+    """Every variant warmed up (10 requests), then `rounds` rounds in a new seeded order each, of
+    `per_round` timed requests per variant; returns each cell's samples (seconds)."""
+    samples: dict[tuple[str, str], list[float]] = {}
+    for _, call in variants:  # warm up every path
+        for _ in range(10):
+            await call()
+    for round_number in range(rounds):
+        order = list(variants)
+        random.Random(round_number).shuffle(order)
+        for key, call in order:
+            for _ in range(per_round):
+                began = time.perf_counter()
                 await call()
-        for round_number in range(rounds):
-            order = list(variants)
-            random.Random(round_number).shuffle(order)
-            for key, call in order:
-                for _ in range(per_round):
-                    began = time.perf_counter()
-                    await call()
-                    samples.setdefault(key, []).append(time.perf_counter() - began)
+                samples.setdefault(key, []).append(time.perf_counter() - began)
+    return samples
+
+
+def _table(urls: dict[str, str], samples: dict[tuple[str, str], list[float]], rounds: int, per_round: int) -> Table:
+    """The case's table: per journal, the median of each variant and their ratios to plain."""
     table = Table(
         "8. MCP tasks, in-memory client, 2025-11-25 (median per request)",
         ["journal", "plain durable call", "task creation", "creation / plain", "tasks/get", "tasks/get / plain"],
@@ -90,5 +113,4 @@ async def run(settings: Settings) -> CaseResult:
     for name in urls:
         plain_s, create_s, get_s = (median(samples[(name, kind)]) for kind in ("plain", "create", "get"))
         table.add(name, us(plain_s), us(create_s), ratio(create_s / plain_s), us(get_s), ratio(get_s / plain_s))
-    result.tables.append(table)
-    return result
+    return table

@@ -105,47 +105,82 @@ class ToolPolicy:
     task_after: float = 1.0
 
     def __post_init__(self) -> None:
+        """Validate every field, raising `ConfigError` on the first one that is wrong (in this
+        order), and normalise the name sequences to tuples (a bare string is one name)."""
+        self._check_key_mode_and_durations()
+        self._check_error_handling()
+        self._check_key_sources()
+        self._normalise_bare_names()
+        self._check_counts_and_retention()
+        self._check_in_doubt()
+        self._check_task_fields()
+        self._normalise_name_tuples()
+        self._check_fingerprint_and_key_sources()
+
+    def _check_key_mode_and_durations(self) -> None:
+        """`key` is a known mode; `wait`, `lease` and `timeout` are usable durations."""
         if self.key not in ("auto", "required"):
             raise ConfigError(f"key must be 'auto' or 'required', not {self.key!r}")
         if not (self.wait >= 0 and self.lease > 0):  # written so NaN fails too
             raise ConfigError("wait must be >= 0 and lease > 0 seconds")
         if self.timeout is not None and not self.timeout > 0:
             raise ConfigError("timeout must be positive seconds, or None for runs without a bound")
+
+    def _check_error_handling(self) -> None:
+        """`tool_errors` and `exceptions` are each "persist" or "release"."""
         if self.tool_errors not in ("persist", "release") or self.exceptions not in ("persist", "release"):
             raise ConfigError(
                 f"tool_errors and exceptions must be 'persist' or 'release', "
                 f"not {self.tool_errors!r} / {self.exceptions!r}"
             )
+
+    def _check_key_sources(self) -> None:
+        """`key_argument` is a non-empty name; `key_fn` and `reconcile` are callables when given."""
         if self.key_argument is not None and (not isinstance(self.key_argument, str) or not self.key_argument):
             raise ConfigError(f"key_argument must be an argument name, not {self.key_argument!r}")
         if (self.key_fn is not None and not callable(self.key_fn)) or (
             self.reconcile is not None and not callable(self.reconcile)
         ):
             raise ConfigError("key_fn and reconcile must be callables")
-        # A bare string is one field name, not a sequence of one-letter fields.
+
+    def _normalise_bare_names(self) -> None:
+        """A bare string in `key_fields` or `sensitive` is one field name, not a sequence of
+        one-letter fields."""
         if isinstance(self.key_fields, str):
             object.__setattr__(self, "key_fields", (self.key_fields,))
         if isinstance(self.sensitive, str):
             object.__setattr__(self, "sensitive", (self.sensitive,))
+
+    def _check_counts_and_retention(self) -> None:
+        """`key_fields` names at least one argument (or is None); `max_attempts` is at least 1;
+        `retention` is positive (or None)."""
         if self.key_fields is not None and not self.key_fields:
             raise ConfigError("key_fields must name at least one argument (or be None)")
         if self.max_attempts < 1:
             raise ConfigError("max_attempts must be at least 1")
         if self.retention is not None and self.retention <= 0:
             raise ConfigError("retention must be positive seconds, or None to keep records forever")
+
+    def _check_in_doubt(self) -> None:
+        """`in_doubt` is a known policy (or None), and "reconcile" comes with its hook."""
         if self.in_doubt not in (None, "retry", "reconcile", "refuse"):
             raise ConfigError(f"in_doubt must be 'retry', 'reconcile' or 'refuse', not {self.in_doubt!r}")
         if self.in_doubt == "reconcile" and self.reconcile is None:
             raise ConfigError("in_doubt='reconcile' needs a reconcile hook")
+
+    def _check_task_fields(self) -> None:
+        """`task_support` is a known level; `task_after` is >= 0 seconds (NaN fails)."""
         if self.task_support not in ("forbidden", "optional", "required"):
             raise ConfigError(f"task_support must be 'forbidden', 'optional' or 'required', not {self.task_support!r}")
         if not self.task_after >= 0:
             raise ConfigError("task_after must be >= 0 seconds")
+
+    def _normalise_name_tuples(self) -> None:
+        """`key_fields` (when given) and `sensitive` become tuples, whatever sequence was passed."""
         if self.key_fields is not None and not isinstance(self.key_fields, tuple):
             object.__setattr__(self, "key_fields", tuple(self.key_fields))
         if not isinstance(self.sensitive, tuple):
             object.__setattr__(self, "sensitive", tuple(self.sensitive))
-        self._check_fingerprint_and_key_sources()
 
     def _check_fingerprint_and_key_sources(self) -> None:
         for name in ("fingerprint_fields", "fingerprint_exclude", "key_meta"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,12 @@ async def verify_url(url: str, progress: Progress | None = None) -> VerifyReport
 
 
 def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
-    """Check a SQLite journal file page by page, then row by row."""
+    """Check a SQLite journal file page by page, then row by row.
+
+    Raises `ConfigError` when there is no file at `path`; every other fault is a `Problem` in the
+    report. The problems found before the file turned unreadable are kept, followed by the one
+    saying so; when none of them has a byte offset, a walk of the b-trees looks for the damaged
+    page. `progress` is called every 100 records, then once with the total."""
     if not path.is_file():
         raise ConfigError(f"no SQLite journal at {path}")
     problems: list[Problem] = []
@@ -60,32 +65,12 @@ def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
     except sqlite3.Error as exc:
         return VerifyReport(0, [Problem(where, -1, f"cannot open: {exc}")])
     try:
-        page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-        for (message,) in conn.execute("PRAGMA integrity_check(1000)"):
-            if message == "ok":
-                continue
-            page = _PAGE_MESSAGE.search(message)
-            offset = (int(page.group(1)) - 1) * page_size if page else -1
-            problems.append(Problem(where, offset, f"integrity_check: {message}"))
-        # `reason` came with schema 3: a file not migrated yet has none (the journal reads those
-        # rows with `legacy_reason`), so it is read only where it exists.
-        has_reason = "reason" in {column[1] for column in conn.execute("PRAGMA table_info(calls)")}
-        rows = conn.execute(
-            "SELECT rowid, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, "
-            f"result, arguments, {'reason' if has_reason else 'NULL'} FROM calls"
-        )
-        for row in rows:
+        for problem in _integrity_check(conn, where):
+            problems.append(problem)
+        for row_problem in _row_problems(conn, where):
             records += 1
-            reason = _bad_call_row(row)
-            if reason:
-                problems.append(Problem(f"{where} (table calls, rowid {row[0]}: {row[2]}/{row[3]})", -1, reason))
-            if progress is not None and records % 100 == 0:
-                progress(records, None)
-        for seq, data, ts in conn.execute("SELECT seq, data, ts FROM entries"):
-            records += 1
-            reason = _bad_json(data, "data", want_object=True) or (None if isinstance(ts, float | int) else "ts")
-            if reason:
-                problems.append(Problem(f"{where} (table entries, seq {seq})", -1, reason))
+            if row_problem is not None:
+                problems.append(row_problem)
             if progress is not None and records % 100 == 0:
                 progress(records, None)
     except sqlite3.DatabaseError as exc:
@@ -98,6 +83,36 @@ def verify_sqlite(path: Path, progress: Progress | None = None) -> VerifyReport:
     if progress is not None:
         progress(records, records)
     return VerifyReport(records, problems)
+
+
+def _integrity_check(conn: sqlite3.Connection, where: str) -> Iterator[Problem]:
+    """`PRAGMA integrity_check`'s findings, each at the byte offset of the page it names (-1 when
+    it names none). A generator: what it found before an error is already yielded."""
+    page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+    for (message,) in conn.execute("PRAGMA integrity_check(1000)"):
+        if message == "ok":
+            continue
+        page = _PAGE_MESSAGE.search(message)
+        offset = (int(page.group(1)) - 1) * page_size if page else -1
+        yield Problem(where, offset, f"integrity_check: {message}")
+
+
+def _row_problems(conn: sqlite3.Connection, where: str) -> Iterator[Problem | None]:
+    """One item per record, every row of `calls` then every row of `entries`: the problem with
+    it, or None when it decodes as the journal would read it."""
+    # `reason` came with schema 3: a file not migrated yet has none (the journal reads those
+    # rows with `legacy_reason`), so it is read only where it exists.
+    has_reason = "reason" in {column[1] for column in conn.execute("PRAGMA table_info(calls)")}
+    rows = conn.execute(
+        "SELECT rowid, principal, tool, key, fingerprint, state, version, attempts, created_at, updated_at, "
+        f"result, arguments, {'reason' if has_reason else 'NULL'} FROM calls"
+    )
+    for row in rows:
+        reason = _bad_call_row(row)
+        yield Problem(f"{where} (table calls, rowid {row[0]}: {row[2]}/{row[3]})", -1, reason) if reason else None
+    for seq, data, ts in conn.execute("SELECT seq, data, ts FROM entries"):
+        reason = _bad_json(data, "data", want_object=True) or (None if isinstance(ts, float | int) else "ts")
+        yield Problem(f"{where} (table entries, seq {seq})", -1, reason) if reason else None
 
 
 def _bad_json(value: Any, name: str, *, want_object: bool = False) -> str | None:

@@ -166,34 +166,53 @@ class TaskProtocol:
         """Server middleware: the 2025-11-25 task surface, which a handler's result cannot carry,
         and 2026-07-28 task subscriptions."""
         if _modern(ctx):
-            if ctx.method == "subscriptions/listen":
-                wanted = ((ctx.params or {}).get("notifications") or {}).get("taskIds")
-                if wanted is not None:
-                    with refusals_as_jsonrpc():
-                        return await self.listen(ctx, wanted)
-            return await call_next(ctx)
-        method = ctx.method
-        if method == "tools/call":
-            params = ctx.params or {}
-            name = params.get("name")
-            support = self.task_support(name)
-            if params.get("task") is not None and ctx.protocol_version in LEGACY_VERSIONS:
-                if support == "forbidden":
-                    raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task augmentation")
-                arguments = params.get("arguments") or {}
-                if not isinstance(arguments, dict):
-                    raise MCPError(code=INVALID_PARAMS, message="arguments must be an object")
-                assert isinstance(name, str)
-                record = await self._create(ctx, name, arguments)
-                self._watch(ctx, record)
-                return {"task": self.legacy_task(record)}
-            if support == "required":
-                raise MCPError(
-                    code=METHOD_NOT_FOUND,
-                    message=f"Tool {name!r} requires task augmentation (taskSupport: 'required')",
-                )
-            return await call_next(ctx)
+            return await self._modern_request(ctx, call_next)
+        if ctx.method == "tools/call":
+            return await self._legacy_tools_call(ctx, call_next)
         result = await call_next(ctx)
+        self._advertise_legacy_tasks(ctx, result)
+        return result
+
+    async def _modern_request(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        """A 2026-07-28 request: `subscriptions/listen` naming `notifications.taskIds` is served
+        by `listen` (refusals as JSON-RPC errors); every other request goes on unchanged."""
+        if ctx.method == "subscriptions/listen":
+            wanted = ((ctx.params or {}).get("notifications") or {}).get("taskIds")
+            if wanted is not None:
+                with refusals_as_jsonrpc():
+                    return await self.listen(ctx, wanted)
+        return await call_next(ctx)
+
+    async def _legacy_tools_call(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        """A pre-2026-07-28 `tools/call`: with `params.task` on 2025-11-25 it creates a task and
+        answers `{"task": …}` (-32601 for a tool whose task support is "forbidden", -32602 for
+        arguments that are not an object); without it, a task-required tool is refused (-32601)
+        and any other call goes on unchanged."""
+        params = ctx.params or {}
+        name = params.get("name")
+        support = self.task_support(name)
+        if params.get("task") is not None and ctx.protocol_version in LEGACY_VERSIONS:
+            if support == "forbidden":
+                raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task augmentation")
+            arguments = params.get("arguments") or {}
+            if not isinstance(arguments, dict):
+                raise MCPError(code=INVALID_PARAMS, message="arguments must be an object")
+            assert isinstance(name, str)
+            record = await self._create(ctx, name, arguments)
+            self._watch(ctx, record)
+            return {"task": self.legacy_task(record)}
+        if support == "required":
+            raise MCPError(
+                code=METHOD_NOT_FOUND,
+                message=f"Tool {name!r} requires task augmentation (taskSupport: 'required')",
+            )
+        return await call_next(ctx)
+
+    def _advertise_legacy_tasks(self, ctx: ServerRequestContext[Any, Any], result: HandlerResult) -> None:
+        """Add the legacy task surface to a pre-2026-07-28 answer, in place: `capabilities.tasks`
+        to `initialize` when any tool supports tasks, `execution.taskSupport` to each such tool
+        of a 2025-11-25 `tools/list`. Any other answer is left as it is."""
+        method = ctx.method
         if method == "initialize" and isinstance(result, dict) and self.any_task_tools():
             capabilities = result.setdefault("capabilities", {})
             capabilities["tasks"] = LEGACY_CAPABILITY
@@ -202,7 +221,6 @@ class TaskProtocol:
                 support = self.task_support(tool.get("name"))
                 if support != "forbidden":
                     tool["execution"] = {**tool.get("execution", {}), "taskSupport": support}
-        return result
 
     def _watch(self, ctx: ServerRequestContext[Any, Any], record: CallRecord) -> None:
         if record.task_id is not None and not task_view(record, self._policy(record)).terminal:

@@ -122,48 +122,25 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
 
 
 async def boot(request: dict[str, Any], report: dict[str, Any]) -> None:
+    """The next boot of the state, recorded in `report`: its outcome ("opened", "refused" or
+    "crash", with the error), and once opened the repairs recovery made, the orphaned claims
+    it marked in doubt and what it lost of `request`'s acks, claims and steps (what was found
+    lost before a crash while reading back is kept)."""
     kind, root = request["kind"], Path(request["root"])
     journal = open_journal(kind, root)
     engine = Engine(journal)
-    try:
-        await engine.start()
-    except DurableError as exc:
-        report["outcome"] = "refused"
-        report["error"] = f"{type(exc).__name__}: {exc}"
+    if not await _start(engine, report):
         return
-    except Exception as exc:  # noqa: BLE001 - a crash is what the harness counts
-        report["outcome"] = "crash"
-        report["error"] = "".join(traceback.format_exception(exc))
-        return
-    report["outcome"] = "opened"
     recovery = journal.recovery
     report["problems"] = list(recovery.problems) if recovery is not None else []
     report["orphans_in_doubt"] = engine.orphans_found
-    lost_acks, lost_claims, lost_steps = [], [], []
+    lost_acks: list[list[Any]] = []
+    lost_claims: list[list[Any]] = []
+    lost_steps: list[list[Any]] = []
     try:
-        for principal, tool, key, payload, failed, expires, at in request["acks"]:
-            record = await journal.get(CallIdentity(principal, tool, key))
-            if record is None:
-                if not expires:
-                    lost_acks.append([tool, key, "absent"])
-                continue
-            if expires and record.created_at > at:
-                continue  # its retention ended and the key was claimed afresh (workload clock)
-            want = CallState.FAILED.value if failed else CallState.COMPLETED.value
-            if record.state.value != want:
-                lost_acks.append([tool, key, f"state {record.state.value}, acknowledged {want}"])
-            elif record.result != payload.encode():
-                lost_acks.append([tool, key, "result differs from the acknowledged bytes"])
-        for principal, tool, key, expires in request["claims"]:
-            if not expires and await journal.get(CallIdentity(principal, tool, key)) is None:
-                lost_claims.append([tool, key])
-        by_process: dict[str, dict[int, Any]] = {}
-        for process_id, index, result in request["steps"]:
-            if process_id not in by_process:
-                entries = await journal.entries(process_id=process_id)
-                by_process[process_id] = {e.data["index"]: e.data["result"] for e in entries if e.entry_type == "step"}
-            if by_process[process_id].get(index, KeyError) != result:
-                lost_steps.append([process_id, index])
+        await _find_lost_acks(journal, request["acks"], lost_acks)
+        await _find_lost_claims(journal, request["claims"], lost_claims)
+        await _find_lost_steps(journal, request["steps"], lost_steps)
     except Exception as exc:  # noqa: BLE001 - reading back what recovery kept must not fail
         report["outcome"] = "crash"
         report["error"] = "reading back: " + "".join(traceback.format_exception(exc))
@@ -171,6 +148,61 @@ async def boot(request: dict[str, Any], report: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):
             await engine.aclose()
     report.update(lost_acks=lost_acks, lost_claims=lost_claims, lost_steps=lost_steps)
+
+
+async def _start(engine: Engine, report: dict[str, Any]) -> bool:
+    """Start the engine (recovery included); records the outcome in `report` and returns whether
+    it opened. A `DurableError` is a refusal, any other exception a crash."""
+    try:
+        await engine.start()
+    except DurableError as exc:
+        report["outcome"] = "refused"
+        report["error"] = f"{type(exc).__name__}: {exc}"
+        return False
+    except Exception as exc:  # noqa: BLE001 - a crash is what the harness counts
+        report["outcome"] = "crash"
+        report["error"] = "".join(traceback.format_exception(exc))
+        return False
+    report["outcome"] = "opened"
+    return True
+
+
+async def _find_lost_acks(journal: Journal, acks: list[list[Any]], lost: list[list[Any]]) -> None:
+    """Append to `lost` each acknowledged result the journal no longer holds as acknowledged:
+    absent, in another state, or with other bytes. A result whose retention ended is not lost
+    when it is absent, nor when its key was claimed afresh after it (workload clock)."""
+    for principal, tool, key, payload, failed, expires, at in acks:
+        record = await journal.get(CallIdentity(principal, tool, key))
+        if record is None:
+            if not expires:
+                lost.append([tool, key, "absent"])
+            continue
+        if expires and record.created_at > at:
+            continue  # its retention ended and the key was claimed afresh (workload clock)
+        want = CallState.FAILED.value if failed else CallState.COMPLETED.value
+        if record.state.value != want:
+            lost.append([tool, key, f"state {record.state.value}, acknowledged {want}"])
+        elif record.result != payload.encode():
+            lost.append([tool, key, "result differs from the acknowledged bytes"])
+
+
+async def _find_lost_claims(journal: Journal, claims: list[list[Any]], lost: list[list[Any]]) -> None:
+    """Append to `lost` each durable claim (of a tool without retention) the journal no longer holds."""
+    for principal, tool, key, expires in claims:
+        if not expires and await journal.get(CallIdentity(principal, tool, key)) is None:
+            lost.append([tool, key])
+
+
+async def _find_lost_steps(journal: Journal, steps: list[list[Any]], lost: list[list[Any]]) -> None:
+    """Append to `lost` each acknowledged durable step whose result the journal no longer holds
+    (the step entries of each process are read once)."""
+    by_process: dict[str, dict[int, Any]] = {}
+    for process_id, index, result in steps:
+        if process_id not in by_process:
+            entries = await journal.entries(process_id=process_id)
+            by_process[process_id] = {e.data["index"]: e.data["result"] for e in entries if e.entry_type == "step"}
+        if by_process[process_id].get(index, KeyError) != result:
+            lost.append([process_id, index])
 
 
 def main() -> None:

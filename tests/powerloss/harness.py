@@ -132,10 +132,26 @@ def record(options: Options, workdir: Path, *, first_key: int = 0, existing: boo
 
 
 def windows(events: list[Event], kind: str) -> list[str]:
-    """For each event, the window it lies in (`run` outside every named one)."""
+    """For each event, the window it lies in (`run` outside every named one).
+
+    The workload's own begin/end markers name windows first; then each event that starts a
+    window of the journal `kind` (`_file_window`, `_sqlite_window`) names the events around it
+    that no window named yet."""
     names = ["run"] * len(events)
+    _mark_workload_windows(events, names)
+    starts_window = _file_window if kind == "file" else _sqlite_window
+    for ev in events:
+        found = starts_window(ev)
+        if found is not None:
+            name, until = found
+            _mark_window(events, names, ev.index, name, until)
+    return names
+
+
+def _mark_workload_windows(events: list[Event], names: list[str]) -> None:
+    """Name every event from a workload `window` marker's begin to its end (both included)."""
     open_at: dict[str, int] = {}
-    for ev in events:  # the workload's own begin/end markers
+    for ev in events:
         m = ev.marker
         if m is not None and m.get("m") == "window":
             if m["phase"] == "begin":
@@ -144,31 +160,42 @@ def windows(events: list[Event], kind: str) -> list[str]:
                 for i in range(open_at.pop(m["name"]), ev.index + 1):
                     names[i] = m["name"]
 
-    def mark(start: int, name: str, until: str, limit: int = 40) -> None:
-        stop = start
-        while stop < min(len(events), start + limit) and until not in events[stop].label:
-            stop += 1
-        for i in range(max(0, start - 3), min(len(events), stop + 3)):
-            if names[i] == "run":
-                names[i] = name
 
-    for ev in events:
-        label = ev.label
-        if kind == "file":
-            if label.startswith("create ") and "/seg-" in label and not label.endswith("seg-00000001.log"):
-                mark(ev.index, "rotation", "fsync dir")
-            elif label.startswith("create ") and "/snapshot-" in label:
-                mark(ev.index, "snapshot", "unlink")
-            elif label.startswith(("mkdir", "create")) and ev.index < 15:
-                mark(ev.index, "create", "fsync file seg")
-        else:
-            if label.startswith("write journal.db @"):
-                mark(ev.index, "checkpoint", "fsync file journal.db")
-            elif label.startswith("write journal.db-wal @0+32"):
-                mark(ev.index, "wal-reset", "fsync")
-            elif label.startswith(("unlink", "mkdir", "create")):
-                mark(ev.index, "create-delete", "fsync")
-    return names
+def _mark_window(events: list[Event], names: list[str], start: int, name: str, until: str, limit: int = 40) -> None:
+    """Name `name` the events from 3 before `start` to 3 after the first one (within `limit` of
+    it) whose label contains `until`, leaving those already in a window as they are."""
+    stop = start
+    while stop < min(len(events), start + limit) and until not in events[stop].label:
+        stop += 1
+    for i in range(max(0, start - 3), min(len(events), stop + 3)):
+        if names[i] == "run":
+            names[i] = name
+
+
+def _file_window(ev: Event) -> tuple[str, str] | None:
+    """The file journal's window `ev` starts, as (name, label that ends it), or None: a segment
+    rotation, a snapshot, or the journal's creation (its first events)."""
+    label = ev.label
+    if label.startswith("create ") and "/seg-" in label and not label.endswith("seg-00000001.log"):
+        return "rotation", "fsync dir"
+    if label.startswith("create ") and "/snapshot-" in label:
+        return "snapshot", "unlink"
+    if label.startswith(("mkdir", "create")) and ev.index < 15:
+        return "create", "fsync file seg"
+    return None
+
+
+def _sqlite_window(ev: Event) -> tuple[str, str] | None:
+    """The SQLite journal's window `ev` starts, as (name, label that ends it), or None: a
+    checkpoint, a WAL reset, or a file created or deleted."""
+    label = ev.label
+    if label.startswith("write journal.db @"):
+        return "checkpoint", "fsync file journal.db"
+    if label.startswith("write journal.db-wal @0+32"):
+        return "wal-reset", "fsync"
+    if label.startswith(("unlink", "mkdir", "create")):
+        return "create-delete", "fsync"
+    return None
 
 
 def plan_cuts(names: list[str], cuts: int, seed: int) -> list[int]:
@@ -280,17 +307,16 @@ class Checker:
 
 
 def judge(report: dict[str, Any]) -> list[tuple[str, str]]:
-    """The violations in one checked state: (kind, detail)."""
-    found: list[tuple[str, str]] = []
+    """The violations in one checked state: (kind, detail).
+
+    A crash or hang is the only violation reported. Otherwise: every acknowledged result, claim
+    and step lost, a refusal, then (when the state holds a journal) where `journal verify`
+    disagrees with recovery (a verify crash ends the list), and a refusal that does not name
+    the damage."""
     outcome = report.get("outcome")
     if outcome in ("crash", "hang"):
         return [(outcome, str(report.get("error", ""))[-1500:])]
-    for tool, key, why in report.get("lost_acks", []):
-        found.append(("lost_ack", f"{tool}/{key}: {why}"))
-    for tool, key in report.get("lost_claims", []):
-        found.append(("lost_claim", f"{tool}/{key}: a durable claim is gone"))
-    for process_id, index in report.get("lost_steps", []):
-        found.append(("lost_step", f"{process_id} step {index}"))
+    found = _lost(report)
     if outcome == "refused":
         # A power loss damages nothing that was synced: a journal with a correct sync discipline
         # can always open what one leaves, so a refusal is a defect too (and loses every result).
@@ -303,18 +329,39 @@ def judge(report: dict[str, Any]) -> list[tuple[str, str]]:
     if outcome == "refused" and before["exit"] == 0:
         found.append(("verify_disagrees", f"open refused ({report.get('error')}) but verify said ok"))
     if outcome == "opened":
-        repaired = bool(report.get("problems"))
-        if repaired and before["exit"] == 0:
-            found.append(("verify_disagrees", f"recovery repaired {report['problems']} but verify said ok"))
-        unexplained = _unexplained(before["problems"], report.get("kept_aside_before", []))
-        if not repaired and unexplained:
-            found.append(("verify_disagrees", f"verify found {unexplained} but recovery found nothing"))
-        after = report.get("verify_after", {})
-        still = _unexplained(after.get("problems", []), report.get("kept_aside_after", []))
-        if after.get("exit") != 0 and (still or not after.get("problems")):
-            found.append(("verify_disagrees", f"after recovery verify still finds {still or after}"))
+        found += _verify_disagrees_with_recovery(report, before)
     if outcome == "refused" and not any(word in str(report.get("error")) for word in ("journal", "corrupt")):
         found.append(("unclear_refusal", str(report.get("error"))))  # a refusal must name the damage
+    return found
+
+
+def _lost(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """A violation for each acknowledged result, durable claim and durable step the checker
+    found lost, in that order."""
+    found: list[tuple[str, str]] = []
+    for tool, key, why in report.get("lost_acks", []):
+        found.append(("lost_ack", f"{tool}/{key}: {why}"))
+    for tool, key in report.get("lost_claims", []):
+        found.append(("lost_claim", f"{tool}/{key}: a durable claim is gone"))
+    for process_id, index in report.get("lost_steps", []):
+        found.append(("lost_step", f"{process_id} step {index}"))
+    return found
+
+
+def _verify_disagrees_with_recovery(report: dict[str, Any], before: dict[str, Any]) -> list[tuple[str, str]]:
+    """For a journal that opened: where `journal verify`, before and after the boot, disagrees
+    with what recovery repaired (damage already copied aside by a recovery is explained)."""
+    found: list[tuple[str, str]] = []
+    repaired = bool(report.get("problems"))
+    if repaired and before["exit"] == 0:
+        found.append(("verify_disagrees", f"recovery repaired {report['problems']} but verify said ok"))
+    unexplained = _unexplained(before["problems"], report.get("kept_aside_before", []))
+    if not repaired and unexplained:
+        found.append(("verify_disagrees", f"verify found {unexplained} but recovery found nothing"))
+    after = report.get("verify_after", {})
+    still = _unexplained(after.get("problems", []), report.get("kept_aside_after", []))
+    if after.get("exit") != 0 and (still or not after.get("problems")):
+        found.append(("verify_disagrees", f"after recovery verify still finds {still or after}"))
     return found
 
 

@@ -138,53 +138,10 @@ class SnapshotError(Exception):
 
 def load(path: Path) -> LoadedSnapshot:
     """Read a snapshot back into a fresh index; raises `SnapshotError` if it is unusable."""
+    header, blobs = _read_sections(path)
     try:
-        with open(path, "rb") as f:
-            header: dict[str, Any] = orjson.loads(f.readline())
-            if header.get("format") != FORMAT or header.get("byteorder") != sys.byteorder:
-                raise SnapshotError("unknown snapshot format")
-            blobs: dict[str, array[Any] | bytes] = {}
-            crc = 0
-            for name, code, nbytes in header["sections"]:
-                raw = f.read(nbytes)
-                if len(raw) != nbytes:
-                    raise SnapshotError("snapshot is shorter than its header says")
-                crc = zlib.crc32(raw, crc)
-                if code == "B":
-                    blobs[name] = raw
-                else:
-                    arr = array(code)
-                    arr.frombytes(raw)
-                    blobs[name] = arr
-                del raw
-            if crc != header["crc"]:
-                raise SnapshotError("snapshot checksum mismatch")
-    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
-        raise SnapshotError(f"unreadable snapshot: {exc}") from exc
-    try:
-        calls = CallIndex()
-        for name, _ in CallIndex.ARRAYS:
-            setattr(calls, name, blobs[f"call.{name}"])
-        calls.state = bytearray(blobs["call.state"])
-        calls.tools = Interned(header["tools"])
-        calls.principals = Interned(header["principals"])
-        # Absent from snapshots written before tasks existed (there were none then).
-        calls.tasks = {(p, t): (int(h, 16), tool, key) for p, t, h, tool, key in header.get("tasks", ())}
-        size = len(calls.table)
-        lengths_differ = any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1])
-        if size < 2 or size & (size - 1) or lengths_differ:
-            raise SnapshotError("snapshot arrays do not fit together")
-        calls.after_load()
-        entries = EntryIndex()
-        for name, _ in EntryIndex.ARRAYS:
-            setattr(entries, name, blobs[f"entry.{name}"])
-        for name in ("last", "checkpoint"):
-            keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
-            setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]
-        has_steps = "entry.steps.counts" in blobs
-        if has_steps:
-            hashes, indexes, counts = (blobs[f"entry.steps.{n}"] for n in ("hashes", "indexes", "counts"))
-            entries.steps = {step_key(h, i): c for h, i, c in zip(hashes, indexes, counts, strict=True)}
+        calls = _rebuild_calls(header, blobs)
+        entries, has_steps = _rebuild_entries(blobs)
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise SnapshotError(f"snapshot lacks a section: {exc}") from exc
     found = [segment_number(n) for n in header["segments"]]
@@ -200,6 +157,77 @@ def load(path: Path) -> LoadedSnapshot:
         entries,
         has_steps,
     )
+
+
+def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, array[Any] | bytes]]:
+    """The header and every section by name (code "B" as bytes, the others as arrays), their
+    checksum verified; raises `SnapshotError` for an unknown format, a short file, a checksum
+    mismatch or an unreadable file or header."""
+    try:
+        with open(path, "rb") as f:
+            header: dict[str, Any] = orjson.loads(f.readline())
+            if header.get("format") != FORMAT or header.get("byteorder") != sys.byteorder:
+                raise SnapshotError("unknown snapshot format")
+            blobs: dict[str, array[Any] | bytes] = {}
+            crc = 0
+            for name, code, nbytes in header["sections"]:
+                raw = f.read(nbytes)
+                if len(raw) != nbytes:
+                    raise SnapshotError("snapshot is shorter than its header says")
+                crc = zlib.crc32(raw, crc)
+                blobs[name] = _section(code, raw)
+                del raw
+            if crc != header["crc"]:
+                raise SnapshotError("snapshot checksum mismatch")
+    except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+        raise SnapshotError(f"unreadable snapshot: {exc}") from exc
+    return header, blobs
+
+
+def _section(code: str, raw: bytes) -> array[Any] | bytes:
+    """One section's value: the bytes themselves for code "B", else an array of that type code."""
+    if code == "B":
+        return raw
+    arr = array(code)
+    arr.frombytes(raw)
+    return arr
+
+
+def _rebuild_calls(header: dict[str, Any], blobs: dict[str, array[Any] | bytes]) -> CallIndex:
+    """The call index from its sections and the header's names and tasks; raises `SnapshotError`
+    when its arrays do not fit together (a missing or malformed section raises `KeyError`,
+    `ValueError`, `TypeError` or `AttributeError`, which `load` reports)."""
+    calls = CallIndex()
+    for name, _ in CallIndex.ARRAYS:
+        setattr(calls, name, blobs[f"call.{name}"])
+    calls.state = bytearray(blobs["call.state"])
+    calls.tools = Interned(header["tools"])
+    calls.principals = Interned(header["principals"])
+    # Absent from snapshots written before tasks existed (there were none then).
+    calls.tasks = {(p, t): (int(h, 16), tool, key) for p, t, h, tool, key in header.get("tasks", ())}
+    size = len(calls.table)
+    lengths_differ = any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1])
+    if size < 2 or size & (size - 1) or lengths_differ:
+        raise SnapshotError("snapshot arrays do not fit together")
+    calls.after_load()
+    return calls
+
+
+def _rebuild_entries(blobs: dict[str, array[Any] | bytes]) -> tuple[EntryIndex, bool]:
+    """The entry index from its sections, and whether the snapshot has the step counts (an
+    earlier release's has not: `LoadedSnapshot.has_steps`). A missing or malformed section
+    raises `KeyError`, `ValueError`, `TypeError` or `AttributeError`, which `load` reports."""
+    entries = EntryIndex()
+    for name, _ in EntryIndex.ARRAYS:
+        setattr(entries, name, blobs[f"entry.{name}"])
+    for name in ("last", "checkpoint"):
+        keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
+        setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]
+    has_steps = "entry.steps.counts" in blobs
+    if has_steps:
+        hashes, indexes, counts = (blobs[f"entry.steps.{n}"] for n in ("hashes", "indexes", "counts"))
+        entries.steps = {step_key(h, i): c for h, i, c in zip(hashes, indexes, counts, strict=True)}
+    return entries, has_steps
 
 
 def verify_file(path: Path) -> str | None:

@@ -56,18 +56,33 @@ class Counter:
 
 
 def make_server(journal: str | None = None, counter: str | os.PathLike[str] | None = None) -> DurableServer:
-    """The counting server on `journal` (default `$MCP_DURABLE_JOURNAL`), counting into `counter`."""
+    """The counting server on `journal` (default `$MCP_DURABLE_JOURNAL`), counting into `counter`.
+
+    Its tools, in registration order: record, slow, gated, gated_short_wait, required,
+    tool_error, flaky, whoami, keyed, plain."""
     counts = Counter(counter or os.environ[ENV_COUNTER])
     server = DurableServer("counting", journal=journal)
+    _add_running_tools(server, counts)
+    _add_gated_tools(server, counts)
+    _add_refusing_and_failing_tools(server, counts)
+    _add_scope_and_plain_tools(server, counts)
+    return server
 
-    def result(tool: str, text: str, **extra: Any) -> dict[str, Any]:
-        return {"tool": tool, "text": text, "run": uuid.uuid4().hex, **extra}
+
+def _result(tool: str, text: str, **extra: Any) -> dict[str, Any]:
+    """A tool's result: its name, the text it was given and a fresh `run` id (never replayed
+    by accident), plus `extra`."""
+    return {"tool": tool, "text": text, "run": uuid.uuid4().hex, **extra}
+
+
+def _add_running_tools(server: DurableServer, counts: Counter) -> None:
+    """`record` and `slow`: durable tools that run to their end on their own."""
 
     @server.tool(durable=True)
     def record(text: str) -> dict[str, Any]:
         """Idempotent by default: keyed by the caller, else by its arguments."""
         counts.hit("record")
-        return result("record", text, key=current_call().key)
+        return _result("record", text, key=current_call().key)
 
     @server.tool(durable=True)
     async def slow(text: str, delay: float) -> dict[str, Any]:
@@ -75,7 +90,11 @@ def make_server(journal: str | None = None, counter: str | os.PathLike[str] | No
         counts.hit("slow")
         await anyio.sleep(delay)
         counts.hit("slow.done")
-        return result("slow", text)
+        return _result("slow", text)
+
+
+def _add_gated_tools(server: DurableServer, counts: Counter) -> None:
+    """`gated` and `gated_short_wait`: durable tools that finish only once the test opens the gate."""
 
     async def wait_for_gate(tool: str) -> None:
         counts.hit(tool)
@@ -87,19 +106,23 @@ def make_server(journal: str | None = None, counter: str | os.PathLike[str] | No
     async def gated(text: str) -> dict[str, Any]:
         """Runs until the test opens the gate (`Counter.open_gate()`)."""
         await wait_for_gate("gated")
-        return result("gated", text)
+        return _result("gated", text)
 
     @server.tool(durable=ToolPolicy(wait=0.05))
     async def gated_short_wait(text: str) -> dict[str, Any]:
         """Like `gated`, but a duplicate in flight waits only 50 ms for it."""
         await wait_for_gate("gated_short_wait")
-        return result("gated_short_wait", text)
+        return _result("gated_short_wait", text)
+
+
+def _add_refusing_and_failing_tools(server: DurableServer, counts: Counter) -> None:
+    """`required` (refuses a call without a caller key), `tool_error` and `flaky` (fail)."""
 
     @server.tool(durable=ToolPolicy(key="required"))
     def required(text: str) -> dict[str, Any]:
         """Refuses calls without a caller key."""
         counts.hit("required")
-        return result("required", text)
+        return _result("required", text)
 
     @server.tool(durable=True)
     def tool_error(text: str) -> dict[str, Any]:
@@ -113,24 +136,26 @@ def make_server(journal: str | None = None, counter: str | os.PathLike[str] | No
         n = counts.hit("flaky")
         if n == 1:
             raise RuntimeError("flaky crashed on its first execution")
-        return result("flaky", text, execution=n)
+        return _result("flaky", text, execution=n)
+
+
+def _add_scope_and_plain_tools(server: DurableServer, counts: Counter) -> None:
+    """`whoami` (its principal), `keyed` (its key from an argument) and `plain` (not durable)."""
 
     @server.tool(durable=True)
     def whoami(text: str) -> dict[str, Any]:
         """Returns the principal the call is scoped to."""
         counts.hit("whoami")
-        return result("whoami", text, principal=current_call().identity.principal)
+        return _result("whoami", text, principal=current_call().identity.principal)
 
     @server.tool(durable=ToolPolicy(key_argument="idempotency_key"))
     def keyed(text: str, idempotency_key: str | None = None) -> dict[str, Any]:
         """Takes its key as an argument too (a caller `_meta` key still wins)."""
         counts.hit("keyed")
-        return result("keyed", text, key=current_call().key)
+        return _result("keyed", text, key=current_call().key)
 
     @server.tool()
     def plain(text: str) -> dict[str, Any]:
         """Not durable: runs every time, results untouched."""
         counts.hit("plain")
-        return result("plain", text)
-
-    return server
+        return _result("plain", text)
