@@ -30,6 +30,7 @@ closing are `lifecycle.py`; MCP tasks use the engine from `tasks.py`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -144,6 +145,9 @@ class Engine:
         self._use(journal)  # the journal, the owners' view and the lease keeper on it
         #: Hear of every record change (resources, notifications, telemetry): `notify_changed`.
         self.listeners: list[ChangeListener] = []
+        #: What the face answers a replayed outcome with, made once per record kept in the replay
+        #: cache (`CallOutcome.rendered`); None: nothing made (the face renders every answer).
+        self.render_replay: Callable[[CallOutcome], Any] | None = None
         #: Recent run durations per tool: the `retry_after` of an `in_progress` refusal (runtimes.py).
         self.run_times = RunTimes()
         self.runner = CallRunner(self)
@@ -236,7 +240,7 @@ class Engine:
             return True
         return False
 
-    def _remember(self, record: CallRecord) -> None:
+    def _remember(self, record: CallRecord) -> CallOutcome:
         """Keep a final record for repeats (the engine's replay cache, `_finals`).
 
         A COMPLETED or FAILED record changes only by an operator's re-run (to RELEASED) or its
@@ -250,18 +254,23 @@ class Engine:
         `claim_reads`). `execute` checks the expiry and fingerprint of a cached record first.
         Filled when a repeat reads a final record (most calls are never repeated); bounded to
         `FINALS_KEPT` records whose result is at most `FINALS_MAX_RESULT` bytes, oldest out
-        first. Not the MCP face's cache of built results (`server/results.py`).
+        first. The face's answer is made once and kept with it (`render_replay`): this is the
+        only replay cache. Returns the replay answer of `record`.
         """
+        outcome = replayed(record)
         finals = self._finals
         if finals is None:
-            return
+            return outcome
         if record.result is not None and len(record.result) > FINALS_MAX_RESULT:
             finals.pop(record.identity, None)
-            return
+            return outcome
         if record.identity not in finals and len(finals) >= FINALS_KEPT:
             del finals[next(iter(finals))]
+        if self.render_replay is not None:
+            outcome = dataclasses.replace(outcome, rendered=self.render_replay(outcome))
         # The replay answer is kept with it: the same (immutable) outcome for every repeat.
-        finals[record.identity] = (record, replayed(record))
+        finals[record.identity] = (record, outcome)
+        return outcome
 
     # -- the call ---------------------------------------------------------------------------------
 
@@ -354,8 +363,7 @@ class Engine:
         if decision is Decision.REPLAY:
             if lost_own_run:
                 return superseded(record)
-            self._remember(record)
-            return replayed(record)
+            return self._remember(record)
         if decision is Decision.WAIT:
             await self._wait(record, policy, deadline)
             return None

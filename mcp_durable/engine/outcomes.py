@@ -36,6 +36,9 @@ class CallOutcome:
     supplied it; `superseded` whether this call ran the tool (or its hook) but another outcome
     was recorded for the key first — its owner's lease was taken over, or an operator resolved
     it — so the answer is the recorded outcome, not this run's (`replayed` is False: it ran).
+    `rendered` is what the face made of a replayed outcome (`Engine.render_replay`), kept with it
+    in the engine's replay cache so that every repeat answered from there gets it as it is;
+    None when not made. Whoever gets it must not mutate it.
     """
 
     key: str | None
@@ -46,6 +49,7 @@ class CallOutcome:
     reconciled: bool = False
     attempt: int = 1
     superseded: bool = False
+    rendered: Any = None
 
 
 #: Runs the tool once (given the durable call, None for an unkeyed call) and says what it produced.

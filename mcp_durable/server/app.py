@@ -65,7 +65,16 @@ from .resources import (
     journal_resources,
     maintenance_body,
 )
-from .results import META_REPLAYED, OutputSchemas, answer, asks_for_input, dump_result, protocol_error_result, refusal
+from .results import (
+    META_REPLAYED,
+    OutputSchemas,
+    answer,
+    asks_for_input,
+    dump_result,
+    protocol_error_result,
+    refusal,
+    replay_answer,
+)
 from .sdk_internals import (
     bare_tools_call_handler,
     lowlevel_server,
@@ -196,6 +205,8 @@ class DurableServer(MCPServer[Any]):
         if clock is not None:
             engine_kwargs["clock"] = clock
         self.engine = Engine(store, **engine_kwargs)
+        # A repeat's answer is made once per record the engine keeps for repeats (its replay cache).
+        self.engine.render_replay = replay_answer
         self.principal_of = principal
         # Size limits of what a durable call journals (see mcp_durable/limits.py; None = no limit).
         self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
@@ -404,8 +415,12 @@ class DurableServer(MCPServer[Any]):
         *,
         durable: ToolPolicy | bool | None = None,
     ) -> None:
-        """Register a tool; with `durable=` it runs once per key (see `ToolPolicy`)."""
+        """Register a tool; with `durable=` it runs once per key (see `ToolPolicy`).
+
+        Raises `ConfigError` for a policy the tool cannot run under (nothing is registered then)."""
         policy = as_policy(durable)
+        if policy is not None:
+            _check_interactive_tasks(name or fn.__name__, policy)
         if policy is not None and policy.advertised_idempotent:
             # The hint is now a guarantee: advertise it.
             base = annotations or ToolAnnotations()
@@ -789,6 +804,18 @@ def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:
         raise ConfigError(
             f"tool {name!r} has no argument(s) {', '.join(map(repr, unknown))} (fingerprint_fields / "
             f"fingerprint_exclude); its arguments: {', '.join(sorted(known))}"
+        )
+
+
+def _check_interactive_tasks(name: str, policy: ToolPolicy) -> None:
+    """`ConfigError` for an interactive tool that may run as a task: a task runs in the
+    background, outside any request, so the tool has no client to ask (every run would fail)."""
+    if policy.interactive and policy.task_support != "forbidden":
+        raise ConfigError(
+            f"tool {name!r} is interactive (it asks its client while it runs: elicitation, sampling) "
+            f"and has task_support={policy.task_support!r}: a task runs in the background with no client "
+            "to ask, so it could never finish; register it with task_support='forbidden' (the default) "
+            "or not interactive"
         )
 
 

@@ -51,18 +51,6 @@ def load_result(payload: bytes) -> CallToolResult:
     return CallToolResult.model_validate(orjson.loads(payload), by_name=False)
 
 
-# A repeat of a key is answered with the same bytes and the same `_meta` every time: build that
-# answer once per record and hand the same object out again. Safe because nothing mutates a
-# result once returned (the SDK dumps it into fresh dicts, and stamps its own `_meta` on the
-# copy). Bounded: _REPLAYS answers of stored results of at most _REPLAY_MAX_BYTES each, oldest
-# out first; never stale, since a different result is a different cache key. Not the engine's
-# replay cache (`CallDecisions._remember`), which saves the journal read of a repeat and holds
-# records, not built results: docs/architecture.md, "Two replay caches, one per layer".
-_REPLAYS = 1024
-_REPLAY_MAX_BYTES = 16 * 1024
-_replays: dict[tuple[str | None, bytes, float | None, bool], CallToolResult] = {}
-
-
 def _with_meta(result: CallToolResult, extra: dict[str, Any]) -> CallToolResult:
     merged = {**(result.meta or {}), **extra}
     return result.model_copy(update={"meta": merged})
@@ -78,17 +66,20 @@ def answer(outcome: CallOutcome) -> CallToolResult:
         assert isinstance(outcome.value, CallToolResult)
         return outcome.value  # unkeyed call: not journaled, not marked
     if outcome.replayed:
-        cache_key = (outcome.key, outcome.payload, outcome.first_completed_at, outcome.reconciled)
-        replayed = _replays.get(cache_key)
-        if replayed is None:
-            replayed = _answer(load_result(outcome.payload), outcome)
-            if len(outcome.payload) <= _REPLAY_MAX_BYTES:
-                if len(_replays) >= _REPLAYS:
-                    del _replays[next(iter(_replays))]  # oldest first
-                _replays[cache_key] = replayed
-        return replayed
+        rendered: CallToolResult | None = outcome.rendered
+        if rendered is not None:
+            return rendered  # made once, kept in the engine's replay cache
+        return replay_answer(outcome)
     if isinstance(outcome.value, CallToolResult):
         return _answer(outcome.value, outcome)
+    return _answer(load_result(outcome.payload), outcome)
+
+
+def replay_answer(outcome: CallOutcome) -> CallToolResult:
+    """The answer to a repeat: the stored result with the replay `_meta`. The engine makes it once
+    per record it keeps for repeats (`Engine.render_replay`) and hands the same object to each
+    of them: nothing mutates a result once returned (the SDK dumps it into fresh dicts)."""
+    assert outcome.payload is not None
     return _answer(load_result(outcome.payload), outcome)
 
 

@@ -76,3 +76,42 @@ async def test_the_payments_refund_moves_money_once_for_five_calls_with_one_key(
     assert [bool(result.meta and result.meta.get(REPLAYED)) for result in results] == [False, True, True, True, True]
     assert results[0].structured_content is not None
     assert results[0].structured_content["id"] == provider.effects()[0]["id"]
+
+
+async def test_repeats_answered_from_the_replay_cache_share_one_answer_and_a_rerun_is_answered_anew(
+    tmp_path: Path,
+) -> None:
+    """The one replay cache (the engine's) keeps the face's answer with the record: repeats get the
+    very same answer, made once; an operator's re-run drops it, and the next repeat gets the new
+    result, not the cached one."""
+    from mcp_types import CallToolResult
+
+    from mcp_durable import DurableServer, ToolPolicy
+    from mcp_durable.engine import LOCAL_PRINCIPAL
+    from mcp_durable.journal import CallIdentity
+
+    server = DurableServer("replays", journal=f"file://{tmp_path / 'journal'}")
+    runs: list[int] = []
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",)))
+    def charge(order_id: str) -> str:
+        runs.append(1)
+        return f"charge {len(runs)} of {order_id}"
+
+    try:
+        first = await server.call_tool("charge", {"order_id": "o-1"})
+        second = await server.call_tool("charge", {"order_id": "o-1"})
+        third = await server.call_tool("charge", {"order_id": "o-1"})
+        assert len(runs) == 1 and isinstance(first, CallToolResult) and isinstance(second, CallToolResult)
+        assert second is third, "a repeat's answer was made again instead of kept with the record"
+        identity = CallIdentity(LOCAL_PRINCIPAL, "charge", meta_of(second)[KEY])
+        await server.engine.rerun(identity)
+        rerun = await server.call_tool("charge", {"order_id": "o-1"})
+        repeat = await server.call_tool("charge", {"order_id": "o-1"})
+        assert isinstance(rerun, CallToolResult) and isinstance(repeat, CallToolResult)
+    finally:
+        await server.aclose()
+    assert len(runs) == 2
+    assert "charge 2 of o-1" in body_bytes(repeat).decode()
+    assert repeat is not third and meta_of(repeat)[REPLAYED] is True
+    assert body_bytes(rerun) == body_bytes(repeat)
