@@ -4,6 +4,7 @@
 DurableError                 base: `except mcp_durable.DurableError` catches all we raise
 ├── ConfigError              bad journal URL, policy or option: a programmer's error, never a refusal
 ├── MissingKeyError          .tool                      (code missing_key)
+│   └── ClientRequestWithoutKeyError .tool: asked its client without a caller key (code missing_key)
 ├── InvalidKeyError          .tool .reason              (code invalid_key)
 ├── KeyReuseError            .tool .key                 (code key_reuse: same key, other arguments)
 ├── InProgressError          .tool .key .retry_after    (code in_progress)
@@ -92,6 +93,23 @@ class MissingKeyError(_OfTool):
     def __init__(self, tool: str) -> None:
         message = f"tool {tool!r} requires an idempotency key: send it in _meta['mcp-durable/idempotency-key']"
         super().__init__(message, tool=tool)
+
+
+class ClientRequestWithoutKeyError(MissingKeyError):
+    """A durable call without a caller key asked its client (elicitation, sampling, roots, or a
+    2026-07-28 `input_required` answer) while its tool ran: refused (`missing_key`) and released.
+
+    Its key came from its arguments (derived, `key_fields`, `key_fn`), which do not say who
+    answers: journaled, the answer one session gave would be replayed to another session's call
+    with the same arguments, without asking it."""
+
+    def __init__(self, tool: str) -> None:
+        message = (
+            f"tool {tool!r} asks its client (elicitation, sampling) while it runs, and this call has no "
+            "idempotency key of its caller: its answer would be replayed to other sessions. Send a key in "
+            "_meta['mcp-durable/idempotency-key'], or register the tool with ToolPolicy(interactive=True)"
+        )
+        _OfTool.__init__(self, message, tool=tool)  # MissingKeyError's own message is the plain one
 
 
 class InvalidKeyError(_OfTool):

@@ -117,7 +117,7 @@ class TaskRuns:
                 return count
             cursor = CallCursor.after(page[-1])
             for record in page:
-                self.engine.spawn(self.resumer(record))
+                self.engine.spawn(_logging_failure(record, self.resumer(record)))
                 count += 1
 
     async def watch(self) -> None:
@@ -141,7 +141,7 @@ class TaskRuns:
             return
         if in_doubt_refused(record, policy):
             return
-        self.engine.spawn(self.resumer(record))
+        self.engine.spawn(_logging_failure(record, self.resumer(record)))
 
     async def submit(self, **call: Unpack[CallArguments]) -> CallRecord:
         """Create (or find) the task for one call (the keywords of `Engine.execute`) and return its
@@ -226,7 +226,7 @@ class TaskRuns:
             finally:
                 engine.owners.unhold(identity)
 
-        engine.spawn(run_then_let_go())
+        engine.spawn(_logging_failure(claimed, run_then_let_go()))
         return claimed
 
     async def resume(
@@ -283,3 +283,30 @@ class TaskRuns:
             if await engine.swap(record, cancelled):
                 engine.stop_run(record.identity, Reason.REQUESTOR_CANCELLED)
                 return cancelled, True
+
+
+async def _logging_failure(record: CallRecord, run: Awaitable[Any]) -> None:
+    """Await a task's background `run`; a run that raised is logged in one line.
+
+    A failed run is an answer, not a crash of the server: its task is `failed` and its record says
+    why (the tool raised, deliberately — a protocol error — or not). The log gets one WARNING line
+    per failed task (its tool, task id and the error's first line), the traceback only at DEBUG
+    (`--log-level debug`): a client that makes failing tasks by design must not fill the log with them. A
+    `DurableError` (in doubt, cancelled: what the record shows already) goes on to `spawn`."""
+    try:
+        await run
+    except DurableError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - nobody awaits a background run: its failure is logged here
+        tool, task_id = record.identity.tool, record.task_id
+        logger.warning("task %s of tool %r failed: %s", task_id, tool, _one_line(exc))
+        logger.debug("task %s of tool %r failed: the traceback", task_id, tool, exc_info=exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` of `exc` (and of its direct cause, e.g. what an SDK wrapper wraps), on one
+    line and bounded: a log line, not a report."""
+    parts = [exc] if exc.__cause__ is None else [exc, exc.__cause__]
+    text = " <- ".join(f"{type(e).__name__}: {e}".strip() for e in parts)
+    line = " ".join(text.split())
+    return line if len(line) <= 300 else line[:299] + "…"

@@ -14,11 +14,12 @@ already become identical `isError` results.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 import anyio
 import orjson
@@ -30,6 +31,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import (
+    CallToolRequestParams,
     CallToolResult,
     InputRequiredResult,
     SubscribeRequestParams,
@@ -42,7 +44,7 @@ from pydantic import ValidationError
 
 from .. import config, keys, limits
 from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
-from ..errors import ConfigError, DurableError, JournalError
+from ..errors import ClientRequestWithoutKeyError, ConfigError, DurableError, JournalError
 from ..journal import CallRecord, Journal, create_journal, default_journal_url, display_url
 from ..operations.recovery import BackgroundRecovery, ReconcilePass
 from ..operations.retention import BackgroundRetention, RetentionSchedule
@@ -576,19 +578,23 @@ class DurableServer(MCPServer[Any]):
         async def run(call: DurableCall | None) -> ToolOutcome:
             payload: bytes | None = None
             token = None
+            # A call journaled under a key its caller did not give must not ask its client (see
+            # `_without_client_requests`): another session's call would be answered from it.
+            guarded = call is not None and _asking_refused(policy, arguments, context)
+            called = _without_client_requests(self, name, context) if guarded else context
             try:
                 if model is not None and prepared is not None and prepared.direct:
-                    called_with = context if context is not None else self._bare_context()
+                    called_with = called if called is not None else self._bare_context()
                     result, payload = await prepared.run(prepared.one_level(model), called_with)
                 else:
                     # What the SDK hands the function (`prevalidated`); made only when the tool runs.
                     token = (
                         None if model is None else prevalidated.validated_as(arguments, model.model_dump_one_level())
                     )
-                    result = await MCPServer.call_tool(self, name, arguments, context)
+                    result = await MCPServer.call_tool(self, name, arguments, called)
             except UnexpectedToolError as exc:
-                if policy.exceptions != "persist":
-                    raise
+                if policy.exceptions != "persist" or isinstance(exc.__cause__, ClientRequestWithoutKeyError):
+                    raise  # (a refused request to the client is released: never kept, whatever the policy)
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
@@ -597,6 +603,8 @@ class DurableServer(MCPServer[Any]):
             finally:
                 if token is not None:
                     prevalidated.done(token)
+            if guarded and isinstance(result, InputRequiredResult):
+                raise ClientRequestWithoutKeyError(name)  # 2026-07-28's way of asking the client
             return self.tool_outcome(name, policy, result, payload)
 
         return run
@@ -807,6 +815,61 @@ def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:
         )
 
 
+#: The session methods that send a request to the client (and wait for its answer).
+_CLIENT_REQUESTS = frozenset({"send_request", "create_message", "list_roots", "elicit", "elicit_form", "elicit_url"})
+
+
+class _ClientRequestsRefused:
+    """A request's session for a tool that must not ask its client: each request to the client
+    raises `ClientRequestWithoutKeyError` before anything is sent; the rest (notifications,
+    progress, capabilities) is the session's own."""
+
+    def __init__(self, session: Any, tool: str) -> None:
+        self._refusing_session = session
+        self._refusing_tool = tool
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _CLIENT_REQUESTS:
+            return self._refuse
+        return getattr(self._refusing_session, name)
+
+    async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise ClientRequestWithoutKeyError(self._refusing_tool)
+
+
+def _asking_refused(policy: ToolPolicy, arguments: Mapping[str, Any], context: Context[Any, Any] | None) -> bool:
+    """Whether a journaled call of a tool under `policy` must not ask its client: its key is not
+    its caller's (no key in `_meta`, none in `key_argument`) and the tool is not `interactive`
+    (whose calls without a caller key are never journaled). False without a request (no client)."""
+    if context is None or policy.interactive:
+        return False
+    meta = _request_meta(context) or {}
+    if keys.KEY_META in meta or any(name in meta for name in policy.key_meta):
+        return False
+    return policy.key_argument is None or arguments.get(policy.key_argument) is None
+
+
+def _without_client_requests(
+    server: DurableServer, tool: str, context: Context[Any, Any] | None
+) -> Context[Any, Any] | None:
+    """`context` whose session refuses every request to the client (`_ClientRequestsRefused`),
+    for a call journaled under a key its caller did not give; `context` itself without a request."""
+    try:
+        request = context.request_context if context is not None else None
+    except ValueError:  # a Context made outside a request: there is no client to ask
+        return context
+    if request is None:
+        return context
+    guarded = dataclasses.replace(request, session=cast(Any, _ClientRequestsRefused(request.session, tool)))
+    try:  # the call's own params, for the tool's `input_responses` (2026-07-28 multi-round calls)
+        params = CallToolRequestParams.model_validate(request.params) if request.params is not None else None
+    except ValidationError:
+        params = None
+    return Context(
+        request_context=guarded, mcp_server=server, input_params=params, subscriptions=subscription_bus(server)
+    )
+
+
 def _check_interactive_tasks(name: str, policy: ToolPolicy) -> None:
     """`ConfigError` for an interactive tool that may run as a task: a task runs in the
     background, outside any request, so the tool has no client to ask (every run would fail)."""
@@ -821,8 +884,10 @@ def _check_interactive_tasks(name: str, policy: ToolPolicy) -> None:
 
 def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[..., Any]) -> None:
     """Log a warning for a tool whose parameters the SDK resolves from the client (`Resolve`:
-    elicitation, sampling, roots) under a policy that may derive its key: such a key replays one
-    session's answers to another. (A tool calling `ctx.elicit` itself cannot be seen from here.)"""
+    elicitation, sampling, roots) under a policy that may derive its key: a call of it without a
+    caller key is refused at run time (`ClientRequestWithoutKeyError`), as a derived key would
+    replay one session's answers to another. (A tool calling `ctx.elicit` itself cannot be seen
+    from here; its calls are refused alike.)"""
     if policy.interactive or policy.key == "required":
         return
     try:
@@ -836,7 +901,8 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
     if resolved:
         logger.warning(
             "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
-            "its key: declare ToolPolicy(interactive=True) so one session's answers never replay to another",
+            "its key: its calls without a caller key will be refused (missing_key), since a derived key would "
+            "replay one session's answers to another; declare ToolPolicy(interactive=True)",
             name,
             ", ".join(sorted(resolved)),
         )

@@ -99,6 +99,14 @@ def _task_policy(host: DurableHost, tool: str, ctx: ServerRequestContext[Any, An
     return None if policy is None or policy.task_support == "forbidden" else policy
 
 
+def _finished_within(record: CallRecord, policy: ToolPolicy) -> bool:
+    """Whether the finished call of `record` ended within `task_after` of its creation: its first
+    2026-07-28 caller was answered with the plain result, not a task (a resumed or operator-
+    resolved call, a plain call that ran longer, is past it: a task)."""
+    completed = record.completed_at if record.completed_at is not None else record.updated_at
+    return completed - record.created_at <= policy.task_after
+
+
 def _not_found() -> MCPError:
     return MCPError(code=INVALID_PARAMS, message=TASK_NOT_FOUND)
 
@@ -386,10 +394,15 @@ class TaskProtocol:
             return await call_next(ctx)
         record = await self._create(ctx, params.name, params.arguments or {})
         finished_before = record.state.is_final  # a repeat of a finished call: a replay
+        if finished_before and policy.task_support == "optional" and not _finished_within(record, policy):
+            # Its first caller got the task (the run outlasted `task_after`): so does every repeat,
+            # the same task id, its result read by tasks/get like the first caller's.
+            return {"resultType": "task", **self.modern_task(record, detailed=False)}
         if policy.task_support == "optional" and policy.task_after > 0:
             record = await self._settle(record, policy.task_after)
         if record.state.is_final and policy.task_support == "optional":
-            # Finished within `task_after`: the plain result, as a call without tasks gets it.
+            # Finished within `task_after` (of this call, or of the first call a repeat repeats):
+            # the plain result, as a call without tasks gets it.
             return answer(
                 CallOutcome(
                     record.identity.key,

@@ -170,14 +170,16 @@ async def test_an_interactive_tool_called_with_a_caller_key_is_deduplicated_unde
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_without_interactive_a_derived_key_replays_the_first_sessions_answer(mode: str) -> None:
-    # What `interactive=True` prevents (and why registration warns about such a tool).
+async def test_without_interactive_a_derived_key_call_that_asks_its_client_is_refused_not_replayed(mode: str) -> None:
+    # What `interactive=True` declares: without it, a call keyed by its arguments that asks its
+    # client is refused (missing_key) and released, in every session, never answered with another's.
     runs: list[str] = []
     server = _booking(runs, ToolPolicy())
     for session in ("yes", "no"):
         async with Client(server, mode=mode, elicitation_callback=_answering(session)) as client:
             last = await client.call_tool("book", {"destination": "Oslo"})
-    assert last.structured_content["answer"] == "yes" and runs == ["yes"]
+        assert last.is_error and meta_of(last)["mcp-durable/error"]["error"] == "missing_key"
+    assert runs == []
 
 
 def test_registering_a_tool_that_resolves_input_from_the_client_without_interactive_warns(

@@ -289,6 +289,30 @@ async def test_modern_quick_calls_get_the_plain_result_and_a_repeat_is_marked_re
     assert again.structured_content == first.structured_content and fx.counts.count("pay O-9") == 1
 
 
+async def test_a_repeat_of_a_finished_task_gets_the_same_task_in_both_generations(fx: Fixture) -> None:
+    args = {"order_id": "O-11", "amount_cents": 11}
+    async with Client(fx.server, extensions=[TasksClient()]) as client:
+        handle = await call_for_task(client, "refund", args)
+        assert isinstance(handle, TaskHandle)  # the gate is shut: past task_after, a task
+        fx.open_gate("O-11")
+        await poll_until_terminal(client, handle.task_id)
+    # A retrying client, in a new session, repeats the call once the task has finished.
+    async with Client(fx.server, extensions=[TasksClient()]) as client:
+        again = await call_for_task(client, "refund", args)
+        assert isinstance(again, TaskHandle), again  # not the plain result: the same task
+        polled = await request(client, "tasks/get", {"taskId": again.task_id})
+        resolved = await client.call_tool("refund", args)  # the claim's resolver reads the task's result
+    async with Client(fx.server, mode="legacy") as legacy:
+        created = await create_legacy_task(legacy, "refund", args)
+        fetched = await request(legacy, "tasks/result", {"taskId": created["task"]["taskId"]})
+    assert again.task_id == handle.task_id and again.status == "completed"
+    assert polled["status"] == "completed" and polled["result"]["structuredContent"]["order_id"] == "O-11"
+    assert resolved.structured_content == polled["result"]["structuredContent"]
+    assert created["task"]["taskId"] == handle.task_id and created["task"]["status"] == "completed"
+    assert fetched["structuredContent"] == polled["result"]["structuredContent"]
+    assert fx.counts.count("pay O-11") == 1 and fx.counts.count("done O-11") == 1
+
+
 async def test_tasks_update_exists_only_in_2026_and_changes_nothing(fx: Fixture) -> None:
     fx.open_gate("O-10")
     async with Client(fx.server, extensions=[TasksClient()]) as client:

@@ -5,7 +5,8 @@ is stateless JSON-RPC with the protocol version, client capabilities and client 
 request's `_meta` and the `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` headers (the TS SDK
 1.32 client speaks only 2025-11-25, and ext-tasks' own SDK adapter needs the SDK 2 client).
 It creates a task (the server decides: the refund waits on a gate past its `task_after`), polls
-it, settles it to the tool's result, cancels another, and repeats a create with the same key.
+it, settles it to the tool's result, cancels another, and repeats a create with the same key (while
+it runs, and again after it finished: the same task both times).
 """
 
 from __future__ import annotations
@@ -98,6 +99,13 @@ out.outcome = settled.outcome.status;
 out.result = settled.outcome.result;
 out.repeatOutcome = (await repeat.settle()).outcome.status;
 await retrying.close();
+// Repeated once more after it finished, from a third session: still the same task.
+const late = withTasks({ ...port }, {});
+const finished = await late.callTool('refund', { order_id: 'E-1', amount_cents: 100 }, { metadata: KEY });
+out.lateKind = finished.kind;
+out.lateId = finished.handle?.taskId;
+out.lateOutcome = (await finished.settle()).outcome.status;
+await late.close();
 
 // Cancel a running task.
 const doomed = await session.callTool('refund', { order_id: 'E-2', amount_cents: 200 });
@@ -137,6 +145,7 @@ async def test_the_ext_tasks_requester_creates_polls_settles_and_cancels_tasks(t
     assert out["kinds"] == ["task", "task"] and out["ids"][0] and out["ids"][0] == out["ids"][1]
     assert out["snapshot"] == "working"
     assert out["outcome"] == "completed" and out["repeatOutcome"] == "completed"
+    assert out["lateKind"] == "task" and out["lateId"] == out["ids"][0] and out["lateOutcome"] == "completed"
     assert out["result"]["structuredContent"]["order_id"] == "E-1" and out["result"]["isError"] is False
     assert out["doomedKind"] == "task" and out["cancelled"] == "cancelled"
     assert out["jobKind"] == "task" and out["job"]["status"] == "completed"
