@@ -199,13 +199,28 @@ def _sqlite_window(ev: Event) -> tuple[str, str] | None:
 
 
 def plan_cuts(names: list[str], cuts: int, seed: int) -> list[int]:
-    """Distinct cut points `c` (power lost after event c-1): half in windows, the rest anywhere."""
+    """Distinct cut points `c` (power lost after event c-1): half in windows, the rest anywhere.
+
+    The half in windows is taken one window kind at a time, in turn (seeded within each kind), so
+    that a kind with few events (a snapshot's) is cut as surely as one with many (a compaction's):
+    sampled from all windowed events at once, a run whose compactions happened to write more
+    events than usual left the snapshot uncut."""
     candidates = list(range(1, len(names) + 1))
     if cuts >= len(candidates):
         return candidates
     rng = random.Random(seed)
-    windowed = [c for c in candidates if names[c - 1] != "run"]
-    chosen = set(rng.sample(windowed, min(len(windowed), cuts // 2)))
+    by_window: dict[str, list[int]] = {}
+    for c in candidates:
+        if names[c - 1] != "run":
+            by_window.setdefault(names[c - 1], []).append(c)
+    for group in by_window.values():
+        rng.shuffle(group)
+    chosen: set[int] = set()
+    in_windows = cuts // 2
+    while len(chosen) < in_windows and any(by_window.values()):
+        for name in sorted(by_window):
+            if by_window[name] and len(chosen) < in_windows:
+                chosen.add(by_window[name].pop())
     rest = [c for c in candidates if c not in chosen]
     chosen.update(rng.sample(rest, cuts - len(chosen)))
     return sorted(chosen)
