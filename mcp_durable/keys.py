@@ -27,8 +27,14 @@ LOCAL_PRINCIPAL = "local"
 
 KEY_META = "mcp-durable/idempotency-key"
 MAX_KEY_LENGTH = 255
-#: The principal of a call with no authenticated identity (stdio, in-memory).
-LOCAL_PRINCIPAL = "local"
+
+
+def token_principal(client_id: str, subject: str | None, issuer: Any) -> str:
+    """The principal of a call made with an authenticated token: its client id, its subject unless
+    that is the client id (a static token map's principal is not repeated: `alice`), its issuer,
+    joined by `/` (empty parts at the end dropped)."""
+    parts = [client_id, subject if subject and subject != client_id else "", str(issuer) if issuer else ""]
+    return "/".join(parts).rstrip("/")
 
 
 def canonical_json(value: Any) -> bytes:

@@ -35,6 +35,7 @@ from mcp_types import CallToolResult, TextContent
 from pydantic import TypeAdapter
 from pydantic_core import to_json, to_jsonable_python
 
+from .. import keys
 from ..keys import LOCAL_PRINCIPAL
 
 #: The code FastMCP raises a `FunctionTool`'s own `timeout` with (`FunctionTool._run_body`).
@@ -205,7 +206,4 @@ def token_principal() -> str:
     if token is None:
         return LOCAL_PRINCIPAL
     claims: Mapping[str, Any] = token.claims or {}
-    issuer = claims.get("iss")
-    subject = token.subject if token.subject and token.subject != token.client_id else ""
-    parts = [token.client_id, subject, str(issuer) if issuer else ""]
-    return "/".join(parts).rstrip("/")
+    return keys.token_principal(token.client_id, token.subject, claims.get("iss"))

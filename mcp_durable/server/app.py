@@ -117,11 +117,7 @@ def default_principal(context: Context[Any, Any] | None) -> str:
     token = get_access_token()
     if token is None:
         return LOCAL_PRINCIPAL
-    issuer = (token.claims or {}).get("iss")
-    # A subject equal to the client id (a static token map's principal) is not repeated: `alice`.
-    subject = token.subject if token.subject and token.subject != token.client_id else ""
-    parts = [token.client_id, subject, str(issuer) if issuer else ""]
-    return "/".join(parts).rstrip("/")
+    return keys.token_principal(token.client_id, token.subject, (token.claims or {}).get("iss"))
 
 
 class DurableServer(MCPServer[Any]):
