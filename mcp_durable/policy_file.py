@@ -93,10 +93,20 @@ class Policies:
     """The policies of one server: explicit settings by tool name, the rest from annotations.
 
     `path` is where they were read from (None: no file, annotations decide everything).
+    `chosen` names, per tool, the settings the file itself gave it (its table's and
+    `[defaults]`'), as opposed to a `ToolPolicy` default; None for policies built in code, where
+    every setting of a listed tool counts as chosen.
     """
 
     tools: Mapping[str, Setting] = field(default_factory=dict)
     path: str | None = None
+    chosen: Mapping[str, frozenset[str]] | None = None
+
+    def chose(self, tool: str, setting: str) -> bool:
+        """Whether the policies set `setting` for `tool` themselves (False for an unlisted tool)."""
+        if tool not in self.tools:
+            return False
+        return self.chosen is None or setting in self.chosen.get(tool, frozenset())
 
     def for_tool(self, name: str, annotations: Mapping[str, Any] | None) -> ToolPolicy | None:
         """The policy of tool `name` (None: pass it through), given the upstream's annotations."""
@@ -151,13 +161,17 @@ def parse_policies(text: str, where: str = "<policies>") -> Policies:
         at = f"{where}:{line}" if line else where
         raise ConfigError(f"{at}: {'.'.join(path)}: {error['msg']}") from None
     tools: dict[str, Setting] = {}
+    chosen: dict[str, frozenset[str]] = {}
     for name, entry in parsed.tools.items():
+        chosen[name] = frozenset(parsed.defaults.model_dump(exclude_none=True)) | frozenset(
+            entry.model_dump(exclude_none=True)
+        )
         try:
             tools[name] = _setting(parsed.defaults, entry)
         except ConfigError as exc:
             line = _line_of(text, ["tools", name])
             raise ConfigError(f"{where}:{line}: tools.{name}: {exc.message}") from None
-    return Policies(tools, where)
+    return Policies(tools, where, chosen)
 
 
 def _setting(defaults: _Entry, entry: _Entry) -> Setting:

@@ -18,12 +18,15 @@ from ..steps import DurableCall
 @dataclass(frozen=True, slots=True)
 class ToolOutcome:
     """What running a tool produced: the opaque `value` to hand back on this first run, and the
-    JSON bytes to persist and replay. `is_error` marks a deliberate error result."""
+    JSON bytes to persist and replay. `is_error` marks an error result: a deliberate one (kept or
+    released by `ToolPolicy.tool_errors`), or, with `from_exception`, one that stands for an
+    exception kept under `exceptions="persist"` (which `tool_errors` does not release)."""
 
     value: Any
     payload: bytes
     is_error: bool
     final: bool = True  # False for an interim answer (more input needed): released, not persisted
+    from_exception: bool = False
 
 
 @dataclass(frozen=True, slots=True)

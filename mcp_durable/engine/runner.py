@@ -135,7 +135,8 @@ class CallRunner:
         assert outcome is not None
         if outcome.final:
             engine.run_times.record(identity.tool, engine.clock() - began)
-        if not outcome.final or (outcome.is_error and policy.tool_errors == "release"):
+        released_error = outcome.is_error and not outcome.from_exception and policy.tool_errors == "release"
+        if not outcome.final or released_error:
             reason = Reason.INTERIM if not outcome.final else Reason.TOOL_ERROR
             text = "interim result" if not outcome.final else "tool error (released by policy)"
             with anyio.CancelScope(shield=True):

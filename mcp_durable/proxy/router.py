@@ -4,7 +4,8 @@ The proxy holds one upstream session for all its clients. A server→client requ
 upstream (sampling, elicitation) or a log message does not say which of the proxy's tool calls
 it belongs to, so the router sends it to the one downstream call in flight. With none in flight,
 or several (of different clients), a request is refused with an error to the upstream (it must
-never reach another principal's client) and a log message is logged by the proxy only.
+never reach another principal's client) and a log message is logged by the proxy only. A log
+message below the level a client last set (`logging/setLevel`, kept in `level`) is dropped.
 Progress needs none of this: it is bound to its call by the progress token (see server.py).
 
 Sampling and elicitation reach the client only on the 2025-11-25 (legacy) protocol era: the
@@ -28,11 +29,14 @@ from mcp_types import (
     ElicitRequestParams,
     ElicitResult,
     ErrorData,
+    LoggingLevel,
     LoggingMessageNotificationParams,
 )
 
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R", CreateMessageResult, ElicitResult)
+#: The MCP log levels, least severe first (RFC 5424's, as the protocol names them).
+LEVELS: tuple[LoggingLevel, ...] = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 class Router:
@@ -40,6 +44,8 @@ class Router:
 
     def __init__(self) -> None:
         self._in_flight: dict[int, Any] = {}
+        #: The least severe log level forwarded (None: every message, as the upstream sends them).
+        self.level: LoggingLevel | None = None
 
     @contextmanager
     def call(self, request_context: Any) -> Iterator[None]:
@@ -77,6 +83,8 @@ class Router:
         return result
 
     async def logging(self, params: LoggingMessageNotificationParams) -> None:
+        if self.level is not None and LEVELS.index(params.level) < LEVELS.index(self.level):
+            return  # below the level set: the upstream may not filter (or not yet)
         target = self._target()
         if target is None:
             logger.info("upstream log (%s) %s: %s", params.level, params.logger or "-", params.data)

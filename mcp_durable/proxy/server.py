@@ -8,8 +8,9 @@ scoped key in `_meta["mcp-durable/idempotency-key"]`. The journal resources (`jo
 the admin tools are the proxy's own.
 
 Upstream faults:
-- cannot be reached (not started, refused, timed out): the call is refused with
-  `upstream_unavailable` before any claim, so nothing is journaled;
+- cannot be reached (not started, refused, timed out): a repeat of a key whose result is
+  journaled is answered from the journal all the same (only a miss needs the upstream); any
+  other call is refused with `upstream_unavailable` before any claim, so nothing is journaled;
 - died with the call outstanding: the effect may have happened, so the record is left
   IN_DOUBT (`OutcomeUnknownError`) and the tool's in-doubt policy answers its repeats; the
   next call restarts a stdio upstream;
@@ -17,15 +18,23 @@ Upstream faults:
   `exceptions` policy (`DurableServer.protocol_error_outcome`): `release` (the default) releases
   the claim and the error reaches the client as the upstream sent it; `persist` journals it as
   an `isError` result that every repeat of the key replays. An error asking the client to act
-  and call again (URL elicitation required) is released under either.
+  and call again (URL elicitation required) is released under either;
+- answered with an `isError` result: an SDK-built upstream answers an exception (a transient
+  crash) that way, so for a proxied tool it is released by default (`tool_errors = "release"`,
+  a retry runs again) and kept only where the policies file says `tool_errors = "persist"`;
+- did not answer within the call's timeout (the policy's `timeout` for a durable call, which the
+  engine enforces; `UpstreamSpec.call_timeout` for a pass-through one): that call alone is
+  abandoned, in doubt (durable) or answered with a timeout error (pass-through); the shared
+  session and the other calls on it go on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -34,9 +43,11 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
     INTERNAL_ERROR,
+    REQUEST_TIMEOUT,
     CallToolResult,
     CompleteRequestParams,
     CompleteResult,
+    EmptyResult,
     GetPromptResult,
     InputRequiredResult,
     Prompt,
@@ -44,22 +55,25 @@ from mcp_types import (
     ReadResourceResult,
     Resource,
     ResourceTemplate,
+    SetLevelRequestParams,
     Tool,
     ToolAnnotations,
 )
 
-from .. import limits
+from .. import keys, limits
 from ..engine import ToolOutcome
 from ..errors import DurableError, OutcomeUnknownError, UpstreamUnavailableError
+from ..journal.model import CallIdentity, CallState
 from ..keys import KEY_META
-from ..policy import ToolPolicy
+from ..policy import ErrorHandling, ToolPolicy
 from ..policy_file import Policies
 from ..server.app import DurableServer
 from ..server.results import refusal_error
+from ..server.sdk_internals import lowlevel_server, registered_tool
 from ..steps import DurableCall
 from ..uris import SCHEME
 from .router import Router
-from .upstream import Upstream, UpstreamLost, UpstreamSpec
+from .upstream import Upstream, UpstreamLost, UpstreamSpec, UpstreamTimedOut
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +91,8 @@ class ProxyServer(DurableServer):
         self.router = Router()
         self.upstream = Upstream(upstream, self.router)
         self.tool_policies = policies or Policies()
+        #: Tools whose `tool_errors` the policies chose; the others get the proxy's default.
+        self._tool_errors_chosen = _tool_errors_chosen(self.tool_policies)
         #: Connections inside `_upstream_lifespan` now; the upstream is served while any is.
         self._upstream_users = 0
         self._applied_connects = -1
@@ -142,6 +158,11 @@ class ProxyServer(DurableServer):
         tools = list(self.upstream.tools.values())
         for tool in tools:
             policy = self.tool_policies.for_tool(tool.name, _annotations(tool))
+            if policy is not None and tool.name not in self._tool_errors_chosen:
+                # An upstream built on an SDK answers an exception (a crash, a dependency down
+                # for a moment) with an `isError` result, indistinguishable from a deliberate
+                # one: kept, it would answer every retry of the key with a transient failure.
+                policy = replace(policy, tool_errors=PROXY_TOOL_ERRORS)
             if policy is None:
                 self.policies.pop(tool.name, None)
             else:
@@ -163,7 +184,7 @@ class ProxyServer(DurableServer):
     def output_schema_of(self, tool: str) -> dict[str, Any] | None:
         """An upstream tool's output schema as the upstream declares it (refusals must fit it)."""
         upstream = self.upstream.tools.get(tool)
-        if upstream is not None and self._tool_manager.get_tool(tool) is None:
+        if upstream is not None and registered_tool(self, tool) is None:
             return upstream.output_schema
         return super().output_schema_of(tool)
 
@@ -178,23 +199,17 @@ class ProxyServer(DurableServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        if self._tool_manager.get_tool(name) is not None:
+        if registered_tool(self, name) is not None:
             return await DurableServer.call_tool(self, name, arguments, context)  # an admin tool of ours
         policy = self.policies.get(name)
-        try:
-            await self._client()  # before any claim: an unreachable upstream journals nothing
-            if policy is not None:
-                await self.upstream.ready()
-        except UpstreamUnavailableError as exc:
-            return self.refuse(name, exc)
-        policy = self.policies.get(name)  # refreshed if the upstream was reconnected
-        request = _request_context(context)
-        if policy is None:
-            with self.router.call(request):
-                try:
-                    return await self.upstream.call_tool(name, arguments, _forwarded_meta(request), _progress(context))
-                except UpstreamLost as exc:
-                    raise MCPError(code=INTERNAL_ERROR, message=f"upstream: {exc}") from exc
+        if policy is None:  # pass-through, or not listed yet: the upstream is needed either way
+            try:
+                await self._client()  # before any claim: an unreachable upstream journals nothing
+            except UpstreamUnavailableError as exc:
+                return self.refuse(name, exc)
+            policy = self.policies.get(name)  # listed now
+            if policy is None:
+                return await self._pass_through(name, arguments, context)
         try:
             # The upstream validates the arguments; what the journal cannot hold faithfully (NaN,
             # ±Infinity, too deep, too large) is refused here, before any claim, as in serve.
@@ -202,8 +217,94 @@ class ProxyServer(DurableServer):
             canonical = limits.checked_arguments(name, arguments, self.max_argument_bytes)
         except DurableError as exc:
             return self.refuse(name, exc)
+        return await self._durable_call(name, policy, arguments, canonical, context)
+
+    async def _pass_through(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None
+    ) -> CallToolResult | InputRequiredResult:
+        request = _request_context(context)
+        with self.router.call(request):
+            try:
+                return await self.upstream.call_tool(
+                    name, arguments, _forwarded_meta(request), _progress(context), self.upstream.spec.call_timeout
+                )
+            except UpstreamTimedOut as exc:  # this call only: the session and the other calls go on
+                raise MCPError(code=REQUEST_TIMEOUT, message=f"upstream: {exc}") from exc
+            except UpstreamLost as exc:
+                raise MCPError(code=INTERNAL_ERROR, message=f"upstream: {exc}") from exc
+
+    async def _durable_call(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        canonical: bytes,
+        context: Context[Any, Any] | None,
+    ) -> CallToolResult | InputRequiredResult:
+        """A durable call: the journal answers a repeat of a journaled key whether or not the
+        upstream is up; a miss needs it, and is refused `upstream_unavailable` before any claim
+        when it cannot be reached.
+
+        With no session up, the journal is asked first (a repeat then waits for no connect
+        attempt); with one, the upstream is checked first (`ready`) and the journal asked only
+        if that fails, so a miss on a healthy upstream costs no read more than before.
+        """
+        asked = not self.upstream.connected
+        if asked and await self._journaled(name, policy, arguments, canonical, context):
+            return await self._run_durable_call(name, policy, arguments, canonical, context)
+        try:
+            await self._client()
+            await self.upstream.ready()
+        except UpstreamUnavailableError as exc:
+            if not asked and await self._journaled(name, policy, arguments, canonical, context):
+                return await self._run_durable_call(name, policy, arguments, canonical, context)
+            return self.refuse(name, exc)
+        refreshed = self.policies.get(name)  # the upstream may have been reconnected, and relisted
+        if refreshed is None:
+            return await self._pass_through(name, arguments, context)
+        return await self._run_durable_call(name, refreshed, arguments, canonical, context)
+
+    async def _run_durable_call(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        canonical: bytes,
+        context: Context[Any, Any] | None,
+    ) -> CallToolResult | InputRequiredResult:
+        request = _request_context(context)
         return await self.run_durable(
             name, policy, arguments, canonical, context, self._forwarder(name, policy, arguments, request, context)
+        )
+
+    async def _journaled(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        canonical: bytes,
+        context: Context[Any, Any] | None,
+    ) -> bool:
+        """Whether the journal holds a final result (completed or failed, not expired) for this
+        call's key: a repeat the engine answers without running anything.
+
+        Only a hint for the order of the checks: the engine decides on its own read, and a
+        record gone in between makes its run reach for the upstream (refused, released, if it
+        is still down). A call without a key, with a bad one, or a journal fault: False, and
+        the engine answers those itself.
+        """
+        try:
+            key = keys.resolve_key(policy, name, arguments, _caller_meta(context), canonical=canonical)
+            if key is None:
+                return False
+            await self.engine.start()  # (once; a no-op when serving)
+            record = await self.journal.get(CallIdentity(self.principal_of(context), name, key))
+        except DurableError:
+            return False
+        return (
+            record is not None
+            and record.state in (CallState.COMPLETED, CallState.FAILED)
+            and not record.is_expired(self.engine.clock())
         )
 
     def _forwarder(
@@ -215,6 +316,9 @@ class ProxyServer(DurableServer):
                 meta[KEY_META] = call.scoped_key  # the key travels downstream
             with self.router.call(request):
                 try:
+                    # No read timeout of its own: the engine bounds the run by the policy's
+                    # `timeout` and cancels it (the SDK then abandons this one request, telling the
+                    # upstream), which leaves the call in doubt and the shared session up.
                     result = await self.upstream.call_tool(name, arguments, meta, _progress(context))
                 except UpstreamLost as exc:
                     raise OutcomeUnknownError(str(exc)) from exc
@@ -268,7 +372,7 @@ class ProxyServer(DurableServer):
             raise refusal_error(exc) from exc
 
     def _install_forwarding(self) -> None:
-        lowlevel = self._lowlevel_server
+        lowlevel = lowlevel_server(self)
         local_read = lowlevel.get_request_handler("resources/read")
         assert local_read is not None  # MCPServer serves resources/read; resources.py wrapped it
 
@@ -290,8 +394,38 @@ class ProxyServer(DurableServer):
             )
             return result
 
+        async def set_level(ctx: ServerRequestContext[Any, Any], params: SetLevelRequestParams) -> EmptyResult:
+            # One upstream session for every client: the level last set is the upstream's (sent
+            # again on every new session) and the proxy's filter on what it forwards.
+            self.router.level = params.level
+            try:
+                await self.upstream.set_log_level(params.level)
+            except (MCPError, UpstreamLost, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                logger.debug("could not set the upstream's log level: %s", exc)  # the proxy still filters
+            return EmptyResult()
+
         lowlevel.add_request_handler("resources/read", ReadResourceRequestParams, read)
         lowlevel.add_request_handler("completion/complete", CompleteRequestParams, complete)
+        # Declares the `logging` capability: the upstream's log messages are forwarded.
+        lowlevel.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)
+
+
+#: What an upstream's `isError` result is for a proxied tool unless its policy says otherwise.
+PROXY_TOOL_ERRORS: ErrorHandling = "release"
+
+
+def _tool_errors_chosen(policies: Policies) -> frozenset[str]:
+    """The tools whose `tool_errors` the policies chose themselves (kept as given)."""
+    return frozenset(name for name in policies.tools if policies.chose(name, "tool_errors"))
+
+
+def _caller_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
+    """The calling request's `_meta` as a mapping (where the caller's key is), or None."""
+    meta = getattr(_request_context(context), "meta", None)
+    if meta is None or isinstance(meta, Mapping):
+        return meta
+    dumped: dict[str, Any] = meta.model_dump(by_alias=True)
+    return dumped
 
 
 def _annotations(tool: Tool) -> dict[str, Any] | None:

@@ -12,7 +12,13 @@ Contracts:
 - A session whose transport reached end-of-stream (a stdio child that exited) is known dead at
   once (`_WatchedReceive`), so the next call restarts the upstream instead of sending into it.
 - `call_tool` raises `UpstreamLost` when the connection broke while the request was out: the
-  upstream may or may not have acted on it.
+  upstream may or may not have acted on it. A call that outlives its own timeout raises
+  `UpstreamTimedOut` (an `UpstreamLost`: its outcome is unknown too) and loses only that call:
+  the SDK abandons the request (a courtesy `notifications/cancelled` goes upstream) and the
+  shared session, with every other call on it, goes on.
+- The upstream URL is shown masked (`UpstreamSpec.describe`, `UpstreamSpec.masked`:
+  `journal.masked_urls.display_url`, user info included) in every message and log line,
+  the HTTP client's own log lines too (`mask_http_client_logs`).
 - Only one task (`supervise`) enters and leaves the SDK `Client`, as anyio's cancel scopes require.
 """
 
@@ -31,10 +37,12 @@ import anyio
 from anyio.abc import ObjectReceiveStream, TaskStatus
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, InputRequiredResult, Tool
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, InputRequiredResult, LoggingLevel, Tool
 
 from .. import config
 from ..errors import ConfigError, UpstreamUnavailableError
+from ..journal.masked_urls import display_url
+from ..policy import DEFAULT_TIMEOUT
 from .router import Router
 
 logger = logging.getLogger(__name__)
@@ -43,10 +51,20 @@ logger = logging.getLogger(__name__)
 DEFAULT_CONNECT_TIMEOUT = 30.0
 #: Seconds without an answer from an HTTP upstream after which `ready()` pings it first.
 QUIET_BEFORE_PING = 1.0
+#: How long a pass-through tool call may wait for the upstream's answer by default (a durable
+#: call is bounded by its policy's `timeout` instead): the default of `ToolPolicy.timeout`.
+DEFAULT_CALL_TIMEOUT = DEFAULT_TIMEOUT
+#: The loggers of the HTTP client under the SDK's streamable HTTP transport: they write the
+#: request URL (user info and query included) into their lines.
+HTTP_CLIENT_LOGGERS = ("httpx2", "httpx", "mcp.client.streamable_http")
 
 
 class UpstreamLost(Exception):
     """The connection to the upstream broke while a request was out (its outcome is unknown)."""
+
+
+class UpstreamTimedOut(UpstreamLost):
+    """One call outlived its timeout: abandoned (its outcome unknown); the session is still up."""
 
 
 @dataclass(frozen=True)
@@ -56,17 +74,21 @@ class UpstreamSpec:
 
     `env` is the whole environment of a stdio child (the SDK would otherwise pass only a minimal
     one); `mode` the protocol era spoken to the upstream (`legacy` by default: every server
-    speaks it, and only it carries server→client requests such as sampling).
+    speaks it, and only it carries server→client requests such as sampling). `call_timeout`
+    bounds how long a pass-through tool call waits for its answer (None: no bound); a durable
+    call is bounded by its policy's `timeout`. The `url` may hold credentials (user info, an
+    `api_key` parameter): it is only ever shown masked (`describe`, `masked`, the repr).
     """
 
     command: Sequence[str] | None = None
-    url: str | None = None
+    url: str | None = field(default=None, repr=False)
     token: str | None = field(default=None, repr=False)
     server: Any = None
     env: Mapping[str, str] | None = field(default=None, repr=False)
     cwd: str | None = None
     mode: str = "legacy"
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT
 
     def __post_init__(self) -> None:
         given = [name for name in ("command", "url", "server") if getattr(self, name)]
@@ -74,6 +96,8 @@ class UpstreamSpec:
             raise ConfigError("an upstream is exactly one of a command, a URL or a server object")
         if self.token is not None and self.url is None:
             raise ConfigError("an upstream token needs an upstream URL")
+        if self.call_timeout is not None and not self.call_timeout > 0:
+            raise ConfigError("the upstream call timeout must be positive seconds, or None for no bound")
 
     @classmethod
     def from_command_line(cls, command: str, **kwargs: Any) -> UpstreamSpec:
@@ -84,12 +108,19 @@ class UpstreamSpec:
         return cls(command=argv, **kwargs)
 
     def describe(self) -> str:
-        """A name for messages and logs (never the token)."""
-        if self.command:
-            return "command " + shlex.join(self.command)
+        """A name for messages and logs (never the token, nor a credential inside the URL)."""
+        if self.command:  # (masked too: a command may carry a URL, or `api_key=…`)
+            return "command " + self.masked(shlex.join(self.command))
         if self.url:
-            return f"URL {self.url}"
+            return f"URL {self.masked(self.url)}"
         return f"in-process server {getattr(self.server, 'name', type(self.server).__name__)!r}"
+
+    def masked(self, text: str) -> str:
+        """`text` (an error message, a log line) with the credentials of this upstream masked:
+        every URL's user info and secret parameters (`display_url`), and the token."""
+        shown = display_url(text, user_info=True)
+        # (A token too short to be one would mask ordinary words; no real bearer token is.)
+        return shown.replace(self.token, "***") if self.token and len(self.token) >= 8 else shown
 
     def transport(self) -> Any:
         """What `Client(...)` connects with: a watched stdio or HTTP transport, or the server itself."""
@@ -104,14 +135,39 @@ class UpstreamSpec:
             )
             return _Watched(stdio_client(params))
         if self.url:
+            mask_http_client_logs()
             return _Watched(_http_transport(self.url, self.token))
         return self.server
+
+
+class _MaskedRecord(logging.Filter):
+    """Rewrites a log record's message with every URL credential masked (`display_url`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = display_url(message, user_info=True)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+_MASKED_RECORD = _MaskedRecord()
+
+
+def mask_http_client_logs() -> None:
+    """Mask URL credentials in the HTTP client's log lines (it logs every request's full URL at
+    INFO, the SDK's transport its endpoint at DEBUG). Idempotent; a filter on those loggers only."""
+    for name in HTTP_CLIENT_LOGGERS:
+        target = logging.getLogger(name)
+        if _MASKED_RECORD not in target.filters:
+            target.addFilter(_MASKED_RECORD)
 
 
 @asynccontextmanager
 async def _http_transport(url: str, token: str | None) -> AsyncIterator[Any]:
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    from ..server.sdk_internals import create_mcp_http_client
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
     async with (
@@ -179,6 +235,19 @@ class Upstream:
         self._last_ok = -math.inf  # when the upstream last answered (anyio clock)
         #: The upstream's tools as last listed (refreshed on every connect).
         self.tools: dict[str, Tool] = {}
+        #: The log level a client last set (`set_log_level`), sent again on every new session.
+        self.log_level: LoggingLevel | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the last connect attempt failed (credentials masked), or None."""
+        return None if self._error is None else self.spec.masked(_reason(self._error))
+
+    @property
+    def connected(self) -> bool:
+        """Whether a session is up and not known dead (an HTTP upstream may have died unseen)."""
+        live = self._live
+        return live is not None and not live.ended.is_set()
 
     # -- the supervisor ----------------------------------------------------------------------------
 
@@ -195,7 +264,7 @@ class Upstream:
                 await self._hold_one()
             except Exception as exc:  # noqa: BLE001 - reported to every waiting caller
                 self._error = _leaf(exc)
-                logger.warning("upstream %s: %s", self.spec.describe(), _reason(self._error))
+                logger.warning("upstream %s: %s", self.spec.describe(), self.failure)
             finally:
                 self._live = None
                 self._announce()
@@ -218,6 +287,7 @@ class Upstream:
                     )
                 )
                 tools = await _all_tools(client)
+                await self._apply_log_level(client)
                 connecting.deadline = math.inf
                 await self._serve_session(client, ended, tools)
         if connecting.cancelled_caught:
@@ -233,6 +303,14 @@ class Upstream:
         await ended.wait()
         if not self._stop.is_set():
             logger.warning("upstream %s: connection closed; the next call reconnects", self.spec.describe())
+
+    async def _apply_log_level(self, client: Client) -> None:
+        """A new session starts at the upstream's own level: send the one a client asked for."""
+        if self.log_level is not None and serves_logging(client):
+            try:
+                await client.set_logging_level(self.log_level)
+            except MCPError as exc:  # a level it refuses must not cost the session
+                logger.debug("upstream %s refused log level %s: %s", self.spec.describe(), self.log_level, exc)
 
     def _announce(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -273,8 +351,7 @@ class Upstream:
                 await changed.wait()
             live = self._live
             if live is None or live.ended.is_set():
-                reason = _reason(self._error) if self._error else "no connection"
-                raise UpstreamUnavailableError(self.spec.describe(), reason)
+                raise UpstreamUnavailableError(self.spec.describe(), self.failure or "no connection")
             self._last_ok = anyio.current_time()
             return live.client
 
@@ -301,30 +378,57 @@ class Upstream:
         return client
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None, progress: Any = None
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
+        progress: Any = None,
+        timeout: float | None = None,
     ) -> CallToolResult | InputRequiredResult:
-        """Forward one `tools/call`. `UpstreamLost` if the connection broke with it outstanding;
-        an `MCPError` the upstream answered is re-raised as is (nothing happened there)."""
+        """Forward one `tools/call`, waiting at most `timeout` seconds for its answer (None: no
+        bound). `UpstreamLost` if the connection broke with it outstanding, `UpstreamTimedOut`
+        if the timeout passed first (only this call is abandoned; the session stays up); an
+        `MCPError` the upstream answered is re-raised as is (nothing happened there)."""
         client = await self.client()
         try:
             result = await client.session.call_tool(
                 name,
                 arguments,
+                read_timeout_seconds=timeout,
                 progress_callback=progress,
                 meta=meta,  # type: ignore[arg-type]
                 allow_input_required=True,
             )
         except MCPError as exc:
-            if exc.error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+            if exc.error.code == REQUEST_TIMEOUT:
+                # This request's own read timeout: the SDK has abandoned it (and told the upstream
+                # so); the session is healthy, and dropping it would lose every other call on it.
+                raise UpstreamTimedOut(f"the upstream did not answer {name!r} within {timeout} s") from exc
+            if exc.error.code == CONNECTION_CLOSED:
                 self.lost()
-                raise UpstreamLost(f"the upstream connection broke during the call ({exc.error.message})") from exc
+                raise UpstreamLost(self._broke(exc.error.message)) from exc
             raise
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             self.lost()
-            raise UpstreamLost(f"the upstream connection broke during the call ({type(exc).__name__})") from exc
+            raise UpstreamLost(self._broke(type(exc).__name__)) from exc
         self._last_ok = anyio.current_time()
         assert isinstance(result, CallToolResult | InputRequiredResult)
         return result
+
+    def _broke(self, detail: str) -> str:
+        return self.spec.masked(f"the upstream connection broke during the call ({detail})")
+
+    async def set_log_level(self, level: LoggingLevel) -> None:
+        """Set the upstream's log level (when it serves logging), now and on every new session."""
+        self.log_level = level
+        live = self._live
+        if live is not None and not live.ended.is_set() and serves_logging(live.client):
+            await live.client.set_logging_level(level)
+
+
+def serves_logging(client: Client) -> bool:
+    """Whether the upstream declared the `logging` capability."""
+    return client.server_capabilities.logging is not None
 
 
 def _leaf(exc: BaseException) -> BaseException:

@@ -574,6 +574,7 @@ class DurableServer(MCPServer[Any]):
         async def run(call: DurableCall | None) -> ToolOutcome:
             payload: bytes | None = None
             token = None
+            from_exception = False
             # A call journaled under a key its caller did not give must not ask its client (see
             # `_without_client_requests`): another session's call would be answered from it.
             guarded = call is not None and _asking_refused(policy, arguments, context)
@@ -592,6 +593,7 @@ class DurableServer(MCPServer[Any]):
                 if policy.exceptions != "persist" or isinstance(exc.__cause__, ClientRequestWithoutKeyError):
                     raise  # (a refused request to the client is released: never kept, whatever the policy)
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+                from_exception = True
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except MCPError as exc:  # passed through by the SDK: a JSON-RPC error, not a result
@@ -601,7 +603,7 @@ class DurableServer(MCPServer[Any]):
                     prevalidated.done(token)
             if guarded and isinstance(result, InputRequiredResult):
                 raise ClientRequestWithoutKeyError(name)  # 2026-07-28's way of asking the client
-            return self.tool_outcome(name, policy, result, payload)
+            return self.tool_outcome(name, policy, result, payload, from_exception=from_exception)
 
         return run
 
@@ -635,13 +637,21 @@ class DurableServer(MCPServer[Any]):
             return ToolOutcome(error, b"", is_error=True, final=False)
         if policy.exceptions != "persist":
             raise error
-        return self.tool_outcome(name, policy, protocol_error_result(error))
+        return self.tool_outcome(name, policy, protocol_error_result(error), from_exception=True)
 
     def tool_outcome(
-        self, name: str, policy: ToolPolicy, result: CallToolResult | InputRequiredResult, payload: bytes | None = None
+        self,
+        name: str,
+        policy: ToolPolicy,
+        result: CallToolResult | InputRequiredResult,
+        payload: bytes | None = None,
+        *,
+        from_exception: bool = False,
     ) -> ToolOutcome:
         """A run's result as the engine persists it: the result and its journaled JSON (`payload`,
-        when the conversion made it already: `dump_result(result)`).
+        when the conversion made it already: `dump_result(result)`). `from_exception`: the result
+        stands for an exception (or a JSON-RPC error) kept under `exceptions="persist"`, which
+        `tool_errors="release"` does not release.
 
         Interim (multi-round) answers are marked not final, so they are never journaled. A result
         over `max_result_bytes` raises `LimitExceeded` (the engine releases the claim), or under
@@ -660,7 +670,8 @@ class DurableServer(MCPServer[Any]):
                 raise  # the engine releases the claim; answered in run_durable
             result = self.refuse(name, exc, text=limits.outcome_text(exc, released=False))
             payload = dump_result(result)
-        return ToolOutcome(result, payload, is_error=bool(result.is_error))
+            from_exception = True
+        return ToolOutcome(result, payload, is_error=bool(result.is_error), from_exception=from_exception)
 
     async def run_durable(
         self,

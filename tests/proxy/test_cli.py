@@ -11,7 +11,7 @@ from mcp import Client, StdioServerParameters
 
 from mcp_durable.policy import ToolPolicy
 from mcp_durable.policy_file import parse_policies
-from tests.helpers import REPO, key_meta, serve_command
+from tests.helpers import REPO, free_port, key_meta, serve_command
 from tests.node_peers import package_bin
 from tests.proxy.upstreams import MEMORY
 
@@ -39,6 +39,7 @@ def test_print_config_writes_the_policies_the_proxy_would_use_for_the_upstream(t
 def test_usage_errors_exit_2_and_config_errors_exit_1(tmp_path: Path) -> None:
     assert _proxy().returncode == 2  # no upstream
     assert _proxy("--upstream-command", "x", "--upstream-url", "http://127.0.0.1:1/mcp").returncode == 2
+    assert _proxy("--upstream-command", "x", "--upstream-timeout", "0").returncode == 2
     bad = tmp_path / "bad.toml"
     bad.write_text("[tools.x]\nlease = -1\n")
     done = _proxy("--upstream-command", "x", "--policies", str(bad), "--print-config")
@@ -46,6 +47,31 @@ def test_usage_errors_exit_2_and_config_errors_exit_1(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
     done = _proxy("--upstream-command", str(tmp_path / "missing"), "--print-config", timeout=60)
     assert done.returncode == 1 and "cannot be reached" in done.stderr
+
+
+@pytest.mark.parametrize("where", ["url", "command"])
+def test_print_config_with_an_unreachable_upstream_says_so_in_one_line_without_a_traceback(
+    tmp_path: Path, where: str
+) -> None:
+    upstream = (
+        ["--upstream-url", f"http://127.0.0.1:{free_port()}/mcp"]
+        if where == "url"
+        else ["--upstream-command", str(tmp_path / "no-such-server")]
+    )
+    done = _proxy(*upstream, "--print-config", timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr  # before the fix: an exception group's traceback
+    [line] = done.stderr.splitlines()
+    assert line.startswith("mcp-durable: upstream ") and "cannot be reached" in line
+    debug = subprocess.run(
+        [*serve_command(), "--debug", "proxy", *upstream, "--print-config"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # --debug shows it
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])

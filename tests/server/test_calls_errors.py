@@ -45,3 +45,30 @@ async def test_an_unexpected_exception_lets_the_retry_run_the_tool_again(
     assert retried.meta is not None and "mcp-durable/replayed" not in retried.meta
     assert body_bytes(replayed) == body_bytes(retried)
     assert replayed.meta is not None and replayed.meta["mcp-durable/replayed"] is True
+
+
+async def test_an_exception_kept_under_persist_is_not_released_by_tool_errors_release(tmp_path: Path) -> None:
+    """`exceptions="persist"` keeps a crash's result; `tool_errors="release"` releases only a
+    tool's deliberate error result, never the one standing for a kept exception."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from mcp_durable import DurableServer, ToolPolicy
+
+    server = DurableServer("errors", journal=f"file://{tmp_path / 'journal'}")
+    runs: list[str] = []
+
+    @server.tool(durable=ToolPolicy(key_fields=("order_id",), exceptions="persist", tool_errors="release"))
+    def settle(order_id: str, declined: bool = False) -> str:
+        runs.append(order_id)
+        if declined:
+            raise ToolError(f"declined {order_id}")
+        raise RuntimeError(f"provider crashed on {order_id}")
+
+    try:
+        crashed = [await server.call_tool("settle", {"order_id": "o-1"}) for _ in range(2)]
+        declined = [await server.call_tool("settle", {"order_id": "o-2", "declined": True}) for _ in range(2)]
+    finally:
+        await server.aclose()
+    assert runs == ["o-1", "o-2", "o-2"]  # the kept crash replayed; the deliberate error released
+    assert all(getattr(result, "is_error", False) for result in crashed + declined)
+    assert getattr(crashed[1], "meta", {}).get("mcp-durable/replayed") is True

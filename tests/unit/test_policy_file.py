@@ -104,3 +104,21 @@ def test_the_printed_config_reads_back_as_the_same_policies() -> None:
         assert _effective(again.for_tool(name, None)) == _effective(policies.for_tool(name, hints)), name
     assert render_policies(tools, again).count("[tools.") == len(tools)
     assert Policies().for_tool("x", None) is None
+
+
+def test_the_policies_say_which_settings_the_file_chose_itself_for_each_tool() -> None:
+    policies = parse_policies(
+        """
+[defaults]
+wait = 5
+[tools.refund]
+tool_errors = "persist"
+[tools.search]
+durable = true
+"""
+    )
+    assert policies.chose("refund", "tool_errors") and policies.chose("refund", "wait")
+    assert not policies.chose("search", "tool_errors") and policies.chose("search", "wait")
+    assert not policies.chose("unlisted", "wait")
+    built = Policies({"refund": ToolPolicy()})  # in code: a listed tool's settings are as written
+    assert built.chose("refund", "tool_errors") and not built.chose("other", "tool_errors")

@@ -15,6 +15,10 @@ server: uvicorn, no journal), over stdio the same way, or made durable in proces
   returns that row without a new effect.
 - `progress(steps)`: reports `steps` progress notifications.
 - `ask_client(prompt)`: a sampling request to the calling client; returns the answer.
+- `flaky(text)`: `idempotentHint: true`; counts `flaky`; its first execution raises (a transient
+  crash, which the SDK answers as an `isError` result), every later one succeeds.
+- `stall(text)`: no hints (pass-through); counts `stall`, waits for the gate, counts `stall.done`.
+- `chatty()`: no hints; sends one log message at each of debug, info, warning and error.
 """
 
 from __future__ import annotations
@@ -124,6 +128,35 @@ async def ask_client(prompt: str, ctx: Context[Any, Any]) -> str:
     )
     content = result.content
     return content.text if isinstance(content, TextContent) else str(content)
+
+
+@server.tool(annotations=IDEMPOTENT)
+def flaky(text: str) -> dict[str, Any]:
+    """Fails its first execution with an exception (the SDK answers `isError`), then succeeds."""
+    n = _counter().hit("flaky")
+    if n == 1:
+        raise RuntimeError("the database is restarting")
+    return {"text": text, "execution": n, "run": uuid.uuid4().hex}
+
+
+@server.tool()
+async def stall(text: str) -> dict[str, Any]:
+    """A pass-through tool that runs until the test opens the gate."""
+    counter = _counter()
+    counter.hit("stall")
+    await _wait_for_gate(counter)
+    counter.hit("stall.done")
+    return {"text": text, "run": uuid.uuid4().hex}
+
+
+@server.tool()
+async def chatty(ctx: Context[Any, Any]) -> str:
+    """One log message at each of four levels, then an answer."""
+    await ctx.debug("chatty debug")
+    await ctx.info("chatty info")
+    await ctx.warning("chatty warning")
+    await ctx.error("chatty error")
+    return "said four things"
 
 
 @server.resource("plain://greeting", mime_type="text/plain")
