@@ -119,6 +119,10 @@ async def test_an_open_page_updates_live_when_a_call_changes(browser: Any, tmp_p
             await alice.call_tool("record", {"text": "live"}, meta=key_meta("live-2"))
         await expect(ops.locator("#calls-total")).to_have_text("2", timeout=20_000)
         assert await bob.inner_text("#calls-total") == "0"
+        # The pages' event streams end before the server stops: it would wait for them to close
+        # (until it is killed) instead of stopping at once.
+        for page in (ops, bob):
+            await page.context.close()
 
 
 async def test_the_console_on_its_own_reads_a_file_journal_beside_its_running_server(

@@ -19,6 +19,7 @@ from mcp_types import CallToolResult
 from mcp_durable import CallIdentity, CallRecord, CallState, JournalLockedError, create_journal
 from tests.crash.crash_servers.harness import error_code, journal_url
 from tests.crash.crash_servers.hooks import Counter
+from tests.crash.replicas import serve_http_together
 from tests.helpers import serve_http
 
 TARGET = "tests.crash.crash_servers.leases:make_server"
@@ -60,10 +61,9 @@ async def test_a_tool_running_longer_than_three_leases_keeps_its_lease_and_a_sec
     base = {"CRASH_COUNTER": str(events.path), "CRASH_LEASE": str(LEASE)}
     seconds = 5 * LEASE  # five lease periods: without renewals the lease would expire four times over
     result: dict[str, Any] = {}
-    async with (
-        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": str(seconds)}) as first,
-        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "0"}) as second,
-    ):
+    async with serve_http_together(
+        (TARGET, url, {**base, "TASK_SECONDS": str(seconds)}), (TARGET, url, {**base, "TASK_SECONDS": "0"})
+    ) as (first, second):
         async with Client(first.url, mode="legacy") as a, Client(second.url, mode="legacy") as b:
 
             async def run_first() -> None:
@@ -99,10 +99,9 @@ async def test_a_dead_servers_lease_expires_and_a_second_server_on_the_shared_jo
     url = journal_url("sqlite", tmp_path)
     events = Counter(tmp_path / "events.log")
     base = {"CRASH_COUNTER": str(events.path), "CRASH_LEASE": str(LEASE)}
-    async with (
-        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "60"}) as first,
-        serve_http(TARGET, journal=url, env={**base, "TASK_SECONDS": "0"}) as second,
-    ):
+    async with serve_http_together(
+        (TARGET, url, {**base, "TASK_SECONDS": "60"}), (TARGET, url, {**base, "TASK_SECONDS": "0"})
+    ) as (first, second):
         async with anyio.create_task_group() as tg:
 
             async def doomed() -> None:

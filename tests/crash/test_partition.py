@@ -56,7 +56,7 @@ from tests.crash.late_owners import (
     refusal_code,
     until,
 )
-from tests.helpers import serve_http
+from tests.crash.replicas import serve_http_together
 
 pytestmark = pytest.mark.postgres
 
@@ -170,10 +170,10 @@ async def _partition(tmp_path: Path, journal: str, policy: str, downstream: str,
 
     with anyio.fail_after(60), BlackHole(parts.hostname or "127.0.0.1", parts.port or 5432) as hole:
         async with (
-            serve_http(
-                TARGET, journal=_through(journal, hole.port), env={**stores, **hold.env, "REPLICA_NAME": "A"}
-            ) as a,
-            serve_http(TARGET, journal=journal, env={**stores, "REPLICA_NAME": "B"}) as b,
+            serve_http_together(
+                (TARGET, _through(journal, hole.port), {**stores, **hold.env, "REPLICA_NAME": "A"}),
+                (TARGET, journal, {**stores, "REPLICA_NAME": "B"}),
+            ) as (a, b),
             reading(journal) as store,
             anyio.create_task_group() as group,
         ):

@@ -22,6 +22,7 @@ import pytest
 from mcp import Client
 
 from tests.backends.pg_cluster import scratch_schema
+from tests.crash.replicas import serve_http_together
 from tests.helpers import serve_command, serve_http
 from tests.server.servers.counting import Counter
 from tests.server.test_operator_actions import TARGET, refusal_code, runs_per_step, wait_for
@@ -47,10 +48,7 @@ async def test_an_admin_on_another_replica_cancels_a_running_call_and_the_owner_
     log = Counter(tmp_path / "steps.log")
     env = {"STEPS_LOG": str(log.path), "STEPS_LEASE": "1", "MCP_DURABLE_ADMINS": "local"}
     results: list[Any] = []
-    async with (
-        serve_http(TARGET, journal=shared_journal, env=env) as a,
-        serve_http(TARGET, journal=shared_journal, env=env) as b,
-    ):
+    async with serve_http_together((TARGET, shared_journal, env), (TARGET, shared_journal, env)) as (a, b):
         async with anyio.create_task_group() as group:
             group.start_soon(held_call, a.url, "J-6", results)
             await wait_for(log, "charge J-6")

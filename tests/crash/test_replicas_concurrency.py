@@ -18,7 +18,8 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
-from tests.helpers import ServedHttp, key_meta, serve_http
+from tests.crash.replicas import serve_http_together
+from tests.helpers import ServedHttp, key_meta
 
 pytestmark = pytest.mark.postgres
 
@@ -42,7 +43,7 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
         return [_seen(result) for _, result in results.values() if result.is_error]
 
     async with AsyncExitStack() as stack:
-        replicas = [await stack.enter_async_context(serve_http(TARGET, journal=journal, env=env)) for _ in range(3)]
+        replicas = await stack.enter_async_context(serve_http_together(*[(TARGET, journal, env)] * 3))
         # Runs before the replicas stop (and their stderr files go): keeps what they logged.
         stack.push(lambda *exc: _keep_stderr(replicas, tmp_path, shown=exc[1] is not None or bool(error_answers())))
         # Two clients per replica, shared by the calls; 50 calls in flight at most (2 cores).

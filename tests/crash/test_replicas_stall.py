@@ -44,7 +44,8 @@ from tests.crash.late_owners import (
     recorded,
     until,
 )
-from tests.helpers import ServedHttp, serve_http
+from tests.crash.replicas import serve_http_together
+from tests.helpers import ServedHttp
 
 pytestmark = pytest.mark.postgres
 
@@ -122,8 +123,10 @@ async def _replicas(
     hold = Hold.under(tmp_path, "r1")
     with anyio.fail_after(60):
         async with (
-            serve_http(TARGET, journal=journal, env={**stores, **hold.env, "REPLICA_NAME": "r1"}) as r1,
-            serve_http(TARGET, journal=journal, env={**stores, "REPLICA_NAME": "r2"}) as r2,
+            serve_http_together(
+                (TARGET, journal, {**stores, **hold.env, "REPLICA_NAME": "r1"}),
+                (TARGET, journal, {**stores, "REPLICA_NAME": "r2"}),
+            ) as (r1, r2),
             reading(journal) as store,
         ):
             with _resumed_at_exit(r1):  # a stopped process ignores SIGTERM: resume it before it is stopped

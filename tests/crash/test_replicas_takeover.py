@@ -19,8 +19,9 @@ import pytest
 from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
+from tests.crash.replicas import serve_http_together
 from tests.crash.test_replicas_concurrency import TARGET
-from tests.helpers import key_meta, meta_of, serve_http
+from tests.helpers import key_meta, meta_of
 
 pytestmark = pytest.mark.postgres
 
@@ -32,11 +33,14 @@ async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_dou
     journal = replicas_journal
     tool = "slow_refund" if policy == "retry" else "slow_refund_refused"
     ledger = PaymentProvider(tmp_path / "ledger.db")
-    env = {"PAYMENTS_LEDGER": str(ledger.path), "SLOW_TOOL_SECONDS": "3"}
+    env = {"PAYMENTS_LEDGER": str(ledger.path)}
     key = "order-7-refund"
     arguments = {"order_id": "O-7", "amount_cents": 1250}
 
-    async with serve_http(TARGET, journal=journal, env=env) as a, serve_http(TARGET, journal=journal, env=env) as b:
+    # A lingers in the window long enough to be killed there; B's run (under `retry`) need not linger.
+    async with serve_http_together(
+        (TARGET, journal, {**env, "SLOW_TOOL_SECONDS": "3"}), (TARGET, journal, {**env, "SLOW_TOOL_SECONDS": "0"})
+    ) as (a, b):
 
         async def call_a() -> None:
             async with Client(a.url) as client:

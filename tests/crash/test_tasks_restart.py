@@ -25,6 +25,7 @@ from mcp import Client
 
 from mcp_durable.demo.ledger import PaymentProvider
 from tests.conftest import scratch_postgres_url
+from tests.crash.replicas import serve_http_together
 from tests.helpers import ServedHttp, serve_http
 from tests.server.servers.counting import Counter
 from tests.server.task_client import create_legacy_task, request
@@ -56,6 +57,12 @@ class Setup:
     async def serve(self, journal: str) -> AsyncIterator[ServedHttp]:
         async with serve_http(TASKS, journal=journal, env=self.env) as served:
             yield served
+
+    @asynccontextmanager
+    async def serve_replicas(self, journal: str) -> AsyncIterator[list[ServedHttp]]:
+        """Two replicas on `journal`, booted at the same time."""
+        async with serve_http_together((TASKS, journal, self.env), (TASKS, journal, self.env)) as replicas:
+            yield replicas
 
 
 async def _create_then_kill(setup: Setup, served: ServedHttp) -> str:
@@ -138,7 +145,7 @@ async def test_a_replica_answers_for_another_replicas_task_and_resumes_it_when_t
     tmp_path: Path, postgres_journal: str
 ) -> None:
     setup = Setup(tmp_path, "retry")
-    async with setup.serve(postgres_journal) as a, setup.serve(postgres_journal) as b:
+    async with setup.serve_replicas(postgres_journal) as (a, b):
         async with Client(a.url, mode="legacy") as client:
             task_id = (await create_legacy_task(client, "refund", ARGS))["task"]["taskId"]
         await setup.until("wait O-1")
@@ -160,7 +167,7 @@ async def test_a_cancel_sent_to_another_replica_stops_the_tool_on_the_owner(
     tmp_path: Path, postgres_journal: str
 ) -> None:
     setup = Setup(tmp_path, "retry")
-    async with setup.serve(postgres_journal) as a, setup.serve(postgres_journal) as b:
+    async with setup.serve_replicas(postgres_journal) as (a, b):
         async with Client(a.url, mode="legacy") as client:
             task_id = (await create_legacy_task(client, "refund", ARGS))["task"]["taskId"]
         await setup.until("wait O-1")
