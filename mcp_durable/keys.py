@@ -156,7 +156,7 @@ _PRINCIPAL_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) not in "%:
 
 def _principal_part(principal: str) -> str:
     """`principal` percent-encoded so it holds no `:` and only printable ASCII (injective)."""
-    part = quote(principal, safe=_PRINCIPAL_SAFE)
+    part = quote(principal, safe=_PRINCIPAL_SAFE, errors="surrogatepass")  # a lone surrogate too (JSON allows it)
     if part in _RESERVED:
         part = f"%{ord(part[0]):02X}{part[1:]}"
     return part
@@ -194,7 +194,7 @@ def step_key(principal: str, key: str, name: str) -> str:
     `local` step key has one only where its scoped key has, and the principal part before the
     first `:` still names the principal. (Within one principal, a step key can equal the scoped
     key of a call whose key ends in `/name`.)"""
-    scoped = f"{scoped_key(principal, key)}/{quote(name, safe=_STEP_SAFE)}"
+    scoped = f"{scoped_key(principal, key)}/{quote(name, safe=_STEP_SAFE, errors='surrogatepass')}"
     if len(scoped) <= MAX_KEY_LENGTH and scoped.isascii() and scoped.isprintable():
         return scoped
     return f"{_HASHED_STEP}:" + hashlib.sha256(scoped.encode()).hexdigest()
