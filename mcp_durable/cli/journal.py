@@ -132,13 +132,12 @@ async def _sensitive(journal: Journal) -> dict[str, tuple[str, ...]]:
 
 
 async def _find(journal: Journal, tool: str, key: str, principal: str | None) -> list[CallRecord]:
-    """The records of (tool, key): of `principal` if given, else of every principal."""
+    """The records of (tool, key): of `principal` if given, else of every principal (newest
+    first), each found through the journal's index, never by reading the tool's other calls."""
     if principal is not None:
         record = await journal.get(CallIdentity(principal, tool, key))
         return [] if record is None else [record]
-    from ..journal.transfer import iter_calls
-
-    return [record async for record in iter_calls(journal, tool=tool) if record.identity.key == key]
+    return await journal.find_calls(tool, key)
 
 
 async def _one_record(journal: Journal, args: argparse.Namespace) -> CallRecord:

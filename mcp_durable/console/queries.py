@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..engine.operators import audit_entries
-from ..journal.base import CallCursor, CallQuery, Journal
+from ..journal.base import CallCursor, CallQuery, CountQuery, Journal
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..server.redact import iso, record_view, steps_view
 from ..server.resources import in_doubt_records, stats_body
@@ -23,8 +22,6 @@ from ..steps import load_steps
 #: Records the call list reads at most for one page (a narrow key prefix over a huge journal
 #: shows a short page with a link to go on, rather than reading everything).
 MAX_SCAN = 20_000
-#: Records the calls-per-minute chart reads at most.
-MAX_CHART = 100_000
 _BATCH = 500
 Sensitive = Callable[[str], Awaitable[tuple[str, ...]]]
 
@@ -43,24 +40,17 @@ def parse_time(text: str | None) -> float | None:
 
 
 async def overview(journal: Journal, principal: str | None, now: float) -> dict[str, Any]:
-    """Counts by state and tool, calls per minute over the last hour, the oldest call in doubt."""
+    """Counts by state and tool, calls per minute over the last hour, the oldest call in doubt.
+
+    The chart is the journal's count of the records created since an hour ago, per minute
+    (`Journal.count_calls`); a record dated after `now` (another host's clock) counts in the
+    last minute."""
     counts = await stats_body(journal, principal)
-    per_minute = [0] * 60
     start = now - 3600
-    cursor: CallCursor | None = None
-    read = 0
-    while read < MAX_CHART:
-        batch = await journal.list_calls(CallQuery(principal=principal, limit=_BATCH, cursor=cursor))
-        for record in batch:
-            if record.created_at < start:
-                batch = []
-                break
-            minute = min(59, int((record.created_at - start) // 60))
-            per_minute[minute] += 1
-        read += len(batch)
-        if len(batch) < _BATCH:
-            break
-        cursor = CallCursor.after(batch[-1])
+    per_minute = [0] * 60
+    hour = await journal.count_calls(CountQuery(principal=principal, since=start, bucket_s=60))
+    for minute, n in hour.by_bucket.items():
+        per_minute[min(59, minute)] += n
     doubtful = await in_doubt_records(journal, principal, now)
     oldest = min(doubtful, key=lambda r: r.created_at) if doubtful else None
     return {"counts": counts, "per_minute": per_minute, "in_doubt": len(doubtful), "oldest_in_doubt": oldest}
@@ -132,13 +122,14 @@ async def call_page(
 
 
 async def call_detail(journal: Journal, identity: CallIdentity, sensitive: tuple[str, ...]) -> dict[str, Any] | None:
-    """One call: its record view (masked), its durable steps, its timeline and operator actions."""
+    """One call: its record view (masked), its durable steps, its timeline and operator actions
+    (the journal's audit entries of this call, found through its index)."""
     record = await journal.get(identity)
     if record is None:
         return None
     view = record_view(record, sensitive)
     steps = steps_view(record, await load_steps(journal, record.run_id), sensitive)
-    actions = [{"at": iso(e.ts), **e.data} for e in await audit_entries(journal, identity)]
+    actions = [{"at": iso(e.ts), **e.data} for e in await journal.audit_entries(identity)]
     timeline = [("created (claimed)", record.created_at)]
     timeline += [(f"step {s['index']} {s['name']}", _ts(s["at"])) for s in steps]
     timeline += [(f"operator: {a['action']} by {a['by']}", _ts(a["at"])) for a in actions]

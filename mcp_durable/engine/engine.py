@@ -44,7 +44,7 @@ import orjson
 
 from .. import keys, observe
 from ..errors import CallCancelledError, ConfigError, InDoubtError, InProgressError, KeyReuseError, TaskCancelledError
-from ..journal.base import Journal
+from ..journal.base import AUDIT_ENTRY, AUDIT_PROCESS, Journal
 from ..journal.model import CallIdentity, CallRecord, CallState, Reason
 from ..journal.processes import ProcessJournal
 from ..keys import LOCAL_PRINCIPAL
@@ -100,6 +100,9 @@ def superseded(record: CallRecord) -> CallOutcome:
         superseded=True,
     )
 
+
+#: Expired records dropped per `Journal.purge_expired_calls` (each batch one transaction on SQL).
+PURGE_BATCH = 1000
 
 Finals = dict[CallIdentity, tuple[CallRecord, CallOutcome]]
 #: The replay cache of each single-writer journal object, shared by the engines of this process
@@ -633,7 +636,7 @@ class Engine:
                     await self.journal.append(steps_process_id(after.run_id), STEP_ENTRY, step.data, now)
             if await self.journal.swap(record.version, after):
                 data = operators.audit_entry(record, after, verdict)
-                await self.journal.append(operators.AUDIT_PROCESS, operators.AUDIT_ENTRY, data, after.updated_at)
+                await self.journal.append(AUDIT_PROCESS, AUDIT_ENTRY, data, after.updated_at)
                 await self.notify_changed(after)
                 if after.cancelled:
                     self.stop_run(identity, after.reason or Reason.OPERATOR_CANCELLED)
@@ -646,6 +649,13 @@ class Engine:
             running.stop(why)
 
     async def purge_expired(self) -> int:
-        """Drop records whose retention has ended; returns how many."""
+        """Drop records whose retention has ended, with the durable-step entries of their runs (a
+        run of an expired record never resumes); returns how many records."""
         await self.start()
-        return await self.journal.purge_expired(self.clock())
+        now = self.clock()
+        purged = 0
+        while True:
+            done = await self.journal.purge_expired_calls(now, PURGE_BATCH)
+            if not done.calls:
+                return purged
+            purged += len(done.calls)

@@ -44,9 +44,6 @@ Resolution = Literal["completed", "failed", "not_applied"]
 RESOLUTIONS: tuple[Resolution, ...] = get_args(Resolution)
 #: How the `error` text (for people) of a record an operator cancelled begins.
 OPERATOR_CANCELLED = "cancelled by an operator"
-#: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each).
-AUDIT_PROCESS = "mcp-durable/operator-actions"
-AUDIT_ENTRY = "operator_action"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,12 +204,6 @@ def audit_entry(before: CallRecord, after: CallRecord, verdict: Verdict) -> dict
 
 
 async def audit_entries(journal: Journal, identity: CallIdentity) -> list[JournalEntry]:
-    """The audit entries of operator actions on the call `identity`, oldest first."""
-    entries = await journal.entries(process_id=AUDIT_PROCESS)
-    return [
-        e
-        for e in entries
-        if e.entry_type == AUDIT_ENTRY
-        and (e.data.get("principal"), e.data.get("tool"), e.data.get("key"))
-        == (identity.principal, identity.tool, identity.key)
-    ]
+    """The audit entries of operator actions on the call `identity`, oldest first (the journal
+    finds them through its index of audit entries by call)."""
+    return await journal.audit_entries(identity)

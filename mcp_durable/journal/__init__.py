@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import config
 from ..errors import ConfigError
-from .base import CallCursor, CallQuery, Journal
+from .base import CallCounts, CallCursor, CallQuery, CountQuery, Journal, PurgedCalls
 from .masked_urls import display_url
 from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats, Reason
 
@@ -54,17 +54,20 @@ def create_journal(url: str | None = None) -> Journal:
 
 
 __all__ = [
+    "CallCounts",
     "CallCursor",
     "CallQuery",
     "CallIdentity",
     "CallRecord",
     "CallState",
+    "CountQuery",
     "DEFAULT_JOURNAL_URL",
     "Fence",
     "ENV_JOURNAL",
     "Journal",
     "JournalEntry",
     "JournalStats",
+    "PurgedCalls",
     "Reason",
     "create_journal",
     "default_journal_url",

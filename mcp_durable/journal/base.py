@@ -7,6 +7,8 @@ record means. A backend is done when it passes `tests/contract/`, unchanged.
 from __future__ import annotations
 
 import functools
+import math
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
@@ -71,6 +73,125 @@ class CallQuery:
 
 #: `list_calls()` without a query: the newest 100 calls.
 RECENT_CALLS = CallQuery()
+
+
+@dataclass(frozen=True, slots=True)
+class CountQuery:
+    """Which calls `Journal.count_calls` counts: every stored record (expired ones too, until a
+    purge drops them) of `principal` (None: every principal's) whose `created_at` lies in
+    `[since, until)` (None: unbounded on that side). With `bucket_s`, the records are also
+    counted per bucket of `bucket_s` seconds from `since` (which it needs): bucket
+    `floor((created_at - since) / bucket_s)`, in IEEE double arithmetic on every backend.
+
+    `matches`, `bucket` and `count` are the reference semantics.
+    """
+
+    principal: str | None = None
+    since: float | None = None
+    until: float | None = None
+    bucket_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.bucket_s is not None and (self.since is None or not self.bucket_s > 0):
+            raise ValueError("CountQuery.bucket_s needs `since` and a positive width")
+
+    @property
+    def ranged(self) -> bool:
+        """Whether a time range narrows the records (else every record of the principal counts)."""
+        return self.since is not None or self.until is not None
+
+    def in_range(self, created_at: float) -> bool:
+        return (self.since is None or created_at >= self.since) and (self.until is None or created_at < self.until)
+
+    def matches(self, record: CallRecord) -> bool:
+        return (self.principal is None or record.identity.principal == self.principal) and self.in_range(
+            record.created_at
+        )
+
+    def bucket(self, created_at: float) -> int | None:
+        """The bucket of a record created at `created_at` (None without `bucket_s`)."""
+        if self.bucket_s is None or self.since is None:
+            return None
+        return math.floor((created_at - self.since) / self.bucket_s)
+
+    def count(self, records: Iterable[CallRecord]) -> CallCounts:
+        """The counts of `records` this query selects: the reference for every backend."""
+        tally = CountTally()
+        for r in records:
+            if self.matches(r):
+                i = r.identity
+                tally.add(i.principal, i.tool, r.state.value, 1, r.created_at, self.bucket(r.created_at))
+        return tally.counts()
+
+
+@dataclass(frozen=True, slots=True)
+class CallCounts:
+    """What `Journal.count_calls` answers: record counts by state (its value), tool, principal
+    and bucket (`CountQuery.bucket`; empty without `bucket_s`), each with only the keys that
+    count at least one record, in key order; and the oldest `created_at` among them."""
+
+    by_state: dict[str, int]
+    by_tool: dict[str, int]
+    by_principal: dict[str, int]
+    by_bucket: dict[int, int]
+    oldest_created_at: float | None
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_state.values())
+
+
+class CountTally:
+    """Builds a `CallCounts` from groups of records `(principal, tool, state, n, oldest, bucket)`:
+    what every backend's `count_calls` adds up, from rows, counters or records."""
+
+    __slots__ = ("_state", "_tool", "_principal", "_bucket", "_oldest")
+
+    def __init__(self) -> None:
+        self._state: Counter[str] = Counter()
+        self._tool: Counter[str] = Counter()
+        self._principal: Counter[str] = Counter()
+        self._bucket: Counter[int] = Counter()
+        self._oldest: float | None = None
+
+    def add(
+        self, principal: str, tool: str, state: str, n: int, oldest: float | None = None, bucket: int | None = None
+    ) -> None:
+        if n == 0:
+            return
+        self._state[state] += n
+        self._tool[tool] += n
+        self._principal[principal] += n
+        if bucket is not None:
+            self._bucket[bucket] += n
+        if oldest is not None and (self._oldest is None or oldest < self._oldest):
+            self._oldest = oldest
+
+    def oldest(self, created_at: float | None) -> None:
+        """Take `created_at` as the oldest if it is older than what was added (None: nothing)."""
+        if created_at is not None and (self._oldest is None or created_at < self._oldest):
+            self._oldest = created_at
+
+    def counts(self) -> CallCounts:
+        def ordered(counter: Counter[Any]) -> dict[Any, int]:
+            return {k: n for k, n in sorted(counter.items()) if n > 0}
+
+        return CallCounts(
+            ordered(self._state), ordered(self._tool), ordered(self._principal), ordered(self._bucket), self._oldest
+        )
+
+
+#: `count_calls()` without a query: every stored record.
+ALL_CALLS = CountQuery()
+
+
+@dataclass(frozen=True, slots=True)
+class PurgedCalls:
+    """What `Journal.purge_expired_calls` dropped: each record's identity and `run_id`, and how
+    many durable-step entries of those runs went with them."""
+
+    calls: tuple[tuple[CallIdentity, str], ...] = ()
+    step_entries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +301,12 @@ class Journal(Protocol):
         """The stored record of `identity` (expired or not: the caller decides), or None."""
         ...
 
+    async def find_calls(self, tool: str, key: str) -> list[CallRecord]:
+        """The stored records of `(tool, key)` of every principal (expired or not), newest first
+        (`sort_key` reversed, as `list_calls` orders them). Found through an index: the cost
+        grows with the principals that hold a record of `tool`, not with the records."""
+        ...
+
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         """The record whose `task_id` is `task_id` and whose principal is `principal`, or None
         (another principal's task is None, like an unknown id)."""
@@ -232,8 +359,30 @@ class Journal(Protocol):
         """Drop every record with `expires_at <= now`; return how many. Process entries stay."""
         ...
 
+    async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
+        """Drop records with `expires_at <= now` (the earliest expiries first) together with the
+        durable-step entries of their runs (`steps/<run_id>`, dropped as `purge_entries` drops
+        entries), and say what went: at least one record when any has expired, at most `limit`
+        unless the backend drops every record expired at `now` at once (the file and memory
+        journals do: one frame stands for them all). Callers repeat until nothing is dropped.
+
+        Found through an index of expiries: the cost grows with what is dropped, not with the
+        journal. On SQLite and Postgres the records and their steps go in one transaction."""
+        ...
+
+    async def count_calls(self, query: CountQuery = ALL_CALLS) -> CallCounts:
+        """The counts of the records `query` selects (`CountQuery.count` is the reference): by
+        state, tool, principal and time bucket, with the oldest `created_at` among them. A
+        query with a principal never counts another principal's record.
+
+        Answered from what the journal maintains, not by reading records: without a time range
+        its cost does not grow with the number of records (kept counts, and an index for the
+        oldest); with one, it grows with the records created in that range only."""
+        ...
+
     async def stats(self) -> JournalStats:
-        """Counts by state and tool, entries, size and the oldest record's time."""
+        """Counts by state and tool, entries, size and the oldest record's time: the counts
+        `count_calls()` gives (and a kept count of entries), so no record is read."""
         ...
 
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
@@ -246,6 +395,13 @@ class Journal(Protocol):
     ) -> list[JournalEntry]:
         """Entries with `seq > after` (of `process_id` only, if given), in `seq` order, at most
         `limit`."""
+        ...
+
+    async def audit_entries(self, identity: CallIdentity) -> list[JournalEntry]:
+        """The entries of type `AUDIT_ENTRY` of process `AUDIT_PROCESS` whose data names the call
+        `identity` (its `principal`, `tool` and `key`), in `seq` order (dropped ones never).
+        Found through an index of the audit process by call: the cost grows with that call's
+        entries, not with the audit process."""
         ...
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
@@ -285,6 +441,23 @@ class Maintainable(Protocol):
 
 
 CHECKPOINT = "checkpoint"
+#: The process whose entries are the audit trail of operator actions (one `AUDIT_ENTRY` each,
+#: its data naming the call: `principal`, `tool`, `key`); backends index them by that call
+#: (`Journal.audit_entries`).
+AUDIT_PROCESS = "mcp-durable/operator-actions"
+AUDIT_ENTRY = "operator_action"
+
+
+def audited_call(process_id: str, entry_type: str, data: Any) -> CallIdentity | None:
+    """The call an audit entry names (what `audit_entries` finds it by), or None for any other entry."""
+    if process_id != AUDIT_PROCESS or entry_type != AUDIT_ENTRY or not isinstance(data, dict):
+        return None
+    principal, tool, key = data.get("principal"), data.get("tool"), data.get("key")
+    if isinstance(principal, str) and isinstance(tool, str) and isinstance(key, str):
+        return CallIdentity(principal, tool, key)
+    return None
+
+
 #: The entry type of a durable step (`append_step`); its process is `step_process_id(run_id)`.
 STEP = "step"
 

@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Hashable
 from typing import Any
 
-from .base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
+from .base import (
+    ALL_CALLS,
+    CHECKPOINT,
+    RECENT_CALLS,
+    STEP,
+    CallCounts,
+    CallQuery,
+    ChangeSignals,
+    CountQuery,
+    PurgedCalls,
+    RecoveryReport,
+    audited_call,
+    sort_key,
+    step_process_id,
+)
 from .model import CallIdentity, CallRecord, Fence, JournalEntry, JournalStats
 from .record_json import step_data, step_index
+from .tally import Facts, RecordTally
 
 
 class MemoryJournal:
@@ -29,6 +43,22 @@ class MemoryJournal:
         self._steps: dict[tuple[str, int], int] = {}
         self._signals = ChangeSignals()
         self.recovery: RecoveryReport | None = None
+        #: The audit entries of each call (`audit_entries`), as appended (dropped ones stay here
+        #: and are skipped on read).
+        self._audits: dict[CallIdentity, list[JournalEntry]] = {}
+        # Counts, records by creation time and by expiry: what the file journal keeps too, so
+        # counting and purging here cost what they cost there (`tally.py`).
+        self._tally: RecordTally[CallIdentity] = RecordTally(self._facts, list, (_name, _name, _name))
+
+    def _facts(self, identity: CallIdentity) -> Facts | None:
+        record = self._calls.get(identity)
+        return None if record is None else _facts_of(record)
+
+    def _store(self, record: CallRecord, before: CallRecord | None) -> None:
+        self._calls[record.identity] = record
+        self._tally.changed(record.identity, None if before is None else _facts_of(before), _facts_of(record))
+        self._index_task(record)
+        self._signals.notify(record.identity)
 
     async def open(self) -> None:
         if self.recovery is None:
@@ -41,9 +71,7 @@ class MemoryJournal:
         existing = self._calls.get(record.identity)
         if existing is not None and not existing.is_expired(now):
             return False, existing
-        self._calls[record.identity] = record
-        self._index_task(record)
-        self._signals.notify(record.identity)
+        self._store(record, existing)
         return True, record
 
     async def get(self, identity: CallIdentity) -> CallRecord | None:
@@ -53,14 +81,22 @@ class MemoryJournal:
         existing = self._calls.get(record.identity)
         if existing is None or existing.version != expected_version:
             return False
-        self._calls[record.identity] = record
-        self._index_task(record)
-        self._signals.notify(record.identity)
+        self._store(record, existing)
         return True
 
     def _index_task(self, record: CallRecord) -> None:
         if record.task_id is not None:
             self._tasks[(record.identity.principal, record.task_id)] = record.identity
+
+    async def find_calls(self, tool: str, key: str) -> list[CallRecord]:
+        # Only the principals with a record of `tool` are looked up (the counts know them).
+        found = [
+            record
+            for principal, groups in self._tally.counts.by_principal.items()
+            if any(group[0] == tool for group in groups)
+            and (record := self._calls.get(CallIdentity(str(principal), tool, key))) is not None
+        ]
+        return sorted(found, key=sort_key, reverse=True)
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         identity = self._tasks.get((principal, task_id))
@@ -94,22 +130,38 @@ class MemoryJournal:
         return query.page(self._calls.values())
 
     async def purge_expired(self, now: float) -> int:
-        expired = [identity for identity, record in self._calls.items() if record.is_expired(now)]
+        expired = self._tally.take_expired(now)
         for identity in expired:
-            del self._calls[identity]
+            self._tally.changed(identity, _facts_of(self._calls.pop(identity)), None)
         if expired:
             self._tasks = {k: i for k, i in self._tasks.items() if i in self._calls}
         return len(expired)
 
+    async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
+        # Every record expired at `now` at once, as `purge_expired` drops them.
+        gone: list[tuple[CallIdentity, str]] = []
+        for identity in self._tally.take_expired(now):
+            record = self._calls.pop(identity)
+            self._tally.changed(identity, _facts_of(record), None)
+            gone.append((identity, record.run_id))
+        if not gone:
+            return PurgedCalls()
+        self._tasks = {k: i for k, i in self._tasks.items() if i in self._calls}
+        steps = await self.purge_entries({step_process_id(run_id) for _, run_id in gone})
+        return PurgedCalls(tuple(gone), steps)
+
+    async def count_calls(self, query: CountQuery = ALL_CALLS) -> CallCounts:
+        return self._tally.count(query, query.principal)
+
     async def stats(self) -> JournalStats:
-        records = list(self._calls.values())
+        counts = self._tally.count(ALL_CALLS, None)
         return JournalStats(
             backend="memory",
-            calls_by_state=dict(Counter(r.state.value for r in records)),
-            calls_by_tool=dict(Counter(r.identity.tool for r in records)),
+            calls_by_state=counts.by_state,
+            calls_by_tool=counts.by_tool,
             entries=len(self._entries) - self._dropped,
             size_bytes=None,
-            oldest_record_at=min((r.created_at for r in records), default=None),
+            oldest_record_at=counts.oldest_created_at,
         )
 
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
@@ -124,7 +176,13 @@ class MemoryJournal:
         if step is not None:
             key = (process_id, step)
             self._steps[key] = self._steps.get(key, 0) + 1
+        audited = audited_call(process_id, entry_type, data)
+        if audited is not None:
+            self._audits.setdefault(audited, []).append(entry)
         return entry
+
+    async def audit_entries(self, identity: CallIdentity) -> list[JournalEntry]:
+        return [e for e in self._audits.get(identity, ()) if self._entries[e.seq - 1] is e]
 
     async def entries(
         self, *, process_id: str | None = None, after: int = 0, limit: int | None = None
@@ -172,6 +230,15 @@ class MemoryJournal:
 
 
 _DROPPED = JournalEntry("", "dropped", {}, 0.0, 0)
+
+
+def _facts_of(record: CallRecord) -> Facts:
+    i = record.identity
+    return (i.principal, i.tool, record.state.value, record.created_at, record.expires_at)
+
+
+def _name(key: Hashable) -> str:
+    return str(key)
 
 
 def _with_lease(record: CallRecord, lease_until: float) -> CallRecord:

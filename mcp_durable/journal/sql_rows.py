@@ -9,11 +9,12 @@ parameter marker, passed in. Also shared: `LEGACY_REASON_SQL`, the migrations' b
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
-from .base import CallQuery, stored_decoder
+from .base import CallCounts, CallQuery, CountQuery, CountTally, stored_decoder
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, Reason, legacy_reason
 
 #: The columns of `calls`, in the order `call_row` gives and `call_record` reads them; the first
@@ -129,3 +130,43 @@ def listing_clause(query: CallQuery, placeholder: str) -> tuple[str, list[Any]]:
     where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
     args.append(max(0, query.limit))
     return f"{where}{LISTING_ORDER} LIMIT {placeholder}", args
+
+
+def ranged_count_sql(
+    query: CountQuery, placeholder: str, calls: str, whole: Callable[[str], str], principal: str = "principal"
+) -> tuple[str, list[Any]]:
+    """A `SELECT` of the groups `(principal, tool, state, bucket, n, oldest)` of the records a
+    ranged `query` counts (read through the indexes on `created_at`), and its arguments.
+    `whole(x)` is the dialect's `floor(x)` as an integer, for `x >= 0` (the range starts at
+    `since`); `principal` the expression a principal's records are indexed by (with their time)."""
+    p = placeholder
+    args: list[Any] = []
+    bucket = "NULL"
+    if query.bucket_s is not None:
+        bucket = whole(f"(created_at - {p}) / {p}")
+        args += [query.since, query.bucket_s]
+    clauses: list[str] = []
+    for clause, value in (
+        (f"{principal} = {p}", query.principal),
+        (f"created_at >= {p}", query.since),
+        (f"created_at < {p}", query.until),
+    ):
+        if value is not None:
+            clauses.append(clause)
+            args.append(value)
+    where = f"WHERE {' AND '.join(clauses)} " if clauses else ""
+    sql = (
+        f"SELECT principal, tool, state, {bucket}, count(*), min(created_at) FROM {calls} {where}"
+        "GROUP BY principal, tool, state, 4"
+    )
+    return sql, args
+
+
+def counts_of(groups: Iterable[tuple[Any, ...]], oldest: float | None = None) -> CallCounts:
+    """The `CallCounts` of groups `(principal, tool, state, bucket, n, oldest)` (bucket and
+    oldest may be None), with `oldest` the oldest record's time when the groups do not give it."""
+    tally = CountTally()
+    for principal, tool, state, bucket, n, first in groups:
+        tally.add(principal, tool, state, int(n), first, None if bucket is None else int(bucket))
+    tally.oldest(oldest)
+    return tally.counts()

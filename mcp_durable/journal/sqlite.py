@@ -39,17 +39,31 @@ from urllib.parse import parse_qs
 import orjson
 
 from ..errors import ConfigError, JournalError
-from .base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, step_process_id
+from .base import (
+    ALL_CALLS,
+    AUDIT_ENTRY,
+    AUDIT_PROCESS,
+    CHECKPOINT,
+    RECENT_CALLS,
+    STEP,
+    CallCounts,
+    CallQuery,
+    ChangeSignals,
+    CountQuery,
+    PurgedCalls,
+    RecoveryReport,
+    step_process_id,
+)
 from .fsync import make_dirs
 from .masked_urls import display_url
 from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 from .record_json import step_data, step_index
 from .sql_rows import CALL_COLUMNS as _COLUMNS
+from .sql_rows import LISTING_ORDER, counts_of, listing_clause, ranged_count_sql
 from .sql_rows import call_record as _record
 from .sql_rows import call_row as _row
-from .sql_rows import listing_clause
 from .sql_rows import process_entry as _entry
-from .sqlite_schema import migrate
+from .sqlite_schema import AUDIT_CALL, migrate
 from .sqlite_writer import SQLiteWriter
 from .writer_lock import WriterLock
 
@@ -90,6 +104,28 @@ _APPEND = (
     "INSERT INTO entries (process_id, entry_type, data, ts, step_index) SELECT ?1, ?2, ?3, ?4, "
     "CASE WHEN EXISTS (SELECT 1 FROM entries WHERE process_id = ?1 AND step_index = ?5) THEN NULL ELSE ?5 END"
 )
+
+
+#: Expired records, the earliest expiry first, through `calls_by_expiry` (parameters: now, limit).
+_EXPIRED = (
+    "SELECT rowid, principal, tool, key, run_id FROM calls INDEXED BY calls_by_expiry "
+    "WHERE expires_at IS NOT NULL AND expires_at <= ? ORDER BY expires_at LIMIT ?"
+)
+#: The audit entries of one call through `entries_by_audit` (parameters: principal, tool, key,
+#: entry type). The process is spelled out: SQLite uses a partial index only for a query whose
+#: WHERE names the index's own condition, never for a parameter.
+_AUDITS = (
+    "SELECT process_id, entry_type, data, ts, seq FROM entries INDEXED BY entries_by_audit "
+    f"WHERE process_id = '{AUDIT_PROCESS}' AND ({AUDIT_CALL}) = (?, ?, ?) AND entry_type = ? ORDER BY seq"
+)
+#: A call of every principal: the principals with a record of the tool (the kept counts know
+#: them), each looked up by the primary key (parameters: tool, tool, key).
+_FIND = (
+    f"SELECT {_COLUMNS} FROM calls WHERE principal IN (SELECT principal FROM call_counts WHERE tool = ? AND n > 0) "
+    f"AND tool = ? AND key = ? {LISTING_ORDER}"
+)
+#: Values per `IN (…)` list (SQLite allows 32,766 parameters; far fewer keep statements small).
+_IN_CHUNK = 500
 
 
 class SQLiteJournal:
@@ -247,6 +283,10 @@ class SQLiteJournal:
         )
         return None if row is None else _record(row)
 
+    async def find_calls(self, tool: str, key: str) -> list[CallRecord]:
+        rows = await self._run(lambda conn: conn.execute(_FIND, (tool, tool, key)).fetchall())
+        return [_record(row) for row in rows]
+
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         row = await self._run(
             lambda conn: conn.execute(
@@ -313,14 +353,61 @@ class SQLiteJournal:
 
         return await self._write(body)
 
+    async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
+        def body(conn: sqlite3.Connection) -> PurgedCalls:
+            # One write transaction: the records and their runs' steps go together.
+            rows = conn.execute(_EXPIRED, (now, max(1, limit))).fetchall()
+            if not rows:
+                return PurgedCalls()
+            conn.executemany("DELETE FROM calls WHERE rowid = ?", [(row[0],) for row in rows])
+            processes = sorted({step_process_id(row[4]) for row in rows})
+            steps = 0
+            for start in range(0, len(processes), _IN_CHUNK):
+                chunk = processes[start : start + _IN_CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                steps += conn.execute(f"DELETE FROM entries WHERE process_id IN ({marks})", chunk).rowcount
+            return PurgedCalls(tuple((CallIdentity(p, t, k), run) for _, p, t, k, run in rows), steps)
+
+        return await self._write(body)
+
+    async def count_calls(self, query: CountQuery = ALL_CALLS) -> CallCounts:
+        if query.ranged:
+            # Named: without statistics, SQLite would rather walk the primary key (in GROUP BY
+            # order) than read the range of an index on `created_at`.
+            index = "calls_by_created" if query.principal is None else "calls_by_principal_created"
+            calls = f"calls INDEXED BY {index}"
+            sql, args = ranged_count_sql(query, "?", calls, lambda x: f"CAST({x} AS INTEGER)")
+            rows = await self._run(lambda conn: conn.execute(sql, args).fetchall())
+            return counts_of(rows)
+        mine, args = ("AND principal = ? ", [query.principal]) if query.principal is not None else ("", [])
+
+        def read(conn: sqlite3.Connection) -> CallCounts:
+            # One read transaction: the kept counts and the oldest record of one moment.
+            conn.execute("BEGIN")
+            try:
+                groups = conn.execute(
+                    f"SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 {mine}", args
+                ).fetchall()
+                where = "WHERE principal = ?" if query.principal is not None else ""
+                oldest = _first(conn.execute(f"SELECT created_at FROM calls {where} {_OLDEST}", args))
+            finally:
+                conn.execute("COMMIT")
+            return counts_of(groups, oldest)
+
+        return await self._run(read)
+
     async def stats(self) -> JournalStats:
         def read(conn: sqlite3.Connection) -> JournalStats:
-            by_state = dict(conn.execute("SELECT state, count(*) FROM calls GROUP BY state").fetchall())
-            by_tool = dict(conn.execute("SELECT tool, count(*) FROM calls GROUP BY tool").fetchall())
-            entries = conn.execute("SELECT count(*) FROM entries").fetchone()[0]
-            oldest = conn.execute("SELECT min(created_at) FROM calls").fetchone()[0]
+            conn.execute("BEGIN")
+            try:
+                groups = conn.execute("SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0")
+                counts = counts_of(groups.fetchall())
+                (entries,) = conn.execute("SELECT n FROM tallies WHERE name = 'entries'").fetchone()
+                oldest = _first(conn.execute(f"SELECT created_at FROM calls {_OLDEST}"))
+            finally:
+                conn.execute("COMMIT")
             size = sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*") if p.is_file())
-            return JournalStats("sqlite", by_state, by_tool, entries, size, oldest)
+            return JournalStats("sqlite", counts.by_state, counts.by_tool, entries, size, oldest)
 
         return await self._run(read)
 
@@ -373,6 +460,11 @@ class SQLiteJournal:
 
         return await self._write(body)
 
+    async def audit_entries(self, identity: CallIdentity) -> list[JournalEntry]:
+        args = (*identity, AUDIT_ENTRY)
+        rows = await self._run(lambda conn: conn.execute(_AUDITS, args).fetchall())
+        return [_entry(row) for row in rows]
+
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         row = await self._run(
             lambda conn: conn.execute(
@@ -382,6 +474,17 @@ class SQLiteJournal:
             ).fetchone()
         )
         return None if row is None else _entry(row)
+
+
+#: The oldest record: the first of an index in `created_at` order (`calls_by_created`, or for a
+#: principal `calls_by_principal_created`), one row read.
+_OLDEST = "ORDER BY created_at LIMIT 1"
+
+
+def _first(cursor: sqlite3.Cursor) -> Any:
+    """The first column of a query's one row, or None without a row."""
+    row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def _held(identity: CallIdentity, fence: Fence) -> tuple[Any, ...]:

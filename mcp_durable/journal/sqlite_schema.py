@@ -7,7 +7,13 @@ Schema versions, kept in `meta` (`schema_version`):
 3. `calls.reason` (`Reason`; rows written before have `legacy_reason(state, error)`, computed by
    SQL: `sql_rows.LEGACY_REASON_SQL`), and `entries.step_index`, the index of a durable step
    (`record_json.step_index`, NULL on other entries) under a unique index per process: a run's
-   step log holds each index once, whichever process writes it.
+   step log holds each index once, whichever process writes it;
+4. kept counts, so summaries read no records: `call_counts` (records by principal, tool and
+   state) and `tallies` (`entries`: process entries), kept by triggers in the transaction of
+   every change, whichever process (and release) writes (the principals of a tool, for a call of
+   every principal, are read from it too); the indexes `calls_by_principal_created` (a
+   principal's oldest record and time ranges) and `entries_by_audit` (the operator audit
+   entries of one call).
 
 What a database lacks is told by its columns (each is added once, in the migration that adds
 it); the version recorded refuses a database of a newer release.
@@ -21,11 +27,11 @@ import sqlite3
 import orjson
 
 from ..errors import JournalError
-from .base import STEP
+from .base import AUDIT_PROCESS, STEP
 from .record_json import step_index
 from .sql_rows import LEGACY_REASON_SQL
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: The tables as this release creates them; a database of an earlier schema keeps its tables
 #: and gains the columns `migrate` adds.
 _TABLES = (
@@ -44,7 +50,32 @@ _TABLES = (
     process_id TEXT NOT NULL, entry_type TEXT NOT NULL, data BLOB NOT NULL, ts REAL NOT NULL,
     step_index INTEGER
 )""",
+    """CREATE TABLE IF NOT EXISTS call_counts (
+    principal TEXT NOT NULL, tool TEXT NOT NULL, state TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (principal, tool, state)
+) WITHOUT ROWID""",
+    "CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, n INTEGER NOT NULL)",
 )
+#: The counts (schema 4) as the triggers keep them, and `stats` and `count_calls` read them: a
+#: group's row stays at 0 when its last record goes (readers skip it).
+_COUNTED = """INSERT INTO call_counts VALUES (NEW.principal, NEW.tool, NEW.state, 1)
+    ON CONFLICT (principal, tool, state) DO UPDATE SET n = n + 1"""
+_UNCOUNTED = (
+    "UPDATE call_counts SET n = n - 1 WHERE principal = OLD.principal AND tool = OLD.tool AND state = OLD.state"
+)
+_TRIGGERS = (
+    f"CREATE TRIGGER IF NOT EXISTS calls_counted_insert AFTER INSERT ON calls BEGIN {_COUNTED}; END",
+    "CREATE TRIGGER IF NOT EXISTS calls_counted_update AFTER UPDATE OF state ON calls "
+    f"WHEN OLD.state IS NOT NEW.state BEGIN {_UNCOUNTED}; {_COUNTED}; END",
+    f"CREATE TRIGGER IF NOT EXISTS calls_counted_delete AFTER DELETE ON calls BEGIN {_UNCOUNTED}; END",
+    "CREATE TRIGGER IF NOT EXISTS entries_counted_insert AFTER INSERT ON entries "
+    "BEGIN UPDATE tallies SET n = n + 1 WHERE name = 'entries'; END",
+    "CREATE TRIGGER IF NOT EXISTS entries_counted_delete AFTER DELETE ON entries "
+    "BEGIN UPDATE tallies SET n = n - 1 WHERE name = 'entries'; END",
+)
+#: An audit entry's call, as `entries_by_audit` indexes it and `audit_entries` asks for it (the
+#: same expressions, or SQLite would not use the index). `data` is stored as a BLOB of JSON text.
+AUDIT_CALL = ", ".join(f"json_extract(CAST(data AS TEXT), '$.{name}')" for name in ("principal", "tool", "key"))
 #: The indexes, created once their columns exist. `entries_by_step` holds the durable steps
 #: (`step_index` is NULL on every other entry): first writer wins, across processes.
 _INDEXES = (
@@ -54,6 +85,8 @@ _INDEXES = (
     "CREATE INDEX IF NOT EXISTS entries_by_process ON entries (process_id, seq)",
     "CREATE UNIQUE INDEX IF NOT EXISTS entries_by_step ON entries (process_id, step_index) "
     "WHERE step_index IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS calls_by_principal_created ON calls (principal, created_at)",
+    f"CREATE INDEX IF NOT EXISTS entries_by_audit ON entries ({AUDIT_CALL}, seq) WHERE process_id = '{AUDIT_PROCESS}'",
 )
 
 
@@ -67,6 +100,7 @@ def migrate(conn: sqlite3.Connection) -> None:
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
+        counted = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'call_counts'").fetchone()
         for statement in _TABLES:
             conn.execute(statement)
         stored = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
@@ -85,7 +119,13 @@ def migrate(conn: sqlite3.Connection) -> None:
         if "step_index" not in {row[1] for row in conn.execute("PRAGMA table_info(entries)")}:
             conn.execute("ALTER TABLE entries ADD COLUMN step_index INTEGER")
             _index_steps(conn)
-        for statement in _INDEXES:
+        if counted is None:  # schema 3 or earlier, or new: count what is there (inside the lock)
+            conn.execute(
+                "INSERT INTO call_counts SELECT principal, tool, state, count(*) FROM calls "
+                "GROUP BY principal, tool, state"
+            )
+            conn.execute("INSERT INTO tallies VALUES ('entries', (SELECT count(*) FROM entries))")
+        for statement in (*_TRIGGERS, *_INDEXES):
             conn.execute(statement)
         if version != SCHEMA_VERSION:
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))

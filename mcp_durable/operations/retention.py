@@ -4,9 +4,10 @@ Records carry their own expiry (`ToolPolicy.retention`); nothing removed them bu
 `purge`/`compact`. A server with a `RetentionSchedule` (the default; `retention_schedule=None`
 turns it off) runs `retention_pass` every `interval` seconds (the first one interval after start):
 
-1. the durable-step entries (`steps/<run_id>`) of every expired record are dropped (an expired
-   record's run never resumes: a new call with its key claims a new run);
-2. expired records are purged (`Journal.purge_expired`);
+1. and 2. expired records are purged with the durable-step entries (`steps/<run_id>`) of their
+   runs (an expired record's run never resumes: a new call with its key claims a new run), by
+   `Journal.purge_expired_calls`, which finds them through an index of expiries and drops both
+   at once: a pass reads no record that has not expired;
 3. the server's own lifecycle process and the redaction process are checkpointed, and their
    entries before that checkpoint dropped (a checkpoint holds their whole state);
 4. the file journal compacts online when its garbage (bytes of segments not held by a live
@@ -26,12 +27,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..engine import Engine
-from ..journal.base import CallCursor, CallQuery
-from ..steps import steps_process_id
 
 #: Processes whose state a checkpoint holds whole: entries before their last checkpoint are dropped.
 CHECKPOINTED_PROCESSES = ("mcp-durable/redaction",)
-_CHUNK = 500  # process ids per purge_entries call
+_BATCH = 1000  # expired records per `purge_expired_calls` (each batch one transaction on SQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,15 +99,13 @@ async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> Retenti
     await engine.start()
     journal = engine.journal
     now = engine.clock()
-    runs: list[str] = []
-    cursor: CallCursor | None = None
-    while page := await journal.list_calls(CallQuery(limit=1000, cursor=cursor)):
-        cursor = CallCursor.after(page[-1])
-        runs.extend(r.run_id for r in page if r.is_expired(now))
-    steps = 0
-    for start in range(0, len(runs), _CHUNK):
-        steps += await journal.purge_entries([steps_process_id(r) for r in runs[start : start + _CHUNK]])
-    purged = await journal.purge_expired(now)
+    purged = steps = 0
+    while True:
+        done = await journal.purge_expired_calls(now, _BATCH)
+        if not done.calls:
+            break
+        purged += len(done.calls)
+        steps += done.step_entries
     lifecycle = await _fold_checkpointed(engine) if schedule.lifecycle else 0
     compacted, reclaimed = await _compact_if_worth_it(engine, schedule, now)
     size = (await journal.stats()).size_bytes

@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -38,7 +37,7 @@ from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, ReadResourceRequestParams
 
-from ..journal.base import CallCursor, CallQuery, Journal, RecoveryReport
+from ..journal.base import CallCursor, CallQuery, CountQuery, Journal, RecoveryReport
 from ..journal.model import CallIdentity, CallRecord, CallState
 from ..journal.processes import ReplayEngine
 from ..journal.transfer import iter_calls
@@ -146,7 +145,10 @@ def _dumps(value: Any) -> str:
 
 async def stats_body(journal: Journal, principal: str | None) -> dict[str, Any]:
     """The counts of `journal://stats` (without retention): journal-wide for `principal=None`
-    (an admin), else counted over that principal's own records. The console shows the same."""
+    (an admin), else counted over that principal's own records. The console shows the same.
+
+    Both are the journal's kept counts (`Journal.stats`, `Journal.count_calls`): no record is
+    read, whatever the journal holds."""
     if principal is None:
         stats = await journal.stats()
         return {
@@ -159,22 +161,16 @@ async def stats_body(journal: Journal, principal: str | None) -> dict[str, Any]:
             "size_bytes": stats.size_bytes,
             "oldest_record_at": iso(stats.oldest_record_at),
         }
-    # Journal-wide counts would show other principals' activity: count this one's records.
-    by_state: Counter[str] = Counter()
-    by_tool: Counter[str] = Counter()
-    oldest: float | None = None
-    async for record in iter_calls(journal, principal=principal):
-        by_state[record.state.value] += 1
-        by_tool[record.identity.tool] += 1
-        oldest = record.created_at if oldest is None else min(oldest, record.created_at)
+    # Journal-wide counts would show other principals' activity: this one's records only.
+    counts = await journal.count_calls(CountQuery(principal=principal))
     return {
         "scope": "principal",
         "principal": principal,
         "backend": journal.recovery.backend if journal.recovery else None,
-        "calls": sum(by_state.values()),
-        "calls_by_state": dict(by_state),
-        "calls_by_tool": dict(by_tool),
-        "oldest_record_at": iso(oldest),
+        "calls": counts.total,
+        "calls_by_state": counts.by_state,
+        "calls_by_tool": counts.by_tool,
+        "oldest_record_at": iso(counts.oldest_created_at),
     }
 
 

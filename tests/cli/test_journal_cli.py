@@ -125,6 +125,36 @@ def test_list_show_stats_and_tail_print_what_the_journal_holds_with_sensitive_va
     assert tail[-1]["seq"] == stats["entries"]  # the last entry of the log (SQLite numbers from 1)
 
 
+def test_show_finds_a_call_of_every_principal_through_the_index_not_by_reading_the_tool(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """`journal show TOOL KEY` without `--principal` shows the call of each principal that has
+    one, newest first, and reads no other record of the tool: here another refund's row no
+    longer decodes (a state no release wrote), and the show does not meet it."""
+    import sqlite3
+
+    async def more() -> None:
+        journal = create_journal(sqlite_url)
+        await journal.open()
+        try:
+            for n, principal in enumerate(("bob", "alice")):
+                record = CallRecord(
+                    CallIdentity(principal, "refund", "r/1"), "f", CallState.PENDING, 1, "r", 1, 2e9 + n, 2e9
+                )
+                await journal.claim(record, 0.0)
+        finally:
+            await journal.aclose()
+
+    anyio.run(more)
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        conn.execute("UPDATE calls SET state = 'mangled' WHERE key = 'r/2'")
+    shown = json_lines(run("journal", "show", "refund", "r/1", "--journal", sqlite_url, "--json"))
+    assert [r["principal"] for r in shown] == ["alice", "bob", "local"]
+    alone = json_lines(run("journal", "show", "refund", "r/1", "--principal", "bob", "--journal", sqlite_url, "--json"))
+    assert [r["principal"] for r in alone] == ["bob"]
+    assert run("journal", "show", "refund", "r/9", "--journal", sqlite_url, check=1).returncode == 1
+
+
 def test_tail_follow_prints_entries_appended_after_it_started(sqlite_url: str) -> None:
     (stats,) = json_lines(run("journal", "--journal", sqlite_url, "stats", "--json"))
     args = [

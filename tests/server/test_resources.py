@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -237,3 +238,49 @@ async def test_recovery_reports_what_opening_a_file_journal_found_after_a_torn_w
     assert recovery["previous_lifecycle_state"] == "stopped" and recovery["clean_previous_stop"] is True
     assert recovery["records_loaded"] >= 1 and recovery["calls_found_in_doubt"] == 0
     assert record["state"] == "completed"  # nothing before the torn frame is lost
+
+
+async def test_a_principals_stats_are_the_journals_counts_read_without_any_record(tmp_path: Path) -> None:
+    """`journal://stats` of a non-admin counts that principal's records (never another's) from
+    the journal's kept counts: it answers even when no record could be read back from disk
+    (here: every segment of a file journal cut to nothing after the writes)."""
+    import os
+
+    from mcp_durable.errors import JournalError
+    from mcp_durable.server.resources import stats_body
+
+    journal = create_journal(f"file://{tmp_path}/journal?durability=relaxed")
+    await journal.open()
+    try:
+        for n, (principal, tool, state) in enumerate(
+            [
+                ("alice", "refund", CallState.COMPLETED),
+                ("alice", "refund", CallState.FAILED),
+                ("alice", "decline", CallState.COMPLETED),
+                ("bob", "refund", CallState.COMPLETED),
+            ]
+        ):
+            record = CallRecord(
+                CallIdentity(principal, tool, f"k{n}"), "f", CallState.PENDING, 1, "r", 1, 10.0 + n, 10.0
+            )
+            await journal.claim(record, 0.0)
+            assert await journal.swap(1, record.evolve(state=state, owner=None))
+        for segment in (tmp_path / "journal").glob("seg-*.log"):
+            os.truncate(segment, 0)
+        with pytest.raises(JournalError):  # the records are gone from disk …
+            await journal.list_calls()
+        body = await stats_body(journal, "alice")  # … the counts are not
+        assert body == {
+            "scope": "principal",
+            "principal": "alice",
+            "backend": "file",
+            "calls": 3,
+            "calls_by_state": {"completed": 2, "failed": 1},
+            "calls_by_tool": {"decline": 1, "refund": 2},
+            "oldest_record_at": "1970-01-01T00:00:10Z",
+        }
+        everyone = await stats_body(journal, None)
+        assert everyone["calls"] == 4 and everyone["calls_by_state"] == {"completed": 3, "failed": 1}
+        assert (await stats_body(journal, "mallory"))["calls"] == 0
+    finally:
+        await journal.aclose()

@@ -75,3 +75,38 @@ async def test_retention_off_keeps_every_record_and_says_so(tmp_path: Path) -> N
         await anyio.sleep(0.5)  # past the record's retention: nothing purges it by itself
         body = await stats(client)
     assert body["calls"] == 1 and body["maintenance"]["retention"] is None
+
+
+async def test_a_pass_reads_only_expired_records_and_drops_their_steps_with_them(tmp_path: Path) -> None:
+    """A retention pass finds expired records through the journal's index of expiries and drops
+    their steps with them: it never reads a record that has not expired. Here one such record's
+    row no longer decodes (a state no release wrote): the pass does not meet it."""
+    import sqlite3
+
+    from mcp_durable.engine import Engine
+    from mcp_durable.journal import CallRecord, CallState, create_journal
+    from mcp_durable.journal.base import STEP
+    from mcp_durable.operations.retention import retention_pass
+
+    now = 1_700_000_000.0
+    url = f"sqlite:///{tmp_path}/journal.db"
+    journal = create_journal(url)
+    await journal.open()
+    for n, expires in enumerate((now - 5, now - 1, now + 3600, None)):
+        record = CallRecord(CallIdentity("local", "job", f"J-{n}"), "f", CallState.COMPLETED, 1, f"r{n}", 1, now, now)
+        await journal.claim(record.evolve(expires_at=expires), now - 10)
+        await journal.append(steps_process_id(f"r{n}"), STEP, {"index": 0, "name": "first", "result": n}, now)
+    await journal.aclose()
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        conn.execute("UPDATE calls SET state = 'mangled' WHERE key = 'J-3'")
+    engine = Engine(create_journal(url), clock=lambda: now)
+    try:
+        done = await retention_pass(engine, RetentionSchedule(compact_garbage_ratio=None, lifecycle=False))
+        assert (done.records_purged, done.step_entries_dropped) == (2, 2)
+        for n in (0, 1):
+            assert await engine.journal.entries(process_id=steps_process_id(f"r{n}")) == []
+        assert len(await engine.journal.entries(process_id=steps_process_id("r2"))) == 1
+        nothing = await retention_pass(engine, RetentionSchedule(compact_garbage_ratio=None, lifecycle=False))
+        assert (nothing.records_purged, nothing.step_entries_dropped) == (0, 0)
+    finally:
+        await engine.aclose()

@@ -7,6 +7,10 @@ about 65 bytes, plus 4 to 12 bytes of an open-addressing table from the identity
 to its slot (an array too, saved in snapshots as it is). Results and arguments stay on disk: a
 `get()` reads the frame back.
 
+Counts by (principal, tool, state) and the slots by creation time (per principal) and by expiry
+time are kept beside the arrays (`tally.RecordTally`, about 4 bytes per record and time), so
+`count_calls`, `stats` and purges read what they count or drop, never every slot.
+
 Process entries are likewise arrays (sequence number, position, size, previous entry of the same
 process, process hash), with per-process chains so `entries(process_id=…)` and
 `last_checkpoint()` read only that process's frames, and a count of the durable steps stored per
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from typing import Any, ClassVar
+from collections.abc import Hashable
+from typing import Any, ClassVar, cast
 
 from ..model import CallRecord, CallState
+from ..tally import Facts, RecordTally
 
 MASK64 = (1 << 64) - 1
 SEGMENT_SHIFT = 40  # a position is segment number << 40 | byte offset (segments stay < 1 TiB)
@@ -37,6 +43,7 @@ STATE_CODES = {
     CallState.RELEASED: 5,
 }
 CODE_STATES: dict[int, CallState] = {code: state for state, code in STATE_CODES.items()}
+_STATE_NAMES = {code: state.value for code, state in CODE_STATES.items()}
 
 
 def pack(segment: int, offset: int) -> int:
@@ -122,6 +129,23 @@ class CallIndex(Columns):
         self.tasks: dict[tuple[str, str], tuple[int, str, str]] = {}
         self.live = 0
         self.used = 0  # buckets not EMPTY (live and deleted)
+        self._live_size: int | None = 0  # bytes of the live records' frames (None: to be summed)
+        self.tally: RecordTally[int] = RecordTally(
+            self.facts, _slots, (self._principal_name, self._tool_name, _state_name)
+        )
+
+    def facts(self, slot: int) -> Facts | None:
+        """What the tally indexes of the record in `slot` (None: no record there; `NO_EXPIRY`, an
+        infinite expiry, for a record that never expires)."""
+        if slot >= len(self.state) or self.state[slot] == DEAD:
+            return None
+        return (self.principal[slot], self.tool[slot], self.state[slot], self.created[slot], self.expires[slot])
+
+    def _principal_name(self, principal: Hashable) -> str:
+        return self.principals.names[cast(int, principal)]
+
+    def _tool_name(self, tool: Hashable) -> str:
+        return self.tools.names[cast(int, tool)]
 
     def __len__(self) -> int:
         """Live records."""
@@ -182,6 +206,9 @@ class CallIndex(Columns):
             self.rehash()  # before the new slot exists, so the rebuilt table has room for it
             bucket = self._bucket(lo, hi)
         slot = self.table[bucket] if bucket >= 0 else self._new_slot(lo, hi, -1 - bucket)
+        before = self.facts(slot) if bucket >= 0 else None
+        if self._live_size is not None:
+            self._live_size += size - (self.size[slot] if bucket >= 0 else 0)
         self.pos[slot] = position
         self.size[slot] = size
         self.seq[slot] = seq
@@ -191,6 +218,7 @@ class CallIndex(Columns):
         self.expires[slot] = NO_EXPIRY if expires is None else expires
         self.tool[slot] = self.tools.id(tool)
         self.principal[slot] = self.principals.id(principal)
+        self.tally.changed(slot, before, self.facts(slot))
         return slot
 
     def put_task(self, task_id: str | None, h: int, principal: str, tool: str, key: str) -> None:
@@ -227,6 +255,9 @@ class CallIndex(Columns):
         self.free.extend(range(n + extra - 1, n - 1, -1))  # popped lowest first
 
     def delete(self, slot: int) -> None:
+        self.tally.changed(slot, self.facts(slot), None)
+        if self._live_size is not None:
+            self._live_size -= self.size[slot]
         bucket = self._bucket(self.lo[slot], self.hi[slot])
         self.table[bucket] = DELETED
         self.state[slot] = DEAD
@@ -250,13 +281,30 @@ class CallIndex(Columns):
                 table[i] = slot
         self.table, self.used = table, self.live
 
-    def expired(self, now: float) -> list[int]:
-        """Live slots whose record has expired at `now`."""
-        state, expires = self.state, self.expires
-        return [slot for slot, at in enumerate(expires) if at <= now and state[slot] != DEAD]
+    def live_size(self) -> int:
+        """Bytes of the live records' latest frames: summed once (after a snapshot load), then
+        kept as records change."""
+        if self._live_size is None:
+            state, size = self.state, self.size
+            self._live_size = sum(size[slot] for slot in range(len(state)) if state[slot] != DEAD)
+        return self._live_size
+
+    def take_expired(self, now: float) -> list[int]:
+        """Live slots whose record has expired at `now`, found through the expiry index (which
+        forgets them: the caller deletes them)."""
+        return self.tally.take_expired(now)
+
+    def rebuild_tally(self) -> None:
+        """Build the tally from the arrays (a snapshot of a release without it): one pass."""
+        self.tally = RecordTally(self.facts, _slots, (self._principal_name, self._tool_name, _state_name))
+        state, changed, facts = self.state, self.tally.changed, self.facts
+        for slot in range(len(state)):
+            if state[slot] != DEAD:
+                changed(slot, None, facts(slot))
 
     def after_load(self) -> None:
         """Recompute the counters and the free list from the arrays (after a snapshot load)."""
+        self._live_size = None
         self.live = len(self.state) - self.state.count(DEAD)
         self.used = len(self.table) - self.table.count(EMPTY)
         free: list[int] = []
@@ -265,6 +313,14 @@ class CallIndex(Columns):
             free.append(i)
             i = self.state.find(DEAD, i + 1)
         self.free = free
+
+
+def _slots() -> array[int]:
+    return array("I")
+
+
+def _state_name(code: Hashable) -> str:
+    return _STATE_NAMES[cast(int, code)]
 
 
 def step_key(phash: int, step: int) -> int:
@@ -293,6 +349,7 @@ class EntryIndex(Columns):
         #: process hash → index of its last entry / of its last checkpoint
         self.last: dict[int, int] = {}
         self.checkpoint: dict[int, int] = {}
+        self._total_size: int | None = 0  # bytes of every entry's frame (None: to be summed)
         #: `step_key(process hash, step index)` → how many entries not dropped are that step
         #: (`record_json.step_index`; more than one only through plain `append`). A process
         #: hash may collide: a count says a step *may* exist, and the journal reads the
@@ -308,6 +365,8 @@ class EntryIndex(Columns):
         self.seq.append(seq)
         self.pos.append(position)
         self.size.append(size)
+        if self._total_size is not None:
+            self._total_size += size
         self.prev.append(self.last.get(phash, -1))
         self.phash.append(phash)
         self.last[phash] = index
@@ -316,6 +375,16 @@ class EntryIndex(Columns):
         if step is not None:
             key = step_key(phash, step)
             self.steps[key] = self.steps.get(key, 0) + 1
+
+    def total_size(self) -> int:
+        """Bytes of every indexed entry's frame (dropped ones too): summed once, then kept."""
+        if self._total_size is None:
+            self._total_size = sum(self.size)
+        return self._total_size
+
+    def forget_size(self) -> None:
+        """The arrays were replaced (a snapshot load): sum them again on the next `total_size`."""
+        self._total_size = None
 
     def may_have_step(self, phash: int, step: int) -> bool:
         """Whether a step `step` of a process with hash `phash` may be stored (False: none is)."""

@@ -7,10 +7,9 @@ import dataclasses
 import os
 import time
 from bisect import bisect_left
-from collections import Counter
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs
 
 import anyio
@@ -18,7 +17,22 @@ import anyio.to_thread
 import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
-from ..base import CHECKPOINT, RECENT_CALLS, STEP, CallQuery, ChangeSignals, RecoveryReport, sort_key, step_process_id
+from ..base import (
+    ALL_CALLS,
+    AUDIT_PROCESS,
+    CHECKPOINT,
+    RECENT_CALLS,
+    STEP,
+    CallCounts,
+    CallQuery,
+    ChangeSignals,
+    CountQuery,
+    PurgedCalls,
+    RecoveryReport,
+    audited_call,
+    sort_key,
+    step_process_id,
+)
 from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, Fence, JournalEntry, JournalStats
 from ..record_json import step_data, step_index
@@ -35,7 +49,7 @@ from .codec import (
 )
 from .commit import Batch, GroupCommit
 from .framing import HEADER_SIZE, Frame, encode_frame, parse_at
-from .index import CODE_STATES, DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
+from .index import DEAD, STATE_CODES, CallIndex, EntryIndex, pack, unpack
 from .recovery import recover
 from .segments import DIR_MODE, FILE_MODE, LOCK, Manifest, ManifestKeeper, segment_name
 from .writer import SegmentWriter
@@ -94,6 +108,9 @@ class FileJournal:
         self._active = 1
         self._active_end = 0
         self._since_snapshot = 0
+        #: The audit entries' seqs by the call they name (`audit_entries`): read from the audit
+        #: process once, at the first question after an open, then kept by `append`.
+        self._audits: dict[CallIdentity, list[int]] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> FileJournal:
@@ -161,6 +178,7 @@ class FileJournal:
         self._manifest = manifest
         self._calls, self._entries = found.calls, found.entries
         self._dropped = set()
+        self._audits = None
         self._next_seq = found.last_seq + 1
         self._active, self._active_end = found.active, found.active_end
         self._since_snapshot = found.frames_replayed
@@ -395,6 +413,21 @@ class FileJournal:
         found = await self._load_call(identity, self._hash(identity))
         return None if found is None else found[1]
 
+    async def find_calls(self, tool: str, key: str) -> list[CallRecord]:
+        # The principals with a record of `tool` (the tally's counts know them), each looked up
+        # by its identity hash: no slot of another call is visited.
+        idx = self._calls
+        tool_id = idx.tools.ids.get(tool)
+        if tool_id is None:
+            return []
+        principals = [
+            idx.principals.names[cast(int, principal)]
+            for principal, groups in idx.tally.counts.by_principal.items()
+            if any(group[0] == tool_id for group in groups)
+        ]
+        found = [record for p in principals if (record := await self.get(CallIdentity(p, tool, key))) is not None]
+        return sorted(found, key=sort_key, reverse=True)
+
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         where = self._calls.tasks.get((principal, task_id))
         if where is None:
@@ -505,7 +538,7 @@ class FileJournal:
 
     async def purge_expired(self, now: float) -> int:
         self._writable()
-        slots = self._calls.expired(now)
+        slots = self._calls.take_expired(now)
         if not slots:
             return 0
         _, _, _, batch = self._submit(purge_payload(now))
@@ -515,11 +548,41 @@ class FileJournal:
         await self._durable(batch)
         return len(slots)
 
-    async def stats(self) -> JournalStats:
+    async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
+        # Every record expired at `now` at once: one `purge` frame stands for them all (and
+        # replays so); their runs are read from their frames first, without an await between
+        # the expiry index and the frame, so the frame drops exactly these.
+        self._writable()
+        slots = self._calls.take_expired(now)
+        if not slots:
+            return PurgedCalls()
+        idx, durable = self._calls, self._opened().durable_seq
+        try:
+            gone = []
+            for slot in slots:
+                r = record_from_dict(self._read(idx.pos[slot], idx.size[slot], queued=idx.seq[slot] > durable)["r"])
+                gone.append((r.identity, r.run_id))
+        except BaseException:
+            for slot in slots:  # not dropped: back in the expiry index for the next attempt
+                idx.tally.expiry.add(idx.expires[slot], slot)
+            raise
+        _, _, _, batch = self._submit(purge_payload(now))
+        for slot in slots:
+            idx.delete(slot)
+        idx.prune_tasks()
+        steps = await self.purge_entries({step_process_id(run_id) for _, run_id in gone})
+        await self._durable(batch)
+        return PurgedCalls(tuple(gone), steps)
+
+    async def count_calls(self, query: CountQuery = ALL_CALLS) -> CallCounts:
+        self._opened()
         idx = self._calls
-        live = [s for s in range(len(idx.state)) if idx.state[s] != DEAD]
-        by_state = Counter(CODE_STATES[idx.state[s]].value for s in live)
-        by_tool = Counter(idx.tools.names[idx.tool[s]] for s in live)
+        principal = idx.principals.ids.get(query.principal) if query.principal is not None else None
+        return idx.tally.count(query, principal, known=query.principal is None or principal is not None)
+
+    async def stats(self) -> JournalStats:
+        self._opened()
+        counts = self._calls.tally.count(ALL_CALLS, None)
         size = 0
         for p in self.directory.glob("seg-*.log"):
             with self._storage_faults(f"cannot read {p.name}"):
@@ -527,16 +590,15 @@ class FileJournal:
                     size += p.stat().st_size
                 except FileNotFoundError:  # removed by a compaction since the listing
                     continue
-        oldest = min((idx.created[s] for s in live), default=None)
-        return JournalStats(
-            "file", dict(by_state), dict(by_tool), len(self._entries) - len(self._dropped), size, oldest
-        )
+        entries = len(self._entries) - len(self._dropped)
+        return JournalStats("file", counts.by_state, counts.by_tool, entries, size, counts.oldest_created_at)
 
     def live_bytes(self) -> tuple[int, int]:
         """`(bytes in segments, bytes of live frames)`: the rest is garbage a compaction reclaims."""
-        idx, e = self._calls, self._entries
-        live = sum(idx.size[s] for s in range(len(idx.state)) if idx.state[s] != DEAD)
-        live += sum(e.size[i] for i in range(len(e)) if i not in self._dropped)
+        # Kept sizes (the index's): reading every slot here cost a pass over the journal per
+        # retention pass; only the entries dropped since the last compaction are summed.
+        e = self._entries
+        live = self._calls.live_size() + e.total_size() - sum(e.size[i] for i in self._dropped)
         # The active segment counts up to its data: the space allocated ahead of it is not garbage.
         total = self._active_end + sum(
             p.stat().st_size for p in self.directory.glob("seg-*.log") if p.name != segment_name(self._active)
@@ -569,6 +631,8 @@ class FileJournal:
         self._entries.add(
             seq, position, size, self._process_hash(process_id), entry_type == CHECKPOINT, step_index(entry_type, data)
         )
+        if self._audits is not None and (audited := audited_call(process_id, entry_type, data)) is not None:
+            self._audits.setdefault(audited, []).append(seq)
         await self._durable(batch)
         return JournalEntry(process_id, entry_type, data, ts, seq)
 
@@ -593,6 +657,35 @@ class FileJournal:
             if process_id is None or d["process_id"] == process_id:
                 out.append(entry_from_dict(d, e.seq[i]))
         return out
+
+    async def audit_entries(self, identity: CallIdentity) -> list[JournalEntry]:
+        await self._opened().wait_seq(self._next_seq - 1)  # then read without yielding
+        if self._audits is None:
+            self._audits = self._index_audits()
+        e, out = self._entries, list[JournalEntry]()
+        for seq in self._audits.get(identity, ()):
+            i = bisect_left(e.seq, seq)
+            if i == len(e) or e.seq[i] != seq or i in self._dropped:
+                continue  # dropped (and, after a compaction, gone from the index)
+            d = self._read(e.pos[i], e.size[i])
+            if (
+                d["process_id"] == AUDIT_PROCESS
+                and audited_call(d["process_id"], d["entry_type"], d["data"]) == identity
+            ):
+                out.append(entry_from_dict(d, seq))
+        return out
+
+    def _index_audits(self) -> dict[CallIdentity, list[int]]:
+        """The audit entries' seqs by call, read from the audit process's frames (its chain only)."""
+        e, audits = self._entries, dict[CallIdentity, list[int]]()
+        for i in e.chain(self._process_hash(AUDIT_PROCESS), 0):
+            if i in self._dropped:
+                continue
+            d = self._read(e.pos[i], e.size[i])
+            audited = audited_call(d["process_id"], d["entry_type"], d["data"])
+            if audited is not None:
+                audits.setdefault(audited, []).append(e.seq[i])
+        return audits
 
     async def last_checkpoint(self, process_id: str) -> JournalEntry | None:
         await self._opened().wait_seq(self._next_seq - 1)

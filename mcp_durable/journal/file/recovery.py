@@ -82,7 +82,7 @@ def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, po
             step_index(entry_type, d["data"]),
         )
     elif kind == "purge":
-        for slot in calls.expired(d["now"]):
+        for slot in calls.take_expired(d["now"]):
             calls.delete(slot)
         calls.prune_tasks()
 

@@ -5,6 +5,10 @@ A snapshot (`snapshot-<seq hex>.snap`) is one JSON header line, then the index a
     {"format":2,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
      "sections":[["call.lo","Q",nbytes],…],"tools":[…],"principals":[…]}\\n<sections…>
 
+Sections `tally.*` and the header's `counts` (the call index's `RecordTally`: counts by
+principal, tool and state, slots by creation and by expiry time) came with `count_calls`: a
+snapshot without them is used, and the tally is rebuilt from its arrays in one pass.
+
 Sections `entry.steps.*` (the step counts, `EntryIndex.steps`) came with durable steps: a
 snapshot without them (an earlier release's) is not damaged, but recovery does not use it and
 reads the segments instead, which rebuilds the counts (sections a release does not know are
@@ -25,10 +29,11 @@ import zlib
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
+from ..tally import RecordTally
 from .index import CallIndex, EntryIndex, Interned, split_step_key, step_key
 from .segments import fsync_dir, segment_name, segment_number, write_synced
 
@@ -58,6 +63,7 @@ class SnapshotData:
     tools: list[str]
     principals: list[str]
     tasks: list[list[str]]
+    counts: list[tuple[Any, ...]]
 
 
 def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int) -> SnapshotData:
@@ -84,7 +90,69 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
     tasks = [
         [principal, task_id, f"{h:032x}", tool, key] for (principal, task_id), (h, tool, key) in calls.tasks.items()
     ]
-    return SnapshotData(seq, segments, end, sections, list(calls.tools.names), list(calls.principals.names), tasks)
+    sections.extend(_tally_sections(calls.tally))
+    counts = list(calls.tally.counts.items())
+    names = list(calls.tools.names), list(calls.principals.names)
+    return SnapshotData(seq, segments, end, sections, *names, tasks, counts)
+
+
+def _tally_sections(tally: RecordTally[int]) -> list[tuple[str, str, bytes]]:
+    """The tally's time buckets as sections: per bucket its principal (creation only), number
+    and length, and the slots of every bucket one after another."""
+    principals, keys, lengths, refs = array("I"), array("q"), array("Q"), array("I")
+    for principal, buckets in tally.created.items():
+        for k in buckets.keys:
+            bucket = buckets.buckets[k]
+            principals.append(cast(int, principal))
+            keys.append(k)
+            lengths.append(len(bucket))
+            refs.extend(bucket)
+    expiry_keys, expiry_lengths, expiry_refs = array("q"), array("Q"), array("I")
+    for k in tally.expiry.keys:
+        bucket = tally.expiry.buckets[k]
+        expiry_keys.append(k)
+        expiry_lengths.append(len(bucket))
+        expiry_refs.extend(bucket)
+    return [
+        ("tally.created.principals", "I", principals.tobytes()),
+        ("tally.created.keys", "q", keys.tobytes()),
+        ("tally.created.lengths", "Q", lengths.tobytes()),
+        ("tally.created.refs", "I", refs.tobytes()),
+        ("tally.expiry.keys", "q", expiry_keys.tobytes()),
+        ("tally.expiry.lengths", "Q", expiry_lengths.tobytes()),
+        ("tally.expiry.refs", "I", expiry_refs.tobytes()),
+    ]
+
+
+def _load_tally(calls: CallIndex, header: dict[str, Any], blobs: dict[str, array[Any] | bytes]) -> None:
+    """Put the tally a snapshot holds into `calls`, or rebuild it from the arrays when the
+    snapshot is of a release without it."""
+    if "counts" not in header or "tally.expiry.refs" not in blobs:
+        calls.rebuild_tally()
+        return
+    tally = calls.tally
+    for principal, tool, state, n in header["counts"]:
+        tally.counts.add(principal, tool, state, n)
+    principals, keys, lengths, refs = (
+        _array(blobs, f"tally.created.{n}") for n in ("principals", "keys", "lengths", "refs")
+    )
+    start = 0
+    for principal, k, length in zip(principals, keys, lengths, strict=True):
+        tally.created_of(principal).set_bucket(k, refs[start : start + length])
+        start += length
+    keys, lengths, refs = (_array(blobs, f"tally.expiry.{n}") for n in ("keys", "lengths", "refs"))
+    start = 0
+    for k, length in zip(keys, lengths, strict=True):
+        tally.expiry.set_bucket(k, refs[start : start + length])
+        start += length
+
+
+def _array(blobs: dict[str, array[Any] | bytes], name: str) -> array[Any]:
+    """Section `name` as an array (`TypeError`, which `load` reports, when it is not one)."""
+    value = blobs[name]
+    if not isinstance(value, array):
+        raise TypeError(f"section {name} is not an array")
+    return value
 
 
 def write_temp(directory: Path, data: SnapshotData) -> Path:
@@ -103,6 +171,7 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "tools": data.tools,
         "principals": data.principals,
         "tasks": data.tasks,
+        "counts": data.counts,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
     write_synced(tmp, [orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)])
@@ -210,6 +279,7 @@ def _rebuild_calls(header: dict[str, Any], blobs: dict[str, array[Any] | bytes])
     if size < 2 or size & (size - 1) or lengths_differ:
         raise SnapshotError("snapshot arrays do not fit together")
     calls.after_load()
+    _load_tally(calls, header, blobs)
     return calls
 
 
@@ -220,6 +290,7 @@ def _rebuild_entries(blobs: dict[str, array[Any] | bytes]) -> tuple[EntryIndex, 
     entries = EntryIndex()
     for name, _ in EntryIndex.ARRAYS:
         setattr(entries, name, blobs[f"entry.{name}"])
+    entries.forget_size()
     for name in ("last", "checkpoint"):
         keys, values = blobs[f"entry.{name}.keys"], blobs[f"entry.{name}.values"]
         setattr(entries, name, dict(zip(keys.tolist(), values.tolist(), strict=True)))  # type: ignore[union-attr]

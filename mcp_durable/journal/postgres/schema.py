@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import psycopg
 
 from ...errors import JournalError
+from ..base import AUDIT_PROCESS
 from ..sql_rows import LEGACY_REASON_SQL
 
 
@@ -120,9 +121,85 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE UNIQUE INDEX entries_by_step ON {s}.entries (process_id, step_index) WHERE step_index IS NOT NULL",
         ),
     ),
+    Migration(
+        5,
+        "kept counts of calls by principal, tool and state and of entries (call_counts, entry_counts); "
+        "indexes for a principal's calls by time and the audit entries of a call",
+        (
+            # One row per group and writing session (`shard` = its backend pid; 0 holds what
+            # `postgres/counts.py` folded in): a statement adds to its own session's rows, which
+            # no other session writes, so concurrent writers never wait for each other or
+            # deadlock on a count. A reader sums the rows.
+            """CREATE TABLE {s}.call_counts (
+                principal text COLLATE "C" NOT NULL, tool text COLLATE "C" NOT NULL, state text NOT NULL,
+                shard integer NOT NULL, n bigint NOT NULL, PRIMARY KEY (principal, tool, state, shard))""",
+            "CREATE TABLE {s}.entry_counts (shard integer PRIMARY KEY, n bigint NOT NULL)",
+            # Statement triggers: one upsert per group a statement changed (a batch of 32
+            # claims of one tool is one), in group order.
+            """CREATE FUNCTION {s}.count_calls() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF TG_OP = 'INSERT' THEN
+                    INSERT INTO {s}.call_counts AS c (principal, tool, state, shard, n)
+                    SELECT principal, tool, state, pg_backend_pid(), count(*) FROM new_rows
+                    GROUP BY principal, tool, state ORDER BY principal, tool, state
+                    ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = c.n + excluded.n;
+                ELSIF TG_OP = 'DELETE' THEN
+                    INSERT INTO {s}.call_counts AS c (principal, tool, state, shard, n)
+                    SELECT principal, tool, state, pg_backend_pid(), -count(*) FROM old_rows
+                    GROUP BY principal, tool, state ORDER BY principal, tool, state
+                    ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = c.n + excluded.n;
+                ELSE
+                    INSERT INTO {s}.call_counts AS c (principal, tool, state, shard, n)
+                    SELECT principal, tool, state, pg_backend_pid(), sum(d) FROM (
+                        SELECT principal, tool, state, 1 AS d FROM new_rows
+                        UNION ALL SELECT principal, tool, state, -1 FROM old_rows) AS moved
+                    GROUP BY principal, tool, state HAVING sum(d) <> 0 ORDER BY principal, tool, state
+                    ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = c.n + excluded.n;
+                END IF;
+                RETURN NULL;
+            END $$""",
+            "CREATE TRIGGER calls_counted_insert AFTER INSERT ON {s}.calls REFERENCING NEW TABLE AS new_rows "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_calls()",
+            "CREATE TRIGGER calls_counted_update AFTER UPDATE ON {s}.calls REFERENCING OLD TABLE AS old_rows "
+            "NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_calls()",
+            "CREATE TRIGGER calls_counted_delete AFTER DELETE ON {s}.calls REFERENCING OLD TABLE AS old_rows "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_calls()",
+            """CREATE FUNCTION {s}.count_entries() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF TG_OP = 'INSERT' THEN
+                    INSERT INTO {s}.entry_counts AS c (shard, n) SELECT pg_backend_pid(), count(*) FROM new_rows
+                    HAVING count(*) > 0 ON CONFLICT (shard) DO UPDATE SET n = c.n + excluded.n;
+                ELSE
+                    INSERT INTO {s}.entry_counts AS c (shard, n) SELECT pg_backend_pid(), -count(*) FROM old_rows
+                    HAVING count(*) > 0 ON CONFLICT (shard) DO UPDATE SET n = c.n + excluded.n;
+                END IF;
+                RETURN NULL;
+            END $$""",
+            "CREATE TRIGGER entries_counted_insert AFTER INSERT ON {s}.entries REFERENCING NEW TABLE AS new_rows "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_entries()",
+            "CREATE TRIGGER entries_counted_delete AFTER DELETE ON {s}.entries REFERENCING OLD TABLE AS old_rows "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_entries()",
+            # What stands now, counted after the triggers exist: they lock the tables against
+            # writers (of any release) until this migration commits, so nothing is missed or
+            # counted twice.
+            "INSERT INTO {s}.call_counts SELECT principal, tool, state, 0, count(*) FROM {s}.calls "
+            "GROUP BY principal, tool, state",
+            "INSERT INTO {s}.entry_counts SELECT 0, count(*) FROM {s}.entries",
+            # On an expression (`PRINCIPAL_KEY`) that only the counting queries name: an index
+            # led by the plain `principal` was chosen by the planner for the batch statements'
+            # key lookups on a small table (over `calls_pkey`), and a session keeps such a plan
+            # as the table grows.
+            "CREATE INDEX calls_by_principal_created ON {s}.calls ((principal || ''), created_at)",
+            "CREATE INDEX entries_by_audit ON {s}.entries ((data ->> 'principal'), (data ->> 'tool'), "
+            f"(data ->> 'key'), seq) WHERE process_id = '{AUDIT_PROCESS}'",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
+#: What `calls_by_principal_created` indexes of a record's principal (migration 5): queries that
+#: read a principal's records by time say it so, to use that index.
+PRINCIPAL_KEY = "(principal || '')"
 
 
 def quote_ident(name: str) -> str:

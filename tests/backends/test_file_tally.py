@@ -1,0 +1,144 @@
+"""The file journal's tally (counts, records by creation and by expiry time) through snapshots:
+saved with the index and loaded back, or rebuilt from the arrays when a snapshot of an earlier
+release has none; and `TimeBuckets` itself, whose stale references a read drops."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from array import array
+from pathlib import Path
+
+import orjson
+
+from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, CountQuery
+from mcp_durable.journal.file import FileJournal
+from mcp_durable.journal.file.snapshot import list_snapshots
+from mcp_durable.journal.tally import WIDTH, TimeBuckets
+
+T0 = 1_700_000_000.0
+
+
+def record(n: int) -> CallRecord:
+    created = T0 + 37 * n
+    return CallRecord(
+        identity=CallIdentity(f"p{n % 3}", f"t{n % 2}", f"k{n}"),
+        fingerprint="f",
+        state=(CallState.COMPLETED, CallState.FAILED, CallState.RELEASED)[n % 3],
+        version=1,
+        run_id=f"r{n}",
+        attempts=1,
+        created_at=created,
+        updated_at=created,
+        expires_at=created + 1000 if n % 2 else None,
+    )
+
+
+async def _filled(directory: Path) -> list[CountQuery]:
+    journal = FileJournal(directory, durability="relaxed")
+    await journal.open()
+    for n in range(300):
+        await journal.claim(record(n), T0)
+    assert await journal.purge_expired(T0 + 3000) > 0
+    await journal.snapshot()
+    await journal.aclose()
+    return [CountQuery(), CountQuery(principal="p1"), CountQuery(since=T0 + 600, until=T0 + 6000, bucket_s=60)]
+
+
+async def _check(directory: Path, queries: list[CountQuery], *, purged_later: int) -> None:
+    journal = FileJournal(directory)
+    await journal.open()
+    try:
+        assert journal.recovery is not None and journal.recovery.snapshot_used is not None
+        records = await journal.list_calls(CallQuery(limit=1000))
+        for query in queries:
+            assert await journal.count_calls(query) == query.count(records)
+        # The expiry index came through too: a purge finds what expires after the snapshot.
+        assert await journal.purge_expired(T0 + 20_000) == purged_later
+        assert await journal.count_calls() == CountQuery().count(await journal.list_calls(CallQuery(limit=1000)))
+    finally:
+        await journal.aclose()
+
+
+async def test_a_snapshot_holds_the_tally(tmp_path: Path) -> None:
+    queries = await _filled(tmp_path / "j")
+    header = orjson.loads(list_snapshots(tmp_path / "j")[0].read_bytes().split(b"\n", 1)[0])
+    assert header["counts"] and any(name.startswith("tally.") for name, _, _ in header["sections"])
+    await _check(tmp_path / "j", queries, purged_later=len([n for n in range(300) if n % 2 and 37 * n + 1000 > 3000]))
+
+
+async def test_a_snapshot_of_an_earlier_release_is_used_and_the_tally_rebuilt(tmp_path: Path) -> None:
+    queries = await _filled(tmp_path / "j")
+    path = list_snapshots(tmp_path / "j")[0]
+    head, body = path.read_bytes().split(b"\n", 1)
+    header = orjson.loads(head)
+    # As a release before the tally wrote it: no counts, no tally sections (and their bytes gone).
+    kept, data, offset = [], b"", 0
+    for name, code, size in header["sections"]:
+        if not name.startswith("tally."):
+            kept.append([name, code, size])
+            data += body[offset : offset + size]
+        offset += size
+    del header["counts"]
+    header["sections"] = kept
+    header["crc"] = zlib.crc32(data)
+    path.write_bytes(orjson.dumps(header) + b"\n" + data)
+    await _check(tmp_path / "j", queries, purged_later=len([n for n in range(300) if n % 2 and 37 * n + 1000 > 3000]))
+
+
+def test_time_buckets_drop_stale_references_and_take_exactly_what_is_due() -> None:
+    rng = random.Random(7)
+    times: dict[int, float] = {}  # the model: ref -> its current time (absent: gone)
+    buckets: TimeBuckets[int] = TimeBuckets(lambda: array("I"))
+    for _ in range(3000):
+        ref = rng.randrange(200)
+        if rng.random() < 0.2:
+            times.pop(ref, None)  # gone: the buckets learn it on their next read
+        else:
+            times[ref] = rng.uniform(0, 50 * WIDTH)
+            buckets.add(times[ref], ref)
+        if rng.random() < 0.05:
+            low, high = sorted((rng.uniform(0, 50 * WIDTH), rng.uniform(0, 50 * WIDTH)))
+            seen = [(ref, t) for ref, t in buckets.scan(low, high, times.get) if low <= t <= high]
+            assert sorted(seen) == sorted((r, t) for r, t in times.items() if low <= t <= high)
+            assert buckets.first(times.get) == min(times.values(), default=None)
+        if rng.random() < 0.02:
+            due = rng.uniform(0, 50 * WIDTH)
+            taken = buckets.take(due, times.get)
+            assert sorted(taken) == sorted(r for r, t in times.items() if t <= due)
+            for ref in taken:
+                del times[ref]
+    assert len(buckets) >= len(times)
+    assert sorted(r for r, _ in buckets.scan(None, None, times.get)) == sorted(times)
+    assert len(buckets) == len(times)  # a full read left no stale reference behind
+
+
+async def test_live_bytes_are_kept_as_records_and_entries_change_and_through_a_reopen(tmp_path: Path) -> None:
+    """`live_bytes` (what retention asks before compacting) is kept by the index, not summed
+    over every slot: it equals that sum through writes, purges, dropped entries and reopens."""
+    from mcp_durable.journal.file.index import DEAD
+
+    def summed(journal: FileJournal) -> int:
+        calls, entries = journal._calls, journal._entries
+        live = sum(calls.size[s] for s in range(len(calls.state)) if calls.state[s] != DEAD)
+        return live + sum(entries.size[i] for i in range(len(entries)) if i not in journal._dropped)
+
+    journal = FileJournal(tmp_path / "j", durability="relaxed")
+    await journal.open()
+    for n in range(120):
+        await journal.claim(record(n), T0)
+        await journal.append(f"steps/r{n}", "step", {"index": 0, "name": "a"}, T0)
+    assert journal.live_bytes()[1] == summed(journal)
+    await journal.purge_expired_calls(T0 + 3000)
+    assert journal.live_bytes()[1] == summed(journal)
+    await journal.snapshot()
+    await journal.claim(record(500), T0)
+    await journal.aclose()
+    again = FileJournal(tmp_path / "j")
+    await again.open()
+    try:
+        assert again.live_bytes()[1] == summed(again)
+        await again.compact(T0 + 3000)
+        assert again.live_bytes()[1] == summed(again)
+    finally:
+        await again.aclose()

@@ -1,0 +1,279 @@
+"""The Postgres journal's process-entry appends: appends made together share one statement and one
+commit, each still gets an entry and a `seq` of its own, in batch order, and a step entry counts
+as that step exactly as if the batch's appends had been made one after the other (the real
+database, a schema per test)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+
+from mcp_durable.errors import JournalError
+from mcp_durable.journal import CallIdentity, CallRecord, CallState, JournalEntry, create_journal
+from mcp_durable.journal.base import STEP, step_process_id
+from mcp_durable.journal.postgres import PostgresJournal
+from tests.conftest import scratch_postgres_url
+
+pytestmark = pytest.mark.postgres
+
+T0 = 1_700_000_000.0
+
+
+async def opened(url: str) -> PostgresJournal:
+    journal = create_journal(url)
+    assert isinstance(journal, PostgresJournal)
+    await journal.open()
+    return journal
+
+
+@pytest.fixture
+async def journal() -> AsyncIterator[PostgresJournal]:
+    journal = await opened(scratch_postgres_url("appends"))
+    try:
+        yield journal
+    finally:
+        await journal.aclose()
+
+
+async def append_together(journal: PostgresJournal, appends: list[tuple[str, str, dict[str, Any]]]) -> list[Any]:
+    """Make `appends` (process, type, data) concurrently, each in a task of its own, started in
+    list order; each task's entry, or the `JournalError` it raised."""
+    outcomes: list[Any] = [None] * len(appends)
+
+    async def append(n: int, process_id: str, entry_type: str, data: dict[str, Any]) -> None:
+        try:
+            outcomes[n] = await journal.append(process_id, entry_type, data, T0 + n)
+        except JournalError as exc:
+            outcomes[n] = exc
+
+    async with anyio.create_task_group() as group:
+        for n, (process_id, entry_type, data) in enumerate(appends):
+            group.start_soon(append, n, process_id, entry_type, data)
+    return outcomes
+
+
+async def stored_steps(journal: PostgresJournal, process_id: str) -> list[tuple[int, int | None]]:
+    """(seq, the step index it is stored as, or None) of each entry of `process_id`, in seq order."""
+    async with journal._connection() as conn:
+        cursor = await conn.execute(
+            f"SELECT seq, step_index FROM {journal._entries} WHERE process_id = %s ORDER BY seq", (process_id,)
+        )
+        return [(int(seq), step) for seq, step in await cursor.fetchall()]
+
+
+async def transactions(journal: PostgresJournal, entries: list[JournalEntry]) -> int:
+    """How many transactions wrote `entries` (the distinct `xmin` of their rows): one per commit."""
+    async with journal._connection() as conn:
+        cursor = await conn.execute(
+            f"SELECT count(DISTINCT xmin::text) FROM {journal._entries} WHERE seq = ANY(%s)",
+            ([entry.seq for entry in entries],),
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def claimed(journal: PostgresJournal, key: str) -> CallRecord:
+    record = CallRecord(
+        identity=CallIdentity("local", "agent", key),
+        fingerprint="f",
+        state=CallState.PENDING,
+        version=1,
+        run_id=f"run-{key}",
+        attempts=1,
+        created_at=T0,
+        updated_at=T0,
+        owner="A",
+        lease_until=T0 + 30,
+    )
+    won, stored = await journal.claim(record, T0)
+    assert won and stored.fence is not None
+    return stored
+
+
+async def test_concurrent_appends_share_statements_and_each_gets_its_own_seq_in_batch_order(
+    journal: PostgresJournal,
+) -> None:
+    before = (journal._appends.batches, journal._appends.items)
+    appends = [(f"p{n % 3}", "context_update", {"n": n, "text": "é\n\"'"}) for n in range(64)]
+    entries = await append_together(journal, appends)
+    batches, items = journal._appends.batches - before[0], journal._appends.items - before[1]
+    assert items == 64 and batches <= 2  # 64 appends in one or two statements, not 64
+    assert await transactions(journal, entries) == batches  # a commit per statement
+    assert [entry.data for entry in entries] == [data for _, _, data in appends]
+    seqs = [entry.seq for entry in entries]
+    # Distinct, and in the order the appends were made: the batch went in as one statement in that order.
+    assert seqs == sorted(seqs) and len(set(seqs)) == 64
+    # Each caller's entry is the one stored under its seq.
+    assert await journal.entries() == entries
+    assert await journal.entries(process_id="p1") == [entries[n] for n in range(1, 64, 3)]
+
+
+async def test_a_reader_tailing_by_seq_never_misses_an_entry_committed_by_a_batch() -> None:
+    # Two journals on one schema (two replicas) append in batches while a reader tails
+    # `entries(after=last seq seen)`: seq order is commit order, so no batch commits after a
+    # reader has seen a larger seq than its own.
+    url = scratch_postgres_url("appends_tail")
+    journal, other = await opened(url), await opened(url)
+    written: list[JournalEntry] = []
+    seen: list[JournalEntry] = []
+    writing = True
+
+    async def writer(replica: PostgresJournal, name: str) -> None:
+        for round_ in range(20):
+            written.extend(await append_together(replica, [(name, "tick", {"r": round_, "i": i}) for i in range(16)]))
+
+    async def tail() -> None:
+        while True:
+            done = not writing  # read once more after the writers finished
+            seen.extend(await journal.entries(after=seen[-1].seq if seen else 0))
+            if done:
+                return
+            await anyio.sleep(0)
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(tail)
+            async with anyio.create_task_group() as writers:
+                writers.start_soon(writer, journal, "a")
+                writers.start_soon(writer, other, "b")
+            writing = False
+    finally:
+        await journal.aclose()
+        await other.aclose()
+    assert len(written) == 640 and all(isinstance(entry, JournalEntry) for entry in written)
+    assert seen == sorted(written, key=lambda entry: entry.seq)
+
+
+async def test_a_step_entry_in_a_batch_counts_as_its_step_as_if_appended_one_after_the_other(
+    journal: PostgresJournal,
+) -> None:
+    record = await claimed(journal, "k")
+    fence = record.fence
+    assert fence is not None
+    process = step_process_id(record.run_id)
+    stored = await journal.append_step(record.identity, fence, 1, {"by": "run"}, T0)
+    assert stored is not None
+    appends = [
+        (process, STEP, {"index": 0, "copy": "a"}),  # the step 0
+        (process, STEP, {"index": 0, "copy": "b"}),  # after a: a plain entry
+        (process, STEP, {"index": 1, "copy": "c"}),  # step 1 is stored: a plain entry
+        (process, "note", {"index": 2, "copy": "d"}),  # not a step entry: step 2 stays free
+        (process, STEP, {"index": 3, "copy": "e"}),  # the step 3
+        (step_process_id("other-run"), STEP, {"index": 0, "copy": "f"}),  # another run's step 0
+    ]
+    before = (journal._appends.batches, journal._appends.items)
+    entries = await append_together(journal, appends)
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (1, 6)
+    assert await transactions(journal, entries) == 1  # one statement, one commit: not one each
+    assert [entry.data["copy"] for entry in entries] == ["a", "b", "c", "d", "e", "f"]
+    assert [entry.seq for entry in entries] == sorted(entry.seq for entry in entries)
+    a, b, c, d, e, f = (entry.seq for entry in entries)
+    assert await stored_steps(journal, process) == [(stored.seq, 1), (a, 0), (b, None), (c, None), (d, None), (e, 3)]
+    assert await stored_steps(journal, step_process_id("other-run")) == [(f, 0)]
+    # The same appends made one at a time store the same steps.
+    one_by_one = await claimed(journal, "one-by-one")
+    assert one_by_one.fence is not None
+    assert await journal.append_step(one_by_one.identity, one_by_one.fence, 1, {"by": "run"}, T0) is not None
+    for _, entry_type, data in appends[:5]:
+        await journal.append(step_process_id(one_by_one.run_id), entry_type, data, T0)
+    steps = [step for _, step in await stored_steps(journal, step_process_id(one_by_one.run_id))]
+    assert steps == [step for _, step in await stored_steps(journal, process)]
+    # The run sees the batch's steps as written, and only those.
+    for index, written in ((0, True), (1, True), (2, False), (3, True)):
+        assert (await journal.append_step(record.identity, fence, index, {}, T0) is None) == written
+
+
+async def test_a_step_committed_while_a_batch_waits_for_the_lock_is_kept_and_the_batch_stored(
+    journal: PostgresJournal,
+) -> None:
+    # The batch's statement takes its snapshot, then waits for the entries' lock, held by another
+    # transaction that stores step 0 of the same process and commits: the statement cannot see
+    # that step, its insert of step 0 meets the unique index, and the statement fails whole. Each
+    # append is then made alone, so every one is stored and step 0 stays the other writer's.
+    lock = journal._entries_lock
+    async with await psycopg.AsyncConnection.connect(journal.settings.conninfo) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
+        entries: list[Any] = []
+        async with anyio.create_task_group() as group:
+
+            async def append() -> None:
+                entries.extend(
+                    await append_together(
+                        journal, [("steps/r", STEP, {"index": 0, "by": "batch"}), ("steps/r", "note", {"n": 1})]
+                    )
+                )
+
+            group.start_soon(append)
+            with anyio.fail_after(10):
+                while not await lock_awaited(holder, lock):
+                    await anyio.sleep(0.01)
+            await holder.execute(
+                f"INSERT INTO {journal._entries} (process_id, entry_type, data, ts, step_index) "
+                "VALUES ('steps/r', 'step', '{\"index\": 0, \"by\": \"other\"}', 0, 0)"
+            )
+            await holder.commit()
+    assert all(isinstance(entry, JournalEntry) for entry in entries)
+    stored = await journal.entries(process_id="steps/r")
+    assert stored[0].data["by"] == "other" and stored[1:] == sorted(entries, key=lambda entry: entry.seq)
+    steps = await stored_steps(journal, "steps/r")
+    assert [step for _, step in steps] == [0, None, None]
+
+
+async def lock_awaited(conn: psycopg.AsyncConnection[Any], lock: str) -> bool:
+    """Whether a session waits for the advisory lock `hashtext(lock)` (taken as a bigint key)."""
+    cursor = await conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND objid::bigint = hashtext(%s)::bigint & 4294967295",
+        (lock,),
+    )
+    row = await cursor.fetchone()
+    return row is not None and row[0] > 0
+
+
+async def test_a_batch_that_fails_fails_every_append_in_it_and_stores_none() -> None:
+    url = scratch_postgres_url("appends_fail")
+    journal = await opened(f"{url}&statement_timeout=0.5")
+    try:
+        # Another session holds the entries' lock: the batch's statement waits for it until the
+        # statement timeout cancels it (the database answering, but not in time).
+        async with await psycopg.AsyncConnection.connect(journal.settings.conninfo, autocommit=True) as holder:
+            await holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (journal._entries_lock,))
+            before = (journal._appends.batches, journal._appends.items)
+            outcomes = await append_together(journal, [("p", "context_update", {"n": n}) for n in range(8)])
+            assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (1, 8)
+            assert all(isinstance(outcome, JournalError) for outcome in outcomes)
+        assert await journal.entries() == []
+        # The journal appends again once the lock is free.
+        after = await append_together(journal, [("p", "context_update", {"n": n}) for n in range(8)])
+        assert await journal.entries() == after
+    finally:
+        await journal.aclose()
+
+
+async def test_an_append_the_database_refuses_fails_alone_not_its_batch(journal: PostgresJournal) -> None:
+    # Postgres text cannot hold NUL (append 3), nor carry a lone surrogate (append 6): the
+    # statement of their batch fails, each append is then made alone, and only those two fail.
+    bad = {3: ("p\x00", "context_update"), 6: ("p", "bad\udc80type")}
+    appends = [(*bad.get(n, ("p", "context_update")), {"n": n}) for n in range(10)]
+    outcomes = await append_together(journal, appends)
+    assert isinstance(outcomes.pop(6), JournalError) and isinstance(outcomes.pop(3), JournalError)
+    assert await journal.entries() == sorted(outcomes, key=lambda entry: entry.seq)
+    assert sorted(entry.data["n"] for entry in outcomes) == [0, 1, 2, 4, 5, 7, 8, 9]
+
+
+async def test_the_step_lookup_of_an_append_batch_goes_through_the_step_index(journal: PostgresJournal) -> None:
+    # Whether a batch's step entry is the step is one index probe per row, never a pass over the
+    # whole table (a NOT EXISTS in the select list is planned as a hashed subplan that reads every
+    # entry, each batch).
+    for i in range(50):
+        await journal.append(f"steps/r{i % 5}", STEP, {"index": i}, T0)
+    rows = '[{"n": 0, "p": "steps/r1", "t": "step", "d": {"index": 1}, "ts": 1.0, "s": 1}]'
+    async with journal._connection() as conn:
+        cursor = await conn.execute("EXPLAIN " + journal._append_many_sql, (journal._entries_lock, rows))
+        plan = "\n".join(row[0] for row in await cursor.fetchall())
+    assert "Seq Scan on entries" not in plan and "hashed SubPlan" not in plan and "entries_by_step" in plan, plan
