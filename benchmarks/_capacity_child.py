@@ -25,7 +25,7 @@ async def main(url: str, callers: int, seconds: float) -> None:
     journal = PostgresJournal.from_url(url)
     engine = Engine(journal)
     await engine.start()
-    policy = ToolPolicy(idempotent=True)
+    policy = ToolPolicy(idempotent=True, key="derived")
     outcome = ToolOutcome("ok", b'{"content":[{"type":"text","text":"ok"}]}', False)
 
     async def run(call: object) -> ToolOutcome:

@@ -1,6 +1,7 @@
 """The upstream of the proxy case: a plain `MCPServer` over stdio with the benchmark's no-op tool.
 
-`noop` is annotated `idempotentHint: true` (durable behind the proxy, key derived from `n`);
+`noop` is annotated `idempotentHint: true` (durable behind the proxy, keyed by `n` under the case's
+policy `key = "derived"`);
 `noop_pass` carries no hint (passed through). Run as `python -m benchmarks._proxy_upstream`.
 """
 

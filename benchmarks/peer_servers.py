@@ -71,8 +71,10 @@ def durable_peer(journal: str, *, lease: float = 30.0) -> DurableServer:
         return _refund_effect(order, amount_cents)
 
     server = DurableServer("bench-durable", journal=journal, log_level="WARNING")
-    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True))
-    server.add_tool(refund, name=REFUND, durable=ToolPolicy(idempotent=True, lease=lease, in_doubt="refuse"))
+    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True, key="derived"))
+    server.add_tool(
+        refund, name=REFUND, durable=ToolPolicy(idempotent=True, key="derived", lease=lease, in_doubt="refuse")
+    )
     return server
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from mcp import Client, StdioServerParameters
 
+from mcp_durable.policy_file import parse_policies
 from mcp_durable.proxy import ProxyServer, UpstreamSpec
 
 from ._proxy_upstream import PASS_TOOL
@@ -53,6 +54,8 @@ async def run(settings: Settings) -> CaseResult:
             counter = itertools.count(1)
             proxy = ProxyServer(
                 UpstreamSpec(command=[sys.executable, "-m", "benchmarks._proxy_upstream"]),
+                # Keyed by its arguments, as before keys derived from all arguments became opt-in.
+                parse_policies('[tools.noop]\nkey = "derived"\n'),
                 journal=url,
                 log_level="WARNING",
             )

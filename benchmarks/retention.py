@@ -2,7 +2,7 @@
 
 A durable tool with one durable step (so each call leaves a record and a step entry) is called
 without pause, each call a new key, for `seconds`, through the in-memory client, with records
-kept 1 s (`ToolPolicy(retention=1.0)`). Twice per journal: with the server's retention schedule
+kept 1 s (`ToolPolicy(key="derived", retention=1.0)`). Twice per journal: with the server's retention schedule
 (every 0.5 s: purge expired records and their steps; the file journal compacts online once
 half its segments are garbage and they hold at least 256 KiB) and with it off. The journal's
 size is sampled every second; call latency is measured throughout, so a pause in serving while
@@ -35,7 +35,7 @@ def _server(url: str, schedule: RetentionSchedule | None) -> DurableServer:
         await current_call().step("one", lambda: n)
         return "ok"
 
-    server.add_tool(work, name=TOOL, durable=ToolPolicy(retention=1.0))
+    server.add_tool(work, name=TOOL, durable=ToolPolicy(key="derived", retention=1.0))
     return server
 
 

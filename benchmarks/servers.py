@@ -2,7 +2,7 @@
 
 The tool is `async def noop(n: int) -> str`: the cheapest a tool can be, so the figures show
 the framework's own cost and nothing else. The durable tool is registered idempotent with
-no key source of its own, so its key is derived from the arguments: a new `n` is a miss (a new
+`key="derived"` and no key source of its own, so its key is derived from the arguments: a new `n` is a miss (a new
 key, the tool runs), the same `n` again is a replay.
 
 Every server logs at WARNING: the SDK's default (INFO, through rich) prints a line per HTTP
@@ -89,18 +89,18 @@ def plain_waiting_server() -> MCPServer:
 def durable_waiting_server(journal: str) -> DurableServer:
     """The durable server with the same waiting tool."""
     server = DurableServer("bench-durable-waiting", journal=journal, log_level="WARNING")
-    server.add_tool(waiting_noop, name=TOOL, durable=ToolPolicy(idempotent=True))
+    server.add_tool(waiting_noop, name=TOOL, durable=ToolPolicy(idempotent=True, key="derived"))
     return server
 
 
 def durable_server(journal: str) -> DurableServer:
     server = DurableServer("bench-durable", journal=journal, log_level="WARNING")
-    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True))
+    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True, key="derived"))
     return server
 
 
 def task_server(journal: str) -> DurableServer:
     """The durable no-op, callable as an MCP task (`task_support="optional"`)."""
     server = DurableServer("bench-tasks", journal=journal, log_level="WARNING")
-    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True, task_support="optional"))
+    server.add_tool(noop, name=TOOL, durable=ToolPolicy(idempotent=True, key="derived", task_support="optional"))
     return server

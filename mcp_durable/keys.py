@@ -5,7 +5,8 @@ Resolution order for a call (docs/policies.md, "Keys"):
      `key_meta` names, in order;
   2. the tool's declared key argument (e.g. `idempotency_key`), when the caller filled it;
   3. the tool's key fields (e.g. `order_id`) or key function over the arguments;
-  4. for a tool registered idempotent: derived from the whole canonical argument object.
+  4. under `key="derived"` only: derived from the whole canonical argument object (never by
+     default: equal arguments are not always one effect; docs/policies.md, "Keys").
 A call that reaches none of these has no key (`None`): it runs, but is not deduplicated. An
 interactive tool (`ToolPolicy.interactive`) stops after 2: its key is never derived.
 """
@@ -133,7 +134,7 @@ def resolve_key(
         return validate_key(tool, policy.key_fn(dict(arguments)))
     if policy.key_fields:
         return _key_from_fields(policy, tool, arguments)
-    if policy.idempotent:
+    if policy.key == "derived":
         # == _hashed("sha256", arguments)
         return "sha256:" + (fingerprint_hex or policy_fingerprint(policy, arguments, canonical=canonical))
     return None

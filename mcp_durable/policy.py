@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from .errors import ConfigError
 
-KeyMode = Literal["auto", "required"]
+KeyMode = Literal["auto", "derived", "required"]
 InDoubtPolicy = Literal["retry", "reconcile", "refuse"]
 ErrorHandling = Literal["persist", "release"]
 TaskSupport = Literal["forbidden", "optional", "required"]
@@ -41,11 +41,16 @@ ReconcileHook = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
 class ToolPolicy:
     """How one durable tool is keyed, waited on, leased, retried and retained.
 
-    - `key`: `"auto"` (caller key, else key argument/fields/function, else derived when
-      idempotent) or `"required"` (a call without a caller key is refused with `missing_key`).
-    - `idempotent`: the tool is registered idempotent: with no other key source the key is
-      derived from the whole argument object, the tool advertises `idempotentHint: true`, and
-      a crash in the danger window is retried by default.
+    - `key`: `"auto"` (the caller's key, else the key argument, fields or function; a call with
+      none of them runs unjournaled), `"derived"` (as `auto`, and else derived from the whole
+      argument object: every later call with equal arguments is the same effect and is answered
+      from the journal until the record's `retention` ends) or `"required"` (a call without a
+      caller key is refused with `missing_key`). A key derived from all arguments is never the
+      default: a later, legitimate call with the same arguments (delete, create, delete) would
+      get the first call's answer.
+    - `idempotent`: the tool is registered idempotent: it advertises `idempotentHint: true`, and
+      a crash in the danger window is retried by default. A call of it without a key runs
+      unjournaled: re-running an idempotent tool is safe by its own contract.
     - `key_argument` / `key_fields` / `key_fn`: the tool's own key sources, in that order.
     - `wait`: how long a duplicate in flight waits for the first call (seconds) before it gets
       `in_progress` with `retry_after`.
@@ -119,8 +124,8 @@ class ToolPolicy:
 
     def _check_key_mode_and_durations(self) -> None:
         """`key` is a known mode; `wait`, `lease` and `timeout` are usable durations."""
-        if self.key not in ("auto", "required"):
-            raise ConfigError(f"key must be 'auto' or 'required', not {self.key!r}")
+        if self.key not in ("auto", "derived", "required"):
+            raise ConfigError(f"key must be 'auto', 'derived' or 'required', not {self.key!r}")
         if not (self.wait >= 0 and self.lease > 0):  # written so NaN fails too
             raise ConfigError("wait must be >= 0 and lease > 0 seconds")
         if self.timeout is not None and not self.timeout > 0:
@@ -196,9 +201,9 @@ class ToolPolicy:
             raise ConfigError("give fingerprint_fields or fingerprint_exclude, not both")
         if self.fingerprint_fields is not None and not self.fingerprint_fields:
             raise ConfigError("fingerprint_fields must name at least one argument (or be None)")
-        if self.interactive and (self.key_fields is not None or self.key_fn is not None):
+        if self.interactive and (self.key_fields is not None or self.key_fn is not None or self.key == "derived"):
             raise ConfigError(
-                "an interactive tool cannot derive its key (key_fields, key_fn): its input includes the "
+                "an interactive tool cannot derive its key (key_fields, key_fn, key='derived'): its input includes the "
                 "answers it elicits, so a derived key would replay one session's answers to another; "
                 "take the key from the caller (_meta or key_argument)"
             )

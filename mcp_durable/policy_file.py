@@ -5,7 +5,7 @@
 
     [tools.create_entities]
     durable = true                  # journal this tool's calls (false: pass it through untouched)
-    key = "derived"                 # derived | caller | fields | required   (see KEY_MODES)
+    key = "auto"                    # auto | derived | caller | fields | required   (see KEY_MODES)
     in_doubt = "refuse"             # retry | refuse
     wait = 30.0                     # seconds a duplicate in flight waits for the first call
     lease = 30.0                    # seconds a running call's claim lives without a heartbeat
@@ -17,8 +17,8 @@
     key_fields = ["order_id"]
 
 A tool the file does not name gets the default from the upstream's own annotations
-(`default_policy`): `idempotentHint: true` makes it durable with a key derived from its
-arguments; anything else (`readOnlyHint: true` included) is passed through. Each entry maps onto
+(`default_policy`): `idempotentHint: true` makes it durable, keyed by the caller (a call
+without a key runs unjournaled); anything else (`readOnlyHint: true` included) is passed through. Each entry maps onto
 a `ToolPolicy`; a file that does not parse or validate raises `ConfigError` naming the file, the
 line and the key.
 """
@@ -35,12 +35,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ConfigError
-from .policy import ToolPolicy
+from .policy import KeyMode, ToolPolicy
 
-#: Key modes: `derived` — the caller's `_meta` key, else derived from all arguments (the meaning of
-#: `idempotentHint`); `caller` — only the caller's `_meta` key (a call without one runs unjournaled);
-#: `fields` — the caller's key, else `key_fields`; `required` — a call without a caller key is refused.
-KEY_MODES = ("derived", "caller", "fields", "required")
+#: Key modes: `auto` (the default) — the caller's `_meta` key (a call without one runs
+#: unjournaled: the tool is idempotent, so a re-run is safe); `derived` — the caller's key, else
+#: derived from all arguments (every later call with equal arguments is answered from the journal
+#: for the record's retention: only for a tool whose equal arguments always mean one effect);
+#: `caller` — as `auto`, but not registered idempotent (an in-doubt call is refused); `fields` —
+#: the caller's key, else `key_fields`; `required` — a call without a caller key is refused.
+KEY_MODES = ("auto", "derived", "caller", "fields", "required")
 
 
 class _Entry(BaseModel):
@@ -49,7 +52,7 @@ class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     durable: bool | None = None
-    key: Literal["derived", "caller", "fields", "required"] | None = None
+    key: Literal["auto", "derived", "caller", "fields", "required"] | None = None
     key_fields: list[str] | None = Field(default=None, min_length=1)
     in_doubt: Literal["retry", "refuse"] | None = None
     wait: float | None = Field(default=None, ge=0)
@@ -122,7 +125,8 @@ class Policies:
 
 
 def default_policy(annotations: Mapping[str, Any] | None) -> ToolPolicy | None:
-    """Without a file: `idempotentHint: true` → durable, derived key; else pass-through.
+    """Without a file: `idempotentHint: true` → durable, keyed by the caller (a call without a key
+    runs unjournaled: the upstream promises a re-run is safe); else pass-through.
 
     `readOnlyHint: true` wins over `idempotentHint`: a read has no effect to deduplicate, and
     replaying yesterday's read would be wrong.
@@ -178,7 +182,7 @@ def _setting(defaults: _Entry, entry: _Entry) -> Setting:
     merged = {**defaults.model_dump(exclude_none=True), **entry.model_dump(exclude_none=True)}
     if merged.pop("durable", True) is False:
         return PASS_THROUGH
-    mode = merged.pop("key", "fields" if "key_fields" in merged else "derived")
+    mode = merged.pop("key", "fields" if "key_fields" in merged else "auto")
     key_fields = merged.pop("key_fields", None)
     if mode == "fields" and not key_fields:
         raise ConfigError('key = "fields" needs key_fields = ["…"]')
@@ -198,9 +202,11 @@ def _setting(defaults: _Entry, entry: _Entry) -> Setting:
     for name in ("wait", "lease"):
         if name in kwargs:
             kwargs[name] = float(kwargs[name])
-    # `caller`: not registered idempotent, so a call without a caller key has no key and runs
-    # unjournaled (and an in-doubt call is refused unless in_doubt says otherwise).
-    return ToolPolicy(key="required" if mode == "required" else "auto", idempotent=mode != "caller", **kwargs)
+    # `auto` and `caller`: a call without a caller key (or key fields) has no key and runs
+    # unjournaled; `caller` is not registered idempotent either (an in-doubt call is refused unless
+    # in_doubt says otherwise). Only `derived` makes a key of all the arguments.
+    key: KeyMode = "required" if mode == "required" else "derived" if mode == "derived" else "auto"
+    return ToolPolicy(key=key, idempotent=mode != "caller", **kwargs)
 
 
 _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
@@ -275,8 +281,10 @@ def _policy_lines(policy: ToolPolicy) -> list[str]:
         mode = "required"
     elif policy.key_fields:
         mode = "fields"
+    elif policy.key == "derived":
+        mode = "derived"
     else:
-        mode = "derived" if policy.idempotent else "caller"
+        mode = "auto" if policy.idempotent else "caller"
     lines = ["durable = true", f'key = "{mode}"']
     if policy.key_fields:
         lines.append("key_fields = [" + ", ".join(f'"{name}"' for name in policy.key_fields) + "]")

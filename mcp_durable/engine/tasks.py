@@ -150,8 +150,9 @@ class TaskRuns:
         A call whose key has a record already answers with that record's task: the same task id
         for a repeat of a task-creating call, a new id attached to a call first made without a
         task. A record released without a result (the tool raised) is run again as a new task;
-        a cancelled one stays cancelled. A call with no key at all (a tool not registered
-        idempotent, no caller key) gets a fresh random key: every such task is its own call.
+        a cancelled one stays cancelled. A call with no key at all (no caller key, no key argument,
+        fields or function, and not `key="derived"`) gets a fresh random key: every such task is
+        its own call.
 
         Raises `MissingKeyError`, `InvalidKeyError`, `KeyReuseError`, `JournalError`.
         """

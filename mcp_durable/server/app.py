@@ -895,8 +895,8 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
     caller key is refused at run time (`ClientRequestWithoutKeyError`), as a derived key would
     replay one session's answers to another. (A tool calling `ctx.elicit` itself cannot be seen
     from here; its calls are refused alike.)"""
-    if policy.interactive or policy.key == "required":
-        return
+    if policy.interactive or not (policy.key == "derived" or policy.key_fields or policy.key_fn):
+        return  # keyed by its caller only (or refused without a key): no answer replays to another session
     try:
         from mcp.server.mcpserver.resolve import find_resolved_parameters
     except ImportError:  # pragma: no cover - an SDK without resolvers

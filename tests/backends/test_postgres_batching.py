@@ -130,7 +130,7 @@ async def test_a_record_the_database_refuses_fails_alone_not_its_batch(journal: 
 async def test_the_engine_sends_no_read_before_a_claim(journal: PostgresJournal) -> None:
     engine = Engine(journal)
     await engine.start()
-    policy = ToolPolicy(idempotent=True)
+    policy = ToolPolicy(idempotent=True, key="derived")
     runs = 0
 
     async def run(call: object) -> ToolOutcome:

@@ -12,7 +12,7 @@ import anyio
 from mcp_durable import Engine, ToolOutcome, ToolPolicy
 from mcp_durable.journal import CallState, Journal
 
-POLICY = ToolPolicy(task_support="optional", lease=1.0)
+POLICY = ToolPolicy(task_support="optional", lease=1.0, key="derived")  # repeats keyed by their arguments
 KEY_META = "mcp-durable/idempotency-key"
 
 
@@ -65,7 +65,7 @@ async def test_a_plain_call_gets_a_task_attached_when_it_is_asked_for_as_one(jou
 async def test_a_task_and_a_plain_call_fingerprint_the_same_arguments_under_the_policy(journal: Journal) -> None:
     # `note` is not fingerprinted: a plain call's repeat with another note is the same call, and
     # so is a task asking for it (before, a task fingerprinted every argument: key reuse).
-    policy = ToolPolicy(task_support="optional", lease=1.0, fingerprint_exclude=("note",))
+    policy = ToolPolicy(task_support="optional", lease=1.0, key="derived", fingerprint_exclude=("note",))
     engine = Engine(journal)
 
     async def run(_call: object) -> ToolOutcome:

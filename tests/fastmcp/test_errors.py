@@ -140,7 +140,7 @@ async def test_an_input_required_answer_is_passed_on_and_never_journaled() -> No
             return InputRequiredResult(request_state=f"confirm {order_id}")
         return {"order_id": order_id, "confirmed": True}
 
-    durable = make_durable(app, journal="memory://", policies={"confirm": True})
+    durable = make_durable(app, journal="memory://", policies={"confirm": ToolPolicy(key="derived")})
     async with connected("fastmcp", app):  # the server started; called in process below
         asked = await app.call_tool("confirm", {"order_id": "O-6"})
         answered = await app.call_tool("confirm", {"order_id": "O-6"})

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from mcp_durable import DurableServer
+from mcp_durable import DurableServer, ToolPolicy
 
 server = DurableServer("hardening-target")
 
 
-@server.tool(durable=True)
+@server.tool(durable=ToolPolicy(key="derived"))  # a call without a caller key is keyed by its text
 def echo(text: str) -> dict[str, Any]:
     """Echo `text`; each real run is one line in $HARDENING_RUNS."""
     runs = os.environ.get("HARDENING_RUNS")

@@ -143,7 +143,7 @@ async def test_an_upstream_killed_mid_call_leaves_the_call_in_doubt_until_an_ope
         again = await client.call_tool("gated", {"text": "x"}, meta=key_meta("g-1"))
         assert meta_of(again)["mcp-durable/error"]["error"] == "in_doubt"
         # The proxy restarted its stdio upstream and keeps serving.
-        fine = await client.call_tool("record", {"text": "after"})
+        fine = await client.call_tool("record", {"text": "after"}, meta=key_meta("r-after"))
         assert not fine.is_error and counter.count("record") == 1
         states = {r.identity.tool: r.state for r in await _records(journal)}
         assert states == {"gated": CallState.IN_DOUBT, "record": CallState.COMPLETED}
@@ -207,14 +207,14 @@ async def test_an_http_upstream_that_died_while_idle_is_refused_as_unavailable_a
         port = upstream.port
         proxy = ProxyServer(UpstreamSpec(url=upstream.url, connect_timeout=10), journal=journal)
         async with Client(proxy, mode="legacy") as client:
-            first = await client.call_tool("record", {"text": "a"})
+            first = await client.call_tool("record", {"text": "a"}, meta=key_meta("r-a"))
             upstream.kill()
             # Quiet for longer than QUIET_BEFORE_PING, so the proxy checks the session before
             # the next durable call (an ordering, not a timed assertion).
             await anyio.sleep(QUIET_BEFORE_PING + 0.2)
-            refused = await client.call_tool("record", {"text": "b"})
+            refused = await client.call_tool("record", {"text": "b"}, meta=key_meta("r-b"))
             async with serve_cli_http(["serve", PLAIN_UPSTREAM], env=env, port=port):
-                back = await client.call_tool("record", {"text": "c"})
+                back = await client.call_tool("record", {"text": "c"}, meta=key_meta("r-c"))
     assert not first.is_error and not back.is_error
     assert refused.is_error and meta_of(refused)["mcp-durable/error"]["error"] == "upstream_unavailable"
     assert "ConnectError" in meta_of(refused)["mcp-durable/error"]["message"]

@@ -53,7 +53,7 @@ class Sessions:
 def booking_server(runs: list[str]) -> DurableServer:
     server = DurableServer("booking", journal="memory://")
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     async def book(destination: str, ctx: Context) -> str:
         """Asks its user in its body: nothing at registration can see it."""
         confirmed = await ctx.elicit(f"Book {destination}?", Confirm)
@@ -135,7 +135,7 @@ async def test_a_parameter_resolved_from_the_client_without_a_caller_key_is_refu
     sessions = Sessions()
     server = DurableServer("booking", journal="memory://")
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     async def book(destination: str, confirm: Annotated[Trip, Resolve(ask)]) -> str:
         runs.append(confirm.answer)
         return confirm.answer

@@ -41,7 +41,10 @@ def _refunds(runs: list[str], policy: ToolPolicy) -> DurableServer:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "policy",
-    [ToolPolicy(fingerprint_exclude=("reason",)), ToolPolicy(fingerprint_fields=("order_id", "amount_cents"))],
+    [
+        ToolPolicy(key="derived", fingerprint_exclude=("reason",)),
+        ToolPolicy(key="derived", fingerprint_fields=("order_id", "amount_cents")),
+    ],
     ids=["exclude", "fields"],
 )
 async def test_a_reworded_free_text_argument_replays_and_a_changed_amount_is_still_key_reuse(
@@ -174,7 +177,7 @@ async def test_without_interactive_a_derived_key_call_that_asks_its_client_is_re
     # What `interactive=True` declares: without it, a call keyed by its arguments that asks its
     # client is refused (missing_key) and released, in every session, never answered with another's.
     runs: list[str] = []
-    server = _booking(runs, ToolPolicy())
+    server = _booking(runs, ToolPolicy(key="derived"))
     for session in ("yes", "no"):
         async with Client(server, mode=mode, elicitation_callback=_answering(session)) as client:
             last = await client.call_tool("book", {"destination": "Oslo"})
@@ -185,7 +188,7 @@ async def test_without_interactive_a_derived_key_call_that_asks_its_client_is_re
 def test_registering_a_tool_that_resolves_input_from_the_client_without_interactive_warns(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _booking([], ToolPolicy())
+    _booking([], ToolPolicy(key="derived"))
     assert "interactive=True" in caplog.text
     caplog.clear()
     _booking([], ToolPolicy(interactive=True))

@@ -21,7 +21,7 @@ from mcp_durable.server.prevalidated import pure_schema
 from mcp_durable.server.results import dump_result
 from tests.helpers import key_meta
 
-IDEMPOTENT = ToolPolicy(idempotent=True)
+IDEMPOTENT = ToolPolicy(idempotent=True, key="derived")
 RUNS: list[str] = []
 
 

@@ -41,7 +41,7 @@ class Gates:
 def _server(name: str, url: str, gates: Gates, clock: Any) -> DurableServer:
     server = DurableServer(f"paused-{name}", journal=url, clock=clock)
 
-    @server.tool(durable=ToolPolicy(lease=LEASE, in_doubt="retry"))
+    @server.tool(durable=ToolPolicy(key="derived", lease=LEASE, in_doubt="retry"))
     async def work(job: str) -> dict[str, Any]:
         gates.runs.append(name)
         await gates.open[name].wait()

@@ -78,13 +78,13 @@ def _result(tool: str, text: str, **extra: Any) -> dict[str, Any]:
 def _add_running_tools(server: DurableServer, counts: Counter) -> None:
     """`record` and `slow`: durable tools that run to their end on their own."""
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     def record(text: str) -> dict[str, Any]:
         """Idempotent by default: keyed by the caller, else by its arguments."""
         counts.hit("record")
         return _result("record", text, key=current_call().key)
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     async def slow(text: str, delay: float) -> dict[str, Any]:
         """Sleeps `delay` seconds between its start and its end."""
         counts.hit("slow")
@@ -102,7 +102,7 @@ def _add_gated_tools(server: DurableServer, counts: Counter) -> None:
             await anyio.sleep(0.01)
         counts.hit(f"{tool}.done")
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     async def gated(text: str) -> dict[str, Any]:
         """Runs until the test opens the gate (`Counter.open_gate()`)."""
         await wait_for_gate("gated")
@@ -124,13 +124,13 @@ def _add_refusing_and_failing_tools(server: DurableServer, counts: Counter) -> N
         counts.hit("required")
         return _result("required", text)
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     def tool_error(text: str) -> dict[str, Any]:
         """Always fails deliberately (a `ToolError`, which is a result to persist)."""
         n = counts.hit("tool_error")
         raise ToolError(f"declined {text!r} (execution {n})")
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     def flaky(text: str) -> dict[str, Any]:
         """Crashes (unexpected exception) on its first execution, succeeds afterwards."""
         n = counts.hit("flaky")
@@ -142,7 +142,7 @@ def _add_refusing_and_failing_tools(server: DurableServer, counts: Counter) -> N
 def _add_scope_and_plain_tools(server: DurableServer, counts: Counter) -> None:
     """`whoami` (its principal), `keyed` (its key from an argument) and `plain` (not durable)."""
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     def whoami(text: str) -> dict[str, Any]:
         """Returns the principal the call is scoped to."""
         counts.hit("whoami")

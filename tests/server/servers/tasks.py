@@ -93,7 +93,7 @@ def make_server(
         counts.hit(f"job {name}")
         return f"job {name} done"
 
-    @server.tool(durable=True)
+    @server.tool(durable=ToolPolicy(key="derived"))
     async def echo(text: str) -> str:
         """A durable tool without task support."""
         counts.hit(f"echo {text}")
