@@ -571,6 +571,11 @@ class DurableServer(MCPServer[Any]):
         remembered) the SDK validates as usual.
         """
 
+        # Only a tool that takes the context (or parameters the SDK resolves from the client) can
+        # send its client a request; any tool can answer `input_required` (checked after its run).
+        registered = prepared.tool if prepared is not None else registered_tool(self, name)
+        can_ask = registered is None or registered.context_kwarg is not None or bool(registered.resolved_params)
+
         async def run(call: DurableCall | None) -> ToolOutcome:
             payload: bytes | None = None
             token = None
@@ -578,7 +583,7 @@ class DurableServer(MCPServer[Any]):
             # A call journaled under a key its caller did not give must not ask its client (see
             # `_without_client_requests`): another session's call would be answered from it.
             guarded = call is not None and _asking_refused(policy, arguments, context)
-            called = _without_client_requests(self, name, context) if guarded else context
+            called = _without_client_requests(self, name, context) if guarded and can_ask else context
             try:
                 if model is not None and prepared is not None and prepared.direct:
                     called_with = called if called is not None else self._bare_context()
@@ -868,10 +873,13 @@ def _without_client_requests(
     if request is None:
         return context
     guarded = dataclasses.replace(request, session=cast(Any, _ClientRequestsRefused(request.session, tool)))
-    try:  # the call's own params, for the tool's `input_responses` (2026-07-28 multi-round calls)
-        params = CallToolRequestParams.model_validate(request.params) if request.params is not None else None
-    except ValidationError:
-        params = None
+    raw = request.params
+    params = None
+    if raw is not None and ("inputResponses" in raw or "requestState" in raw):
+        try:  # the call's own params, for the tool's `input_responses` (2026-07-28 multi-round calls)
+            params = CallToolRequestParams.model_validate(raw)
+        except ValidationError:
+            params = None
     return Context(
         request_context=guarded, mcp_server=server, input_params=params, subscriptions=subscription_bus(server)
     )
