@@ -44,7 +44,7 @@ import orjson
 
 from .. import keys, observe
 from ..errors import CallCancelledError, ConfigError, InDoubtError, InProgressError, KeyReuseError, TaskCancelledError
-from ..journal.base import AUDIT_ENTRY, AUDIT_PROCESS, Journal
+from ..journal.base import AUDIT_ENTRY, AUDIT_PROCESS, Journal, purge_all_expired
 from ..journal.model import CallIdentity, CallRecord, CallState, Reason
 from ..journal.processes import ProcessJournal
 from ..keys import LOCAL_PRINCIPAL
@@ -100,9 +100,6 @@ def superseded(record: CallRecord) -> CallOutcome:
         superseded=True,
     )
 
-
-#: Expired records dropped per `Journal.purge_expired_calls` (each batch one transaction on SQL).
-PURGE_BATCH = 1000
 
 Finals = dict[CallIdentity, tuple[CallRecord, CallOutcome]]
 #: The replay cache of each single-writer journal object, shared by the engines of this process
@@ -652,10 +649,5 @@ class Engine:
         """Drop records whose retention has ended, with the durable-step entries of their runs (a
         run of an expired record never resumes); returns how many records."""
         await self.start()
-        now = self.clock()
-        purged = 0
-        while True:
-            done = await self.journal.purge_expired_calls(now, PURGE_BATCH)
-            if not done.calls:
-                return purged
-            purged += len(done.calls)
+        purged, _ = await purge_all_expired(self.journal, self.clock())
+        return purged

@@ -194,6 +194,23 @@ class PurgedCalls:
     step_entries: int = 0
 
 
+#: Expired records dropped per `Journal.purge_expired_calls` by `purge_all_expired` (each batch
+#: one transaction on SQL).
+PURGE_BATCH = 1000
+
+
+async def purge_all_expired(journal: Journal, now: float) -> tuple[int, int]:
+    """Drop every record expired at `now` with its runs' durable steps, `PURGE_BATCH` at a time;
+    returns how many records and step entries went."""
+    records = steps = 0
+    while True:
+        done = await journal.purge_expired_calls(now, PURGE_BATCH)
+        if not done.calls:
+            return records, steps
+        records += len(done.calls)
+        steps += done.step_entries
+
+
 @dataclass(frozen=True, slots=True)
 class RecoveryReport:
     """What opening a journal found and did (shown by `journal://recovery`).

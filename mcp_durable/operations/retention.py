@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..engine import Engine
+from ..journal.base import purge_all_expired
 
 #: Processes whose state a checkpoint holds whole: entries before their last checkpoint are dropped.
 CHECKPOINTED_PROCESSES = ("mcp-durable/redaction",)
-_BATCH = 1000  # expired records per `purge_expired_calls` (each batch one transaction on SQL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +99,7 @@ async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> Retenti
     await engine.start()
     journal = engine.journal
     now = engine.clock()
-    purged = steps = 0
-    while True:
-        done = await journal.purge_expired_calls(now, _BATCH)
-        if not done.calls:
-            break
-        purged += len(done.calls)
-        steps += done.step_entries
+    purged, steps = await purge_all_expired(journal, now)
     lifecycle = await _fold_checkpointed(engine) if schedule.lifecycle else 0
     compacted, reclaimed = await _compact_if_worth_it(engine, schedule, now)
     size = (await journal.stats()).size_bytes
