@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -67,7 +67,7 @@ from ..journal.model import CallIdentity, CallState
 from ..keys import KEY_META
 from ..policy import ErrorHandling, ToolPolicy
 from ..policy_file import Policies
-from ..server.app import DurableServer
+from ..server.app import DurableServer, caller_meta
 from ..server.results import refusal_error
 from ..server.sdk_internals import lowlevel_server, registered_tool
 from ..steps import DurableCall
@@ -294,7 +294,7 @@ class ProxyServer(DurableServer):
         the engine answers those itself.
         """
         try:
-            key = keys.resolve_key(policy, name, arguments, _caller_meta(context), canonical=canonical)
+            key = keys.resolve_key(policy, name, arguments, caller_meta(context), canonical=canonical)
             if key is None:
                 return False
             await self.engine.start()  # (once; a no-op when serving)
@@ -417,15 +417,6 @@ PROXY_TOOL_ERRORS: ErrorHandling = "release"
 def _tool_errors_chosen(policies: Policies) -> frozenset[str]:
     """The tools whose `tool_errors` the policies chose themselves (kept as given)."""
     return frozenset(name for name in policies.tools if policies.chose(name, "tool_errors"))
-
-
-def _caller_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
-    """The calling request's `_meta` as a mapping (where the caller's key is), or None."""
-    meta = getattr(_request_context(context), "meta", None)
-    if meta is None or isinstance(meta, Mapping):
-        return meta
-    dumped: dict[str, Any] = meta.model_dump(by_alias=True)
-    return dumped
 
 
 def _annotations(tool: Tool) -> dict[str, Any] | None:

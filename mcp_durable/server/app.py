@@ -727,7 +727,7 @@ class DurableServer(MCPServer[Any]):
                 tool=name,
                 policy=policy,
                 arguments=arguments,
-                meta=_request_meta(context),
+                meta=caller_meta(context),
                 run=run,
                 encode=encode,
                 principal=principal,
@@ -776,7 +776,7 @@ class DurableServer(MCPServer[Any]):
             tool=name,
             policy=policy,
             arguments=validated,
-            meta=_request_meta(context),
+            meta=caller_meta(context),
             run=self._runner(name, arguments, None, policy, model),
             encode=_encoder(tool),
             principal=self.principal_of(context),
@@ -855,7 +855,7 @@ def _asking_refused(policy: ToolPolicy, arguments: Mapping[str, Any], context: C
     (whose calls without a caller key are never journaled). False without a request (no client)."""
     if context is None or policy.interactive:
         return False
-    meta = _request_meta(context) or {}
+    meta = caller_meta(context) or {}
     if keys.KEY_META in meta or any(name in meta for name in policy.key_meta):
         return False
     return policy.key_argument is None or arguments.get(policy.key_argument) is None
@@ -923,7 +923,9 @@ def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[
         )
 
 
-def _request_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
+def caller_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
+    """The `_meta` of the request `context` serves, as a mapping (where a caller's key is); None
+    without one."""
     if context is None:
         return None
     try:
