@@ -115,7 +115,7 @@ async def run(settings: Settings) -> CaseResult:
         control.add(era_label, us(plain_s), us(meta_s), ratio(meta_s / plain_s))
     control.notes.append(
         "every durable result carries `_meta` (mcp-durable/key, and on a replay mcp-durable/replayed and "
-        "first-completed-at: DESIGN.md §3); this row measures that cost through the SDK with no journal at all."
+        "first-completed-at: docs/guarantees.md); this row measures that cost through the SDK with no journal at all."
     )
     table.notes.extend(skipped_journals())
     verdicts: dict[str, list[tuple[str, float, bool, float, bool]]] = {}

@@ -34,7 +34,7 @@ def plain_server() -> MCPServer:
     return server
 
 
-#: What a replay carries in `_meta` (DESIGN.md §3), with values of the usual size.
+#: What a replay carries in `_meta` (docs/guarantees.md), with values of the usual size.
 REPLAY_META = {
     "mcp-durable/key": "sha256:" + "0" * 64,
     "mcp-durable/replayed": True,

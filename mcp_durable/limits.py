@@ -69,6 +69,30 @@ def check_limit(name: str, limit: int | None) -> int | None:
     return limit
 
 
+@dataclasses.dataclass(frozen=True)
+class CallLimits:
+    """The three bounds on what one durable call journals, as a face is configured with them
+    (`None` lifts a bound); `checked` refuses a bad configuration with `ConfigError`."""
+
+    argument_bytes: int | None = DEFAULT_MAX_ARGUMENT_BYTES
+    result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES
+    argument_depth: int | None = DEFAULT_MAX_ARGUMENT_DEPTH
+
+    @classmethod
+    def checked(
+        cls,
+        max_argument_bytes: int | None = DEFAULT_MAX_ARGUMENT_BYTES,
+        max_result_bytes: int | None = DEFAULT_MAX_RESULT_BYTES,
+        max_argument_depth: int | None = DEFAULT_MAX_ARGUMENT_DEPTH,
+    ) -> CallLimits:
+        """The limits named as the faces' keyword arguments name them, each validated (`check_limit`)."""
+        return cls(
+            check_limit("max_argument_bytes", max_argument_bytes),
+            check_limit("max_result_bytes", max_result_bytes),
+            check_limit("max_argument_depth", max_argument_depth),
+        )
+
+
 def checked_arguments(tool: str, arguments: Mapping[str, Any], limit: int | None) -> bytes:
     """The canonical JSON of `arguments`, or `LimitExceeded` if it is over `limit` or not JSON."""
     try:

@@ -74,25 +74,26 @@ def _serve(args: argparse.Namespace) -> int:
     server = load_target(args.target)
     # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
     logging.getLogger().setLevel(args.log_level.upper())
-    from ..server import DurableServer
+    from ..server.assembly import face_of
 
     if args.policies:
         server = _with_policies(server, args.policies, args.journal)
-    if isinstance(server, DurableServer) and args.journal and server.journal.url != args.journal:
+    face = face_of(server)
+    if face is not None and args.journal and face.journal.url != args.journal:
         # Handed to the server explicitly (not through the environment): whatever journal the
         # module built its server with, every part of the engine (calls, leases, lifecycle)
         # runs on this one. Nothing is opened before the server starts, so the module's own
         # journal is never touched.
-        server.use_journal(create_journal(args.journal))
+        face.engine.use_journal(create_journal(args.journal))
     return serve_server(server, args, args.target)
 
 
 def _with_policies(server: Any, path: str, journal: str | None) -> Any:
     """`serve --policies`: a plain MCPServer made durable in process (`make_durable`)."""
     from ..policy_file import load_policies
-    from ..server import DurableServer
+    from ..server.assembly import face_of
 
-    if isinstance(server, DurableServer):
+    if face_of(server) is not None:
         raise ConfigError("--policies is for a plain MCPServer; a DurableServer declares its policies in code")
     from ..proxy import make_durable
 
@@ -101,7 +102,7 @@ def _with_policies(server: Any, path: str, journal: str | None) -> Any:
 
 def _console(args: argparse.Namespace) -> int:
     from ..engine import LOCAL_PRINCIPAL
-    from ..server.app import default_principal
+    from ..server.assembly import default_principal
     from ..server.auth import StaticTokenVerifier
 
     try:

@@ -38,9 +38,10 @@ def freeze_startup_heap() -> int:
 
 def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
     """Serve `server` over `args.transport` (stdio, or streamable HTTP on `args.host:args.port`)."""
-    from ..server import DurableServer
+    from ..server.assembly import face_of
 
-    journal = display_url(server.journal.url) if isinstance(server, DurableServer) else "none (plain MCPServer)"
+    face = face_of(server)
+    journal = display_url(face.journal.url) if face is not None else "none (plain MCPServer)"
     if args.transport == "stdio":
         frozen = "" if args.no_gc_freeze else f"; {freeze_startup_heap():,} start-up objects frozen"
         print(f"mcp-durable: serving {label} over stdio; journal {journal}{frozen}", file=sys.stderr)
@@ -118,9 +119,9 @@ def add_serving_options(parser: argparse.ArgumentParser) -> None:
 
 def _mount_console(app: Any, server: Any, base_url: str) -> str:
     """Mount the operator console at /console when it can be (a DurableServer, Jinja2 installed)."""
-    from ..server import DurableServer
+    from ..server.assembly import face_of
 
-    if not isinstance(server, DurableServer):
+    if face_of(server) is None:
         return "off (a plain MCPServer has no journal)"
     try:
         from ..console import mount_console

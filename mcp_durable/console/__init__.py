@@ -16,25 +16,31 @@ from typing import TYPE_CHECKING, Any
 from .source import ConsoleSource, JournalSource, ServerSource
 
 if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
     from starlette.applications import Starlette
-
-    from ..server.app import DurableServer
 
 PATH = "/console"
 
 
-def mount_console(app: Starlette, server: DurableServer, path: str = PATH) -> None:
-    """Mount the console of `server` on `app` (its `streamable_http_app`) at `path`, with the
-    MCP endpoint's own Host/Origin settings."""
+def mount_console(app: Starlette, server: MCPServer[Any], path: str = PATH) -> None:
+    """Mount the console of `server` (a `DurableServer` or `ProxyServer`) on `app` (its
+    `streamable_http_app`) at `path`, with the MCP endpoint's own Host/Origin settings. Raises
+    `ConfigError` for a server without a journal."""
     from starlette.routing import Mount
 
+    from ..errors import ConfigError
+    from ..server.assembly import face_of
     from .app import console_app
+
+    face = face_of(server)
+    if face is None:
+        raise ConfigError(f"{type(server).__name__} has no journal: the console needs a DurableServer or ProxyServer")
 
     try:
         security = server.session_manager.security_settings
     except RuntimeError:  # no streamable HTTP app built: no Host/Origin settings to share
         security = None
-    app.router.routes.append(Mount(path, console_app(ServerSource(server), security)))
+    app.router.routes.append(Mount(path, console_app(ServerSource(face), security)))
 
 
 def standalone_app(source: ConsoleSource, host: str, path: str = PATH) -> Any:

@@ -33,7 +33,7 @@ from ..server.resources import recovery_body, stats_body
 from ..uris import STATS_URI
 
 if TYPE_CHECKING:
-    from ..server.app import DurableServer
+    from ..server.assembly import DurableFace
 
 #: Seconds between two looks at a shared journal for a page with live updates (standalone only).
 POLL_INTERVAL = 2.0
@@ -86,45 +86,46 @@ def principal_with_token(principal_of: Callable[[Any], str], token: AccessToken 
 
 
 class ServerSource:
-    """The console of a running `DurableServer` (mounted at `/console`)."""
+    """The console of a running `DurableServer` or `ProxyServer` (mounted at `/console`), read
+    through the durable parts it composes (`face`)."""
 
-    def __init__(self, server: DurableServer) -> None:
-        self.server = server
-        self.verifier: TokenVerifier | None = server.token_verifier
-        self.journal_url = display_url(server.journal.url)
+    def __init__(self, face: DurableFace) -> None:
+        self.face = face
+        self.verifier: TokenVerifier | None = face.token_verifier
+        self.journal_url = display_url(face.journal.url)
 
     @property
     def admins(self) -> frozenset[str]:
-        return self.server.admin_principals
+        return self.face.admin_principals
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[Journal]:
-        await self.server.engine.start()
-        yield self.server.journal
+        await self.face.engine.start()
+        yield self.face.journal
 
     @property
     def engine(self) -> Engine | None:
-        return self.server.engine
+        return self.face.engine
 
     @property
     def clock(self) -> Callable[[], float]:
-        return self.server.engine.clock
+        return self.face.engine.clock
 
     def principal(self, token: AccessToken | None) -> str:
-        return principal_with_token(self.server.principal_of, token)
+        return principal_with_token(self.face.principal_of, token)
 
     async def sensitive(self, journal: Journal, tool: str) -> tuple[str, ...]:
-        return await self.server.journal_views.sensitive(tool)
+        return await self.face.resources.sensitive(tool)
 
     def retention(self, tool: str) -> float | None:
-        policy = self.server.policies.get(tool)
+        policy = self.face.policies.get(tool)
         return policy.retention if policy is not None else DEFAULT_RETENTION
 
     async def recovery(self, journal: Journal, scope: str | None) -> dict[str, Any]:
-        return recovery_body(journal.recovery, self.server.engine, scope)
+        return recovery_body(journal.recovery, self.face.engine, scope)
 
     async def changes(self, principal: str) -> AsyncIterator[str]:
-        notifier = self.server.journal_notifier
+        notifier = self.face.notifier
         send, receive = anyio.create_memory_object_stream[str](64)
 
         def listener(event: Any) -> None:

@@ -21,7 +21,7 @@ from .upstream import UpstreamSpec
 
 def make_durable(server: Any, policies: Policies | str | Path | None = None, **kwargs: Any) -> ProxyServer:
     """Serve the plain `MCPServer` `server` with durable tools by `policies` (a `Policies`, a
-    TOML file path, or None for the tools' own annotations). `kwargs` go to `DurableServer`
+    TOML file path, or None for the tools' own annotations). `kwargs` are `DurableServer`'s options
     (`journal=`, `tokens=`, …). Returns the server to run in its place."""
     if policies is not None and not isinstance(policies, Policies):
         policies = load_policies(policies)

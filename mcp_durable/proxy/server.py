@@ -1,11 +1,13 @@
-"""`ProxyServer`: a `DurableServer` whose tools, resources and prompts are another server's.
+"""`ProxyServer`: a durable face whose tools, resources and prompts are another server's.
 
-Every request is forwarded to the upstream (`Upstream`) and its answer returned unchanged,
-except `tools/call` of a tool whose policy (`Policies`: the file, else the upstream's own
-`idempotentHint`) makes it durable: that goes through `DurableServer.run_durable`, the same
-engine path as a Python durable tool, with a `run` that forwards the call upstream carrying the
-scoped key in `_meta["mcp-durable/idempotency-key"]`. The journal resources (`journal://…`) and
-the admin tools are the proxy's own.
+An `MCPServer` composing the same durable parts as `DurableServer` (server/assembly.py's
+`DurableFace`: engine, call path, journal resources, admin tools, background jobs), with an
+upstream runner where `DurableServer` has Python functions. Every request is forwarded to the
+upstream (`Upstream`) and its answer returned unchanged, except `tools/call` of a tool whose
+policy (`Policies`: the file, else the upstream's own `idempotentHint`) makes it durable: that
+goes through `DurableCalls.run`, the same engine path as a Python durable tool, with a `run`
+that forwards the call upstream carrying the scoped key in `_meta["mcp-durable/idempotency-key"]`.
+The journal resources (`journal://…`) and the admin tools are the proxy's own.
 
 Upstream faults:
 - cannot be reached (not started, refused, timed out): a repeat of a key whose result is
@@ -15,7 +17,7 @@ Upstream faults:
   IN_DOUBT (`OutcomeUnknownError`) and the tool's in-doubt policy answers its repeats; the
   next call restarts a stdio upstream;
 - answered with a JSON-RPC error: taken like a Python tool raising `MCPError`, by the tool's
-  `exceptions` policy (`DurableServer.protocol_error_outcome`): `release` (the default) releases
+  `exceptions` policy (`DurableCalls.protocol_error_outcome`): `release` (the default) releases
   the claim and the error reaches the client as the upstream sent it; `persist` journals it as
   an `isError` result that every repeat of the key replays. An error asking the client to act
   and call again (URL elicitation required) is released under either;
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -61,13 +63,16 @@ from mcp_types import (
 )
 
 from .. import keys, limits
-from ..engine import ToolOutcome
+from ..engine import Encoder, Engine, ToolOutcome
 from ..errors import DurableError, OutcomeUnknownError, UpstreamUnavailableError
+from ..journal import CallRecord, Journal
 from ..journal.model import CallIdentity, CallState
 from ..keys import KEY_META
 from ..policy import ErrorHandling, ToolPolicy
 from ..policy_file import Policies
-from ..server.app import DurableServer, caller_meta
+from ..server.assembly import DurableFace, FaceOptions
+from ..server.calls import caller_meta
+from ..server.lifetime import Occupancy
 from ..server.results import refusal_error
 from ..server.sdk_internals import lowlevel_server, registered_tool
 from ..steps import DurableCall
@@ -82,8 +87,10 @@ LOCAL_SCHEME = SCHEME
 _RESERVED_META = "io.modelcontextprotocol/"
 
 
-class ProxyServer(DurableServer):
-    """Serves `upstream` with durable tools by `policies`; keyword arguments as `DurableServer`."""
+class ProxyServer(MCPServer[Any]):
+    """Serves `upstream` with durable tools by `policies`. The keyword arguments are
+    `DurableServer`'s durable options (`journal`, `tokens`, `admin_principals`, …; see
+    `FaceOptions.build`) and `MCPServer`'s own; the proxy's lifespan is its own."""
 
     def __init__(
         self, upstream: UpstreamSpec, policies: Policies | None = None, name: str | None = None, **kwargs: Any
@@ -93,35 +100,64 @@ class ProxyServer(DurableServer):
         self.tool_policies = policies or Policies()
         #: Tools whose `tool_errors` the policies chose; the others get the proxy's default.
         self._tool_errors_chosen = _tool_errors_chosen(self.tool_policies)
-        #: Connections inside `_upstream_lifespan` now; the upstream is served while any is.
-        self._upstream_users = 0
+        #: Connections inside `_lifespan` now; the upstream is served while any is.
+        self._upstream_users = Occupancy()
         self._applied_connects = -1
         #: The task running the upstream's supervisor, from the first connection to the last.
         self._supervisor: asyncio.Task[None] | None = None
-        super().__init__(name or "mcp-durable-proxy", lifespan=self._upstream_lifespan, **kwargs)
+        options, rest = FaceOptions.split(kwargs)
+        sdk_kwargs = options.sdk_kwargs(rest, 0)
+        super().__init__(name or "mcp-durable-proxy", lifespan=self._lifespan, **sdk_kwargs)
+        #: The durable parts (server/assembly.py), as `DurableServer` composes them.
+        self.face = DurableFace(
+            self,
+            options,
+            submit_task=self._submit_task,
+            resume_task=self._resume_task,
+            result_encoder=_no_encoder,
+            output_schema_of=self.output_schema_of,
+            sdk_kwargs=sdk_kwargs,
+        )
+        self.calls = self.face.calls
         self._install_forwarding()
 
-    # -- the upstream's lifetime --------------------------------------------------------------------
+    @property
+    def engine(self) -> Engine:
+        return self.face.engine
+
+    @property
+    def journal(self) -> Journal:
+        return self.face.engine.journal
+
+    @property
+    def policies(self) -> dict[str, ToolPolicy]:
+        """The durable tools' policies by name, as applied to the upstream's tools last listed."""
+        return self.face.policies
+
+    @property
+    def principal_of(self) -> Callable[[Context[Any, Any] | None], str]:
+        return self.face.principal_of
+
+    # -- the proxy's lifetime: the engine's, and the upstream's inside it --------------------------
 
     @asynccontextmanager
-    async def _upstream_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
+    async def _lifespan(self, app: MCPServer[Any]) -> AsyncIterator[dict[str, Any]]:
         # Entered once per stdio/in-memory connection (each in its own task, leaving in any
-        # order) and once by the HTTP session manager: the upstream is served from the first
-        # entry to the last exit, whichever connections those are.
-        first = self._upstream_users == 0
-        self._upstream_users += 1  # counted before the first await: a concurrent entry is not first
-        try:
-            if first:
-                await self._start_supervisor()
-                try:
-                    await self.refresh()  # list the upstream's tools now: policies, and an early error
-                except UpstreamUnavailableError as exc:
-                    logger.warning("%s", exc)
-            yield {}
-        finally:
-            self._upstream_users -= 1
-            if self._upstream_users == 0:
-                await self._stop_supervisor()
+        # order) and once by the HTTP session manager: the engine and the upstream are served
+        # from the first entry to the last exit, whichever connections those are.
+        async with self.face.lifetime.served():
+            first = self._upstream_users.enter()
+            try:
+                if first:
+                    await self._start_supervisor()
+                    try:
+                        await self.refresh()  # list the upstream's tools now: policies, and an early error
+                    except UpstreamUnavailableError as exc:
+                        logger.warning("%s", exc)
+                yield {}
+            finally:
+                if self._upstream_users.leave():
+                    await self._stop_supervisor()
 
     async def _start_supervisor(self) -> None:
         """Run `Upstream.supervise` in a task of its own, until `_stop_supervisor`; returns once
@@ -186,7 +222,8 @@ class ProxyServer(DurableServer):
         upstream = self.upstream.tools.get(tool)
         if upstream is not None and registered_tool(self, tool) is None:
             return upstream.output_schema
-        return super().output_schema_of(tool)
+        registered = registered_tool(self, tool)
+        return registered.output_schema if registered is not None else None
 
     def _advertised(self, tool: Tool) -> Tool:
         policy = self.policies.get(tool.name)
@@ -199,24 +236,24 @@ class ProxyServer(DurableServer):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
-        if registered_tool(self, name) is not None:
-            return await DurableServer.call_tool(self, name, arguments, context)  # an admin tool of ours
+        if registered_tool(self, name) is not None:  # an admin tool of ours
+            return await self.calls.plain(MCPServer.call_tool(self, name, arguments, context), name)
         policy = self.policies.get(name)
         if policy is None:  # pass-through, or not listed yet: the upstream is needed either way
             try:
                 await self._client()  # before any claim: an unreachable upstream journals nothing
             except UpstreamUnavailableError as exc:
-                return self.refuse(name, exc)
+                return self.calls.refuse(name, exc)
             policy = self.policies.get(name)  # listed now
             if policy is None:
                 return await self._pass_through(name, arguments, context)
         try:
             # The upstream validates the arguments; what the journal cannot hold faithfully (NaN,
             # ±Infinity, too deep, too large) is refused here, before any claim, as in serve.
-            limits.check_argument_values(name, arguments, self.max_argument_depth)
-            canonical = limits.checked_arguments(name, arguments, self.max_argument_bytes)
+            limits.check_argument_values(name, arguments, self.calls.limits.argument_depth)
+            canonical = limits.checked_arguments(name, arguments, self.calls.limits.argument_bytes)
         except DurableError as exc:
-            return self.refuse(name, exc)
+            return self.calls.refuse(name, exc)
         return await self._durable_call(name, policy, arguments, canonical, context)
 
     async def _pass_through(
@@ -258,7 +295,7 @@ class ProxyServer(DurableServer):
         except UpstreamUnavailableError as exc:
             if not asked and await self._journaled(name, policy, arguments, canonical, context):
                 return await self._run_durable_call(name, policy, arguments, canonical, context)
-            return self.refuse(name, exc)
+            return self.calls.refuse(name, exc)
         refreshed = self.policies.get(name)  # the upstream may have been reconnected, and relisted
         if refreshed is None:
             return await self._pass_through(name, arguments, context)
@@ -273,7 +310,7 @@ class ProxyServer(DurableServer):
         context: Context[Any, Any] | None,
     ) -> CallToolResult | InputRequiredResult:
         request = _request_context(context)
-        return await self.run_durable(
+        return await self.calls.run(
             name, policy, arguments, canonical, context, self._forwarder(name, policy, arguments, request, context)
         )
 
@@ -323,8 +360,8 @@ class ProxyServer(DurableServer):
                 except UpstreamLost as exc:
                     raise OutcomeUnknownError(str(exc)) from exc
                 except MCPError as exc:  # the upstream answered a JSON-RPC error: as a tool raising it
-                    return self.protocol_error_outcome(name, policy, exc)
-            return self.tool_outcome(name, policy, result)
+                    return self.calls.protocol_error_outcome(name, policy, exc)
+            return self.calls.outcome(name, policy, result)
 
         return run
 
@@ -333,6 +370,18 @@ class ProxyServer(DurableServer):
         if self._applied_connects != self.upstream.connects:
             await self.refresh()  # a new session: the upstream's tools may have changed
         return client
+
+    # -- tasks --------------------------------------------------------------------------------------
+
+    async def _submit_task(
+        self, name: str, arguments: dict[str, Any], request: ServerRequestContext[Any, Any]
+    ) -> CallRecord:
+        """Never reached: no proxied tool's policy allows tasks (a policies file has no
+        `task_support`), so the tasks protocol creates none here."""
+        raise MCPError(code=INTERNAL_ERROR, message=f"tool {name!r}: tasks are not served through the proxy")
+
+    async def _resume_task(self, record: CallRecord) -> None:
+        """No task of a proxied tool exists to resume (see `_submit_task`): left for an operator."""
 
     # -- resources, prompts, completions -----------------------------------------------------------
 
@@ -412,6 +461,11 @@ class ProxyServer(DurableServer):
 
 #: What an upstream's `isError` result is for a proxied tool unless its policy says otherwise.
 PROXY_TOOL_ERRORS: ErrorHandling = "release"
+
+
+def _no_encoder(name: str) -> Encoder | None:
+    """A proxied tool's reconcile hook finds nothing to encode: an upstream has no hooks here."""
+    return None
 
 
 def _tool_errors_chosen(policies: Policies) -> frozenset[str]:

@@ -4,6 +4,11 @@ Tools registered with `durable=` (a `ToolPolicy`, or `True` for the defaults) ar
 `tools/call` of one goes through the engine, which claims the key in the journal, runs the tool
 once, persists its result and replays it for every repeat. Other tools run untouched.
 
+The server is an assembly: its durable parts (engine, call path, journal resources, tasks,
+background jobs) are one `DurableFace` (server/assembly.py), the same parts the proxy composes;
+this module adds what is particular to Python tools: their registration, the validation of their
+arguments, and how one runs.
+
 The seam is `MCPServer.call_tool`, which every transport and both protocol eras reach through
 `_handle_call_tool`. We override it rather than use `Extension.intercept_tool_call` because
 here a tool's deliberate `ToolError` (a result to persist) and an unexpected exception (to
@@ -13,86 +18,55 @@ already become identical `isError` results.
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import Any, TypedDict, TypeVar, Unpack
 
-import anyio
 import orjson
 from mcp import MCPError
-from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.provider import ProviderTokenVerifier, TokenVerifier
+from mcp.server.auth.provider import TokenVerifier
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import (
-    CallToolRequestParams,
-    CallToolResult,
-    InputRequiredResult,
-    SubscribeRequestParams,
-    SubscriptionsListenRequestParams,
-    TextContent,
-    ToolAnnotations,
-    UnsubscribeRequestParams,
-)
+from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
 from pydantic import ValidationError
 
 from .. import config, keys, limits
-from ..engine import LOCAL_PRINCIPAL, Encoder, Engine, Runner, ToolOutcome
-from ..errors import ClientRequestWithoutKeyError, ConfigError, DurableError, JournalError
-from ..journal import CallRecord, Journal, create_journal, default_journal_url, display_url
-from ..operations.recovery import BackgroundRecovery, ReconcilePass
+from ..engine import Encoder, Engine, Runner, ToolOutcome
+from ..errors import ClientRequestWithoutKeyError, ConfigError, DurableError
+from ..journal import CallRecord, Journal, create_journal
+from ..operations.recovery import BackgroundRecovery
 from ..operations.retention import BackgroundRetention, RetentionSchedule
-from ..operations.schedule import check_interval
-from ..operations.telemetry import ObservedCall, Telemetry
+from ..operations.telemetry import Telemetry
 from ..policy import ToolPolicy, as_policy
 from ..steps import DurableCall
 from . import prevalidated
-from .admin import admin_tools
-from .auth import token_auth_kwargs
-from .lookup import journal_lookup_tool
+from .assembly import (
+    DEFAULT_RECONCILE_INTERVAL,
+    DEFAULT_RETENTION_SCHEDULE,
+    DurableFace,
+    FaceOptions,
+    default_principal,
+)
+from .calls import caller_meta
+from .client_requests import (
+    asking_refused,
+    check_interactive_tasks,
+    warn_if_interactive_undeclared,
+    without_client_requests,
+)
 from .notifications import JournalNotifier
-from .ports import ScopedSubscriptionBus, ToolSpec
 from .prevalidated import PreparedTool
-from .resources import (
-    JSON,
-    JournalResources,
-    answering_durable_errors,
-    install_read_context,
-    journal_resources,
-    maintenance_body,
-)
-from .results import (
-    META_REPLAYED,
-    OutputSchemas,
-    answer,
-    asks_for_input,
-    dump_result,
-    protocol_error_result,
-    refusal,
-    replay_answer,
-)
-from .sdk_internals import (
-    bare_tools_call_handler,
-    lowlevel_server,
-    registered_tool,
-    request_meta,
-    subscription_bus,
-)
-from .tasks import TaskProtocol, TasksExtension, skip_idle_interceptor
+from .resources import JournalResources
+from .results import META_REPLAYED, dump_result
+from .sdk_internals import registered_tool, subscription_bus
+from .tasks import TaskProtocol
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = config.INSTANCE
-
-#: Seconds between background reconcile passes (`reconcile_interval`); the first runs at start.
-DEFAULT_RECONCILE_INTERVAL = 60.0
-#: The retention a server runs by itself unless told otherwise (`retention_schedule`).
-DEFAULT_RETENTION_SCHEDULE = RetentionSchedule()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -110,14 +84,6 @@ class ToolOptions(TypedDict, total=False):
 
 
 logger = logging.getLogger(__name__)
-
-
-def default_principal(context: Context[Any, Any] | None) -> str:
-    """The caller's principal: the authenticated token's identity on HTTP, else `local`."""
-    token = get_access_token()
-    if token is None:
-        return LOCAL_PRINCIPAL
-    return keys.token_principal(token.client_id, token.subject, (token.claims or {}).get("iss"))
 
 
 class DurableServer(MCPServer[Any]):
@@ -166,148 +132,108 @@ class DurableServer(MCPServer[Any]):
         trust_env: bool | None = None,
         **kwargs: Any,
     ) -> None:
-        # Settings not passed come from the environment only where it is trusted (config.py).
-        from_env = config.trusts_environment(trust_env)
-        if tokens is None and "token_verifier" not in kwargs and "auth_server_provider" not in kwargs:
-            tokens = config.tokens(from_env)
-        if tokens:
-            # Bearer tokens mapped to principals: requests without a valid token are refused (401).
-            kwargs.update(token_auth_kwargs(tokens))
-        self._user_lifespan = lifespan
-        #: Connections inside `_durable_lifespan` now; the background jobs run while any is.
-        self._lifespan_users = 0
-        self._background_jobs: asyncio.Task[None] | None = None
-        if len(args) < 6 and "version" not in kwargs:  # version is MCPServer's 7th parameter
-            # serverInfo.version: the server's own when given, else this package's (not "").
-            from ..version import __version__
-
-            kwargs["version"] = __version__
-        # MCP tasks (server/tasks.py): the 2026-07-28 extension's methods and tools/call interceptor.
-        tasks_extension = TasksExtension()
-        extensions = kwargs["extensions"] = [*(kwargs.get("extensions") or ()), tasks_extension]
-        super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
-        #: What verifies bearer tokens on HTTP (None: no auth), as the SDK builds it from the same
-        #: arguments; the console verifies its sign-in tokens with it.
-        self.token_verifier: TokenVerifier | None = kwargs.get("token_verifier")
-        if self.token_verifier is None and kwargs.get("auth_server_provider") is not None:
-            self.token_verifier = ProviderTokenVerifier(kwargs["auth_server_provider"])
-        if journal is None or isinstance(journal, str):
-            store = create_journal(journal or default_journal_url(from_env))
-        else:
-            store = journal
-        # The lifecycle is journaled per replica when replicas are named ($MCP_DURABLE_INSTANCE):
-        # on a shared journal one replica's `running` must not read as another's unclean stop.
-        replica = config.instance(from_env)
-        process_id = f"server/{self.name}" + (f"/{replica}" if replica else "")
-        engine_kwargs: dict[str, Any] = {"instance_id": instance_id, "process_id": process_id}
-        if clock is not None:
-            engine_kwargs["clock"] = clock
-        self.engine = Engine(store, **engine_kwargs)
-        # A repeat's answer is made once per record the engine keeps for repeats (its replay cache).
-        self.engine.render_replay = replay_answer
-        self.principal_of = principal
-        # Size limits of what a durable call journals (see mcp_durable/limits.py; None = no limit).
-        self.max_argument_bytes = limits.check_limit("max_argument_bytes", max_argument_bytes)
-        self.max_result_bytes = limits.check_limit("max_result_bytes", max_result_bytes)
-        self.max_argument_depth = limits.check_limit("max_argument_depth", max_argument_depth)
-        self.policies: dict[str, ToolPolicy] = {}
-        #: Compiled output schemas: a refusal is `structuredContent` only where it fits (results.py).
-        self.output_schemas = OutputSchemas()
-        # `admin_principals` (or `$MCP_DURABLE_ADMINS`, trusted) see every record and may operate.
-        self.admin_principals: frozenset[str] = frozenset(admin_principals) or config.admins(from_env)
-        self.telemetry: Telemetry | None = Telemetry() if telemetry is True else (telemetry or None)
-        if self.telemetry is not None:
-            self.telemetry.attach(self.engine)
-        # Everything the helper modules define is registered here, in this order (the change
-        # notifier's engine listener runs before the tasks' one); each helper is given only the
-        # narrow face of this server it uses (server/ports.py), never the server itself.
-        self.journal_views = self._register_journal_resources()
-        self.journal_notifier = self._register_notifications()
-        if self.admin_principals:
-            self._register_tools(admin_tools(self))
-        # Tasks: served in both generations; in-doubt tasks are resumed at start.
-        self.tasks = TaskProtocol(self, self._submit_requested_task)
-        tasks_extension.protocol = self.tasks
-        self.middleware.append(self.tasks.middleware)
-        # The SDK wraps every `tools/call` in its extensions' interceptors; ours acts only on calls
-        # that may become tasks, so the others skip the chain (server/tasks.py).
-        composed = lowlevel_server(self).get_request_handler("tools/call")
-        assert composed is not None  # MCPServer registers it, wrapped in the interceptors
-        lowlevel_server(self).add_request_handler(
-            "tools/call",
-            composed.params_type,
-            skip_idle_interceptor(extensions, composed.handler, bare_tools_call_handler(self), self),
+        options = FaceOptions.build(
+            journal=journal,
+            principal=principal,
+            clock=clock,
+            instance_id=instance_id,
+            tokens=tokens,
+            admin_principals=admin_principals,
+            max_argument_bytes=max_argument_bytes,
+            max_result_bytes=max_result_bytes,
+            max_argument_depth=max_argument_depth,
+            telemetry=telemetry,
+            lookup_tool=lookup_tool,
+            reconcile_interval=reconcile_interval,
+            retention_schedule=retention_schedule,
+            trust_env=trust_env,  # settings not passed come from the environment only where trusted
         )
-        self.engine.listeners.append(self.tasks.on_change)
-        self.engine.task_resumer = self._resume_task
-        self.engine.task_policy = self.policies.get
-        if lookup_tool:
-            self._register_tools([journal_lookup_tool(self)])
-        # In-doubt calls of `reconcile` tools are reconciled at start and every interval (recovery.py).
-        self.recovery: BackgroundRecovery | None = None
-        if check_interval("reconcile_interval", reconcile_interval) is not None:
-            assert reconcile_interval is not None
-            self.recovery = BackgroundRecovery(
-                self.engine,
-                self.policies,
-                self.result_encoder,
-                reconcile_interval,
-                after_pass=self._after_recovery_pass,
-            )
-        # Expired records, their steps and old lifecycle entries purged on a schedule (retention.py).
-        self.retention: BackgroundRetention | None = None
-        if retention_schedule is not None:
-            check_interval("retention_schedule.interval", retention_schedule.interval)
-            self.retention = BackgroundRetention(self.engine, retention_schedule)
+        self._user_lifespan = lifespan
+        kwargs = options.sdk_kwargs(kwargs, len(args))
+        super().__init__(name, *args, lifespan=self._durable_lifespan, **kwargs)
+        #: The durable parts (server/assembly.py): engine, call path, resources, tasks, background jobs.
+        self.face = DurableFace(
+            self,
+            options,
+            submit_task=self._submit_requested_task,
+            resume_task=self._resume_task,
+            result_encoder=self.result_encoder,
+            output_schema_of=self.output_schema_of,
+            sdk_kwargs=kwargs,
+        )
+        self.calls = self.face.calls
+
+    # -- the parts, as users of the server name them ----------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        return self.face.engine
 
     @property
     def journal(self) -> Journal:
-        return self.engine.journal
+        return self.face.engine.journal
+
+    @property
+    def policies(self) -> dict[str, ToolPolicy]:
+        """The durable tools' policies by name (`add_tool` keeps them)."""
+        return self.face.policies
+
+    @property
+    def principal_of(self) -> Callable[[Context[Any, Any] | None], str]:
+        return self.face.principal_of
+
+    @property
+    def admin_principals(self) -> frozenset[str]:
+        return self.face.admin_principals
+
+    @property
+    def token_verifier(self) -> TokenVerifier | None:
+        """What verifies bearer tokens on HTTP (None: no auth); the console's sign-in uses it."""
+        return self.face.token_verifier
+
+    @property
+    def telemetry(self) -> Telemetry | None:
+        return self.face.telemetry
+
+    @property
+    def recovery(self) -> BackgroundRecovery | None:
+        return self.face.recovery
+
+    @property
+    def retention(self) -> BackgroundRetention | None:
+        return self.face.retention
+
+    @property
+    def tasks(self) -> TaskProtocol:
+        return self.face.tasks
+
+    @property
+    def journal_views(self) -> JournalResources:
+        return self.face.resources
+
+    @property
+    def journal_notifier(self) -> JournalNotifier:
+        return self.face.notifier
+
+    @property
+    def max_argument_bytes(self) -> int | None:
+        return self.face.calls.limits.argument_bytes
+
+    @property
+    def max_result_bytes(self) -> int | None:
+        return self.face.calls.limits.result_bytes
+
+    @property
+    def max_argument_depth(self) -> int | None:
+        return self.face.calls.limits.argument_depth
 
     def request_principal(self, request: ServerRequestContext[Any, Any] | None) -> str:
         """The principal of a low-level request (None: no request being served), by `principal_of`."""
-        return self.principal_of(None if request is None else Context(request_context=request, mcp_server=self))
+        return self.face.request_principal(request)
 
     def is_admin(self, principal: str) -> bool:
         """Whether `principal` is one of the `admin_principals`: sees every record, may operate."""
-        return principal in self.admin_principals
-
-    # -- what the helper modules define, registered (server/ports.py is the face they see) ---------
-
-    def _register_journal_resources(self) -> JournalResources:
-        """The `journal://…` resources (server/resources.py), every read scoped by principal."""
-        views = JournalResources(self, lambda: maintenance_body(self.retention, self.recovery))
-        for resource in journal_resources(views):
-            register = self.resource(
-                resource.uri,
-                name=resource.name,
-                mime_type=JSON,
-                description=resource.read.__doc__,
-                security=resource.security,
-            )
-            register(answering_durable_errors(resource.read))
-        install_read_context(lowlevel_server(self))
-        return views
-
-    def _register_notifications(self) -> JournalNotifier:
-        """Record changes announced in both protocol eras, scoped by principal (server/notifications.py)."""
-        notifier = JournalNotifier(self, subscription_bus(self))
-        self.engine.listeners.append(notifier.on_change)
-        lowlevel = lowlevel_server(self)
-        lowlevel.add_request_handler("resources/subscribe", SubscribeRequestParams, notifier.subscribe)
-        lowlevel.add_request_handler("resources/unsubscribe", UnsubscribeRequestParams, notifier.unsubscribe)
-        if lowlevel.get_request_handler("subscriptions/listen") is not None:  # None: `subscriptions=False`
-            lowlevel.add_request_handler(
-                "subscriptions/listen", SubscriptionsListenRequestParams, notifier.listen_handler()
-            )
-        bus = subscription_bus(self)
-        if isinstance(bus, ScopedSubscriptionBus):  # e.g. PgSubscriptionBus: across replicas
-            notifier.forward_across(bus)
-        return notifier
-
-    def _register_tools(self, tools: Sequence[ToolSpec]) -> None:
-        for tool in tools:
-            self.add_tool(tool.fn, name=tool.name, annotations=tool.annotations)
+        return self.face.is_admin(principal)
 
     def use_journal(self, journal: str | Journal) -> None:
         """Serve on `journal` (a URL or a `Journal`) instead of the one given at construction.
@@ -320,79 +246,14 @@ class DurableServer(MCPServer[Any]):
 
     @asynccontextmanager
     async def _durable_lifespan(self, app: MCPServer[Any]) -> AsyncIterator[Any]:
-        # Entered once per stdio/in-memory connection and once by the HTTP session manager, each
-        # in its own task and in any order: the journal, telemetry and the background jobs run
-        # from the first entry until the last exit, whichever connections those are.
-        first = self._lifespan_users == 0
-        self._lifespan_users += 1  # counted before the first await: a concurrent entry is not first
-        try:
-            started = await self._start_engine()
-            if first:
-                if started and self.telemetry is not None:
-                    await self.telemetry.start(self.journal)
-                self._start_background_jobs()
+        # The engine, telemetry and background jobs from the first connection to the last
+        # (server/lifetime.py), around the application's own lifespan.
+        async with self.face.lifetime.served():
             if self._user_lifespan is None:
                 yield {}
             else:
                 async with self._user_lifespan(app) as state:
                     yield state
-        finally:
-            self._lifespan_users -= 1
-            if self._lifespan_users == 0:
-                await self._stop_background_jobs()
-                if self.telemetry is not None:
-                    self.telemetry.stop()
-                try:
-                    await self.engine.aclose()
-                except JournalError as exc:  # e.g. a full disk: the next boot sees an unclean stop
-                    logger.warning(
-                        "journal %s: the stop could not be journaled: %s",
-                        display_url(self.journal.url),
-                        display_url(str(exc)),
-                    )
-
-    async def _start_engine(self) -> bool:
-        """Start the engine (opening the journal once); False if the journal is unavailable.
-
-        The server serves anyway (full disk, read-only directory, locked database): every durable
-        call retries the start and is refused with `journal_unavailable` until it succeeds, so
-        the fault clears without a restart.
-        """
-        try:
-            await self.engine.start()
-        except JournalError as exc:
-            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), display_url(str(exc)))
-            return False
-        return True
-
-    def _start_background_jobs(self) -> None:
-        """Run recovery and retention (those configured) in the background, until
-        `_stop_background_jobs`.
-
-        In a task of their own, not in a task group of the connection that started them: anyio
-        ties a task group to the task that entered it, and that connection may well leave
-        before the others (in-memory and stdio connections each enter the lifespan in their own
-        task), while the jobs must run as long as any connection is served.
-        """
-        jobs = [job.run_forever for job in (self.recovery, self.retention) if job is not None]
-        if not jobs or self._background_jobs is not None:
-            return
-
-        async def run_jobs() -> None:
-            async with anyio.create_task_group() as group:
-                for job in jobs:
-                    group.start_soon(job)
-
-        self._background_jobs = asyncio.get_running_loop().create_task(run_jobs(), name=f"{self.name} background")
-
-    async def _stop_background_jobs(self) -> None:
-        """Cancel the background jobs, a pass in flight included, and wait until they have stopped."""
-        running, self._background_jobs = self._background_jobs, None
-        if running is None:
-            return
-        running.cancel()
-        with anyio.CancelScope(shield=True):  # the last connection leaving may itself be cancelled
-            await asyncio.gather(running, return_exceptions=True)
 
     async def aclose(self) -> None:
         """Close the journal (for servers used without a transport, e.g. `call_tool` in scripts)."""
@@ -418,7 +279,7 @@ class DurableServer(MCPServer[Any]):
         Raises `ConfigError` for a policy the tool cannot run under (nothing is registered then)."""
         policy = as_policy(durable)
         if policy is not None:
-            _check_interactive_tasks(name or fn.__name__, policy)
+            check_interactive_tasks(name or fn.__name__, policy)
         if policy is not None and policy.advertised_idempotent:
             # The hint is now a guarantee: advertise it.
             base = annotations or ToolAnnotations()
@@ -440,7 +301,7 @@ class DurableServer(MCPServer[Any]):
             except ConfigError:
                 self.remove_tool(tool_name)  # never left registered without its durability
                 raise
-            _warn_if_interactive_undeclared(tool_name, policy, fn)
+            warn_if_interactive_undeclared(tool_name, policy, fn)
             self.policies[tool_name] = policy
             tool = registered_tool(self, tool_name)
             if tool is not None:
@@ -480,10 +341,8 @@ class DurableServer(MCPServer[Any]):
     # -- the call ---------------------------------------------------------------------------------
 
     def refuse(self, tool: str, error: DurableError, key: str | None = None, text: str | None = None) -> CallToolResult:
-        """`error` as the refusal result of a call of `tool` (see `results.refusal`), valid against
-        the tool's output schema."""
-        schema = self.output_schema_of(tool)
-        return refusal(error, key, fits=lambda body: self.output_schemas.accepts(tool, schema, body), text=text)
+        """`error` as the refusal result of a call of `tool` (`DurableCalls.refuse`)."""
+        return self.calls.refuse(tool, error, key, text)
 
     def output_schema_of(self, tool: str) -> dict[str, Any] | None:
         """The output schema `tool` declares to clients (None: none, or no such tool)."""
@@ -495,15 +354,8 @@ class DurableServer(MCPServer[Any]):
     ) -> CallToolResult | InputRequiredResult:
         policy = self.policies.get(name)
         tool = registered_tool(self, name)
-        if policy is None or tool is None:
-            try:
-                return await super().call_tool(name, arguments, context)
-            except ToolError as exc:
-                # A tool of ours (the admin tools) refusing with a DurableError: the same
-                # machine-readable refusal as a durable call's.
-                if isinstance(exc.__cause__, DurableError):
-                    return self.refuse(name, exc.__cause__)
-                raise
+        if policy is None or tool is None:  # not durable (e.g. an admin tool of ours, which may refuse)
+            return await self.calls.plain(super().call_tool(name, arguments, context), name)
         prepared = self._prepared_tool(name, tool, policy)
         memo_key: bytes | None = None
         known: prevalidated.Validated | None = None
@@ -511,7 +363,7 @@ class DurableServer(MCPServer[Any]):
         try:
             # What JSON cannot journal is refused before validation (a too-deep value fails
             # obscurely inside it); a request seen before as a replay is not validated again.
-            if limits.check_argument_values(name, arguments, self.max_argument_depth):
+            if limits.check_argument_values(name, arguments, self.calls.limits.argument_depth):
                 memo_key = prepared.memo_key(arguments)
                 known = prepared.recall(memo_key) if memo_key is not None else None
             if known is None:
@@ -519,13 +371,13 @@ class DurableServer(MCPServer[Any]):
                 fingerprint = keys.policy_fingerprint(policy, validated, canonical=canonical)
             else:
                 validated, canonical, fingerprint = known
-                limits.check_arguments_size(name, canonical, self.max_argument_bytes)
+                limits.check_arguments_size(name, canonical, self.calls.limits.argument_bytes)
         except ValidationError:
             return await super().call_tool(name, arguments, context)  # the SDK's own error result
         except DurableError as exc:
             return self.refuse(name, exc)  # nothing claimed: a corrected retry with the same key runs
         run = self._runner(name, arguments, context, policy, model, prepared)
-        result = await self.run_durable(
+        result = await self.calls.run(
             name, policy, validated, canonical, context, run, prepared.encode, fingerprint=fingerprint
         )
         if memo_key is not None and known is None and result.meta and result.meta.get(META_REPLAYED) is True:
@@ -548,11 +400,11 @@ class DurableServer(MCPServer[Any]):
         # obscurely inside it) and checked again on what validation made of the arguments
         # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
         if not checked:
-            limits.check_argument_values(name, arguments, self.max_argument_depth)
+            limits.check_argument_values(name, arguments, self.calls.limits.argument_depth)
         model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
         limits.check_argument_values(name, model, None)
         validated: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
-        return model, validated, limits.checked_arguments(name, validated, self.max_argument_bytes)
+        return model, validated, limits.checked_arguments(name, validated, self.calls.limits.argument_bytes)
 
     def _runner(
         self,
@@ -582,8 +434,8 @@ class DurableServer(MCPServer[Any]):
             from_exception = False
             # A call journaled under a key its caller did not give must not ask its client (see
             # `_without_client_requests`): another session's call would be answered from it.
-            guarded = call is not None and _asking_refused(policy, arguments, context)
-            called = _without_client_requests(self, name, context) if guarded and can_ask else context
+            guarded = call is not None and asking_refused(policy, arguments, context)
+            called = without_client_requests(self, name, context) if guarded and can_ask else context
             try:
                 if model is not None and prepared is not None and prepared.direct:
                     called_with = called if called is not None else self._bare_context()
@@ -602,13 +454,13 @@ class DurableServer(MCPServer[Any]):
             except ToolError as exc:
                 result = CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
             except MCPError as exc:  # passed through by the SDK: a JSON-RPC error, not a result
-                return self.protocol_error_outcome(name, policy, exc)
+                return self.calls.protocol_error_outcome(name, policy, exc)
             finally:
                 if token is not None:
                     prevalidated.done(token)
             if guarded and isinstance(result, InputRequiredResult):
                 raise ClientRequestWithoutKeyError(name)  # 2026-07-28's way of asking the client
-            return self.tool_outcome(name, policy, result, payload, from_exception=from_exception)
+            return self.calls.outcome(name, policy, result, payload, from_exception=from_exception)
 
         return run
 
@@ -620,144 +472,6 @@ class DurableServer(MCPServer[Any]):
         """How a value a reconcile hook found for tool `name` becomes its stored result (None: not a tool here)."""
         tool = registered_tool(self, name)
         return None if tool is None else _encoder(tool)
-
-    async def _after_recovery_pass(self, report: ReconcilePass) -> None:
-        if self.telemetry is not None:
-            await self.telemetry.refresh(self.journal)  # in-doubt calls other replicas marked, too
-
-    def protocol_error_outcome(self, name: str, policy: ToolPolicy, error: MCPError) -> ToolOutcome:
-        """What a run that ended in a JSON-RPC error (`MCPError`: raised by the tool, or answered by
-        the proxy's upstream) produced, by `policy.exceptions`, like any other exception:
-
-        - `"persist"`: the error as an `isError` result (`results.protocol_error_result`),
-          journaled and replayed to every repeat of the key;
-        - `"release"`: `error` is raised again; the engine releases the claim (a retry runs again)
-          and the caller gets the JSON-RPC error as it was raised.
-
-        Under either policy an error that asks the client to act and call again (URL elicitation
-        required) is an interim answer: released, never kept, and raised to the caller by
-        `run_durable` (a replay of it would stop the retry it asks for).
-        """
-        if asks_for_input(error):
-            return ToolOutcome(error, b"", is_error=True, final=False)
-        if policy.exceptions != "persist":
-            raise error
-        return self.tool_outcome(name, policy, protocol_error_result(error), from_exception=True)
-
-    def tool_outcome(
-        self,
-        name: str,
-        policy: ToolPolicy,
-        result: CallToolResult | InputRequiredResult,
-        payload: bytes | None = None,
-        *,
-        from_exception: bool = False,
-    ) -> ToolOutcome:
-        """A run's result as the engine persists it: the result and its journaled JSON (`payload`,
-        when the conversion made it already: `dump_result(result)`). `from_exception`: the result
-        stands for an exception (or a JSON-RPC error) kept under `exceptions="persist"`, which
-        `tool_errors="release"` does not release.
-
-        Interim (multi-round) answers are marked not final, so they are never journaled. A result
-        over `max_result_bytes` raises `LimitExceeded` (the engine releases the claim), or under
-        `exceptions="persist"` becomes a persisted error result.
-        """
-        if isinstance(result, InputRequiredResult):
-            return ToolOutcome(result, b"", is_error=False, final=False)
-        final = result  # narrowed to CallToolResult, for the closure
-        made = payload
-        try:
-            payload = limits.result_payload(
-                name, lambda: made if made is not None else dump_result(final), self.max_result_bytes
-            )
-        except limits.LimitExceeded as exc:
-            if policy.exceptions != "persist":
-                raise  # the engine releases the claim; answered in run_durable
-            result = self.refuse(name, exc, text=limits.outcome_text(exc, released=False))
-            payload = dump_result(result)
-            from_exception = True
-        return ToolOutcome(result, payload, is_error=bool(result.is_error), from_exception=from_exception)
-
-    async def run_durable(
-        self,
-        name: str,
-        policy: ToolPolicy,
-        arguments: dict[str, Any],
-        canonical: bytes,
-        context: Context[Any, Any] | None,
-        run: Runner,
-        encode: Encoder | None = None,
-        *,
-        fingerprint: str | None = None,
-    ) -> CallToolResult | InputRequiredResult:
-        """One durable call through the engine, answered as MCP: the path every durable tool takes.
-
-        `arguments` are the validated arguments (`canonical` their canonical JSON, size-checked;
-        `fingerprint` the call's under `policy`, when known);
-        `run` produces the tool's `ToolOutcome` (see `tool_outcome`). The key comes from the
-        request's `_meta` or the policy, the principal from `principal_of(context)`. Refusals
-        (`DurableError`) become `isError` results; a replay carries the replay `_meta`. Used by
-        `call_tool` here and by the proxy (mcp_durable/proxy/), whose `run` forwards upstream.
-        """
-        principal = self.principal_of(context)
-        if self.telemetry is None:
-            return await self._run_durable(
-                name, policy, arguments, canonical, context, run, encode, principal, None, fingerprint
-            )
-        with self.telemetry.call(name, principal) as observed:
-            return await self._run_durable(
-                name, policy, arguments, canonical, context, run, encode, principal, observed, fingerprint
-            )
-
-    async def _run_durable(
-        self,
-        name: str,
-        policy: ToolPolicy,
-        arguments: dict[str, Any],
-        canonical: bytes,
-        context: Context[Any, Any] | None,
-        run: Runner,
-        encode: Encoder | None,
-        principal: str,
-        observed: ObservedCall | None,
-        fingerprint: str | None,
-    ) -> CallToolResult | InputRequiredResult:
-        try:
-            outcome = await self.engine.execute(
-                tool=name,
-                policy=policy,
-                arguments=arguments,
-                meta=caller_meta(context),
-                run=run,
-                encode=encode,
-                principal=principal,
-                canonical=canonical,
-                fingerprint=fingerprint,
-            )
-        except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
-            if observed is not None:
-                observed.refused(exc)
-            return self.refuse(name, exc, text=limits.outcome_text(exc, released=True))
-        except DurableError as exc:
-            if observed is not None:
-                observed.refused(exc)
-            return self.refuse(name, exc, getattr(exc, "key", None))
-        except ToolError as exc:
-            # A DurableError inside the tool (e.g. the journal failing under a durable step),
-            # wrapped by the SDK: answered with its code, not as an anonymous crash.
-            if isinstance(exc.__cause__, DurableError):
-                if observed is not None:
-                    observed.refused(exc.__cause__)
-                return self.refuse(name, exc.__cause__, getattr(exc.__cause__, "key", None))
-            raise
-        if isinstance(outcome.value, InputRequiredResult):
-            return outcome.value
-        if isinstance(outcome.value, MCPError):
-            raise outcome.value  # an interim JSON-RPC error (`protocol_error_outcome`): released, not kept
-        result = answer(outcome)
-        if observed is not None:
-            observed.answered(outcome, bool(result.is_error))
-        return result
 
     # -- tasks (server/tasks.py serves the protocol; these run them) -------------------------------
 
@@ -825,116 +539,3 @@ def _check_fingerprint_names(name: str, policy: ToolPolicy, tool: Any) -> None:
             f"tool {name!r} has no argument(s) {', '.join(map(repr, unknown))} (fingerprint_fields / "
             f"fingerprint_exclude); its arguments: {', '.join(sorted(known))}"
         )
-
-
-#: The session methods that send a request to the client (and wait for its answer).
-_CLIENT_REQUESTS = frozenset({"send_request", "create_message", "list_roots", "elicit", "elicit_form", "elicit_url"})
-
-
-class _ClientRequestsRefused:
-    """A request's session for a tool that must not ask its client: each request to the client
-    raises `ClientRequestWithoutKeyError` before anything is sent; the rest (notifications,
-    progress, capabilities) is the session's own."""
-
-    def __init__(self, session: Any, tool: str) -> None:
-        self._refusing_session = session
-        self._refusing_tool = tool
-
-    def __getattr__(self, name: str) -> Any:
-        if name in _CLIENT_REQUESTS:
-            return self._refuse
-        return getattr(self._refusing_session, name)
-
-    async def _refuse(self, *args: Any, **kwargs: Any) -> Any:
-        raise ClientRequestWithoutKeyError(self._refusing_tool)
-
-
-def _asking_refused(policy: ToolPolicy, arguments: Mapping[str, Any], context: Context[Any, Any] | None) -> bool:
-    """Whether a journaled call of a tool under `policy` must not ask its client: its key is not
-    its caller's (no key in `_meta`, none in `key_argument`) and the tool is not `interactive`
-    (whose calls without a caller key are never journaled). False without a request (no client)."""
-    if context is None or policy.interactive:
-        return False
-    meta = caller_meta(context) or {}
-    if keys.KEY_META in meta or any(name in meta for name in policy.key_meta):
-        return False
-    return policy.key_argument is None or arguments.get(policy.key_argument) is None
-
-
-def _without_client_requests(
-    server: DurableServer, tool: str, context: Context[Any, Any] | None
-) -> Context[Any, Any] | None:
-    """`context` whose session refuses every request to the client (`_ClientRequestsRefused`),
-    for a call journaled under a key its caller did not give; `context` itself without a request."""
-    try:
-        request = context.request_context if context is not None else None
-    except ValueError:  # a Context made outside a request: there is no client to ask
-        return context
-    if request is None:
-        return context
-    guarded = dataclasses.replace(request, session=cast(Any, _ClientRequestsRefused(request.session, tool)))
-    raw = request.params
-    params = None
-    if raw is not None and ("inputResponses" in raw or "requestState" in raw):
-        try:  # the call's own params, for the tool's `input_responses` (2026-07-28 multi-round calls)
-            params = CallToolRequestParams.model_validate(raw)
-        except ValidationError:
-            params = None
-    return Context(
-        request_context=guarded, mcp_server=server, input_params=params, subscriptions=subscription_bus(server)
-    )
-
-
-def _check_interactive_tasks(name: str, policy: ToolPolicy) -> None:
-    """`ConfigError` for an interactive tool that may run as a task: a task runs in the
-    background, outside any request, so the tool has no client to ask (every run would fail)."""
-    if policy.interactive and policy.task_support != "forbidden":
-        raise ConfigError(
-            f"tool {name!r} is interactive (it asks its client while it runs: elicitation, sampling) "
-            f"and has task_support={policy.task_support!r}: a task runs in the background with no client "
-            "to ask, so it could never finish; register it with task_support='forbidden' (the default) "
-            "or not interactive"
-        )
-
-
-def _warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[..., Any]) -> None:
-    """Log a warning for a tool whose parameters the SDK resolves from the client (`Resolve`:
-    elicitation, sampling, roots) under a policy that may derive its key: a call of it without a
-    caller key is refused at run time (`ClientRequestWithoutKeyError`), as a derived key would
-    replay one session's answers to another. (A tool calling `ctx.elicit` itself cannot be seen
-    from here; its calls are refused alike.)"""
-    if policy.interactive or not (policy.key == "derived" or policy.key_fields or policy.key_fn):
-        return  # keyed by its caller only (or refused without a key): no answer replays to another session
-    try:
-        from mcp.server.mcpserver.resolve import find_resolved_parameters
-    except ImportError:  # pragma: no cover - an SDK without resolvers
-        return
-    try:
-        resolved = find_resolved_parameters(fn)
-    except Exception:  # noqa: BLE001 - the SDK reports a bad signature itself
-        return
-    if resolved:
-        logger.warning(
-            "durable tool %r resolves %s from the client (elicitation/sampling) but its policy may derive "
-            "its key: its calls without a caller key will be refused (missing_key), since a derived key would "
-            "replay one session's answers to another; declare ToolPolicy(interactive=True)",
-            name,
-            ", ".join(sorted(resolved)),
-        )
-
-
-def caller_meta(context: Context[Any, Any] | None) -> Mapping[str, Any] | None:
-    """The `_meta` of the request `context` serves, as a mapping (where a caller's key is); None
-    without one."""
-    if context is None:
-        return None
-    try:
-        meta = request_meta(context)
-    except (ValueError, AttributeError, LookupError):
-        return None
-    if meta is None:
-        return None
-    if isinstance(meta, Mapping):
-        return meta
-    dumped = getattr(meta, "model_dump", None)
-    return dumped(by_alias=True) if dumped is not None else None

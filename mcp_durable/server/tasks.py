@@ -484,9 +484,8 @@ def skip_idle_interceptor(
     `bare`) only for a call `TasksExtension.intercept` can act on, `bare` for every other.
 
     `intercept` passes a call straight on unless `_task_policy` finds it may become a task (the
-    one test both use); the chain still costs every call three coroutine layers (~4 µs of CPU
-    per 64-caller miss, docs/performance.md). When another extension intercepts tool calls too,
-    every call goes through `composed`, as the SDK composes it.
+    one test both use); the chain still costs every call three coroutine layers. When another
+    extension intercepts tool calls too, every call goes through `composed`, as the SDK composes it.
     """
     others = [
         e

@@ -70,7 +70,7 @@ async def test_the_upstream_and_retention_outlive_the_first_connection_and_stop_
 ) -> None:
     lifespans: list[str] = []
     proxy = make(tmp_path, lifespans)
-    retention = proxy.retention
+    retention = proxy.face.retention
     assert retention is not None
     async with two_connections(proxy, mode) as (first, last):
         await first.close()  # before the fix: waited for the last connection to close

@@ -1,7 +1,7 @@
 """Refusals are valid answers for clients that validate structured content against the tool's schema.
 
 A refused call carries the refusal `{error, message, …}` in `_meta["mcp-durable/error"]` always,
-and as `structuredContent` only where the tool's output schema accepts it (DESIGN.md §3). Real
+and as `structuredContent` only where the tool's output schema accepts it (docs/guarantees.md). Real
 clients check this: the TypeScript SDK's `callTool` throws on structured content that does not
 match the schema, and the Inspector CLI exits 1. Both are run here against a real server over
 streamable HTTP, on tools returning `str`, `int`, a pydantic model and a `dict`, for every
