@@ -20,11 +20,18 @@ The three tools, each counted outside the server (the stand-ins' own SQLite file
 `Arrivals` is a FastMCP middleware of the test server's own (added before the durable one): it
 counts the `tools/call` requests that reached the server, so a test can hold a first call inside
 its tool and send a second one while it runs.
+
+The same shop as a server process of its own (`shop_server.py`, with crash points), on `Shop`'s
+stand-ins: `shop_stdio(journal, shop_env(shop, …))` are the stdio client's parameters that start
+it, `serve_shop_http(journal, env)` runs it on streamable HTTP and yields its URL.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -46,17 +53,18 @@ from fastmcp import FastMCP
 from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from fastmcp.tools import ToolResult
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp_types import CallToolRequestParams, CallToolResult, ToolAnnotations
 
 from mcp_durable import KEY_META, current_call
 from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.demo.outbox import Outbox
 from mcp_durable.fastmcp import make_durable
-from tests.helpers import client_as, serve_app
+from tests.helpers import REPO, ServedHttp, client_as, free_port, serve_app, wait_listening
 
 __all__ = [
     "CLIENTS",
+    "SHOP_SERVER",
     "TOKENS",
     "Arrivals",
     "Caller",
@@ -66,7 +74,10 @@ __all__ = [
     "arrivals",
     "connected",
     "make_durable",
+    "serve_shop_http",
     "shop_app",
+    "shop_env",
+    "shop_stdio",
 ]
 
 #: The policies file of the test server: `send_mail` by name; `refund` by its own annotation.
@@ -202,3 +213,68 @@ async def connected(kind: str, app: FastMCP[Any], token: str | None = None) -> A
             return
         async with Client(url, mode=mode) as client:
             yield Caller(client)
+
+
+#: The shop as a server process of its own (see its docstring).
+SHOP_SERVER = Path(__file__).with_name("shop_server.py")
+
+
+def shop_env(shop: Shop, **settings: str) -> dict[str, str]:
+    """The environment of a `shop_server.py` process acting on `shop`'s stand-ins, plus `settings`
+    (`SHOP_MAIL_POLICY`, `SHOP_LEASE`, `CRASH_PLAN`, `CRASH_COUNTER`)."""
+    return {"SHOP_LEDGER": str(shop.ledger.path), "SHOP_OUTBOX": str(shop.outbox.path), **settings}
+
+
+def _shop_argv(journal: str, *transport: str) -> list[str]:
+    return [sys.executable, str(SHOP_SERVER), "--journal", journal, *transport]
+
+
+def shop_stdio(journal: str, env: Mapping[str, str]) -> StdioServerParameters:
+    """The stdio client's parameters that start `shop_server.py` on `journal` with `env` (the SDK
+    passes the child only a minimal environment plus `env`)."""
+    command, *args = _shop_argv(journal)
+    return StdioServerParameters(command=command, args=args, env=dict(env), cwd=str(REPO))
+
+
+@asynccontextmanager
+async def serve_shop_http(journal: str, env: Mapping[str, str]) -> AsyncIterator[str]:
+    """Run `shop_server.py` on `journal` over streamable HTTP on a free port until the block
+    exits (terminated, then killed); yields its MCP URL. A port lost to a race is retried."""
+    with tempfile.TemporaryDirectory(prefix="shop-server-") as logs:
+        for attempt in range(5):
+            port = free_port()
+            log_path = Path(logs) / f"stderr-{attempt}.log"
+            with log_path.open("wb") as log:  # the child keeps its own descriptor
+                proc = subprocess.Popen(
+                    _shop_argv(journal, "--transport", "http", "--port", str(port)),
+                    cwd=REPO,
+                    env={**os.environ, **env},
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                )
+            served = ServedHttp(f"http://127.0.0.1:{port}/mcp", port, proc, log_path)
+            try:
+                if await wait_listening(served):
+                    break
+                if "address already in use" not in served.stderr().lower():
+                    raise RuntimeError(f"shop_server.py exited with {proc.returncode}:\n{served.stderr()}")
+            except BaseException:
+                _stop(proc)
+                raise
+        else:
+            raise RuntimeError("could not find a free port for shop_server.py")
+        try:
+            yield served.url
+        finally:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
