@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import anyio
 
 from ..errors import DurableError
-from ..journal.base import CallCursor, CallQuery, Journal
+from ..journal.base import CallQuery, Journal, each_call
 from ..journal.model import CallRecord, CallState, Reason
 from ..journal.processes import ProcessJournal, ReplayEngine
 from . import transitions
@@ -58,6 +58,9 @@ class LifecycleHost(Protocol):
 
 
 logger = logging.getLogger("mcp_durable.engine")
+
+#: PENDING records read per `list_calls` by `sweep`.
+SWEEP_PAGE = 500
 
 
 async def start(engine: LifecycleHost) -> None:
@@ -156,18 +159,16 @@ async def sweep(engine: LifecycleHost) -> int:
     every one found then is a previous boot's orphan and is marked at once, without waiting
     for its lease. On a shared journal only records whose lease has expired are marked (a
     live owner renews its lease); the others are left to their owners.
+
+    Reads the PENDING records only (the journal's index of open records), `SWEEP_PAGE` at a
+    time (`each_call`): every one of them, however many.
     """
     found = 0
-    cursor: CallCursor | None = None
-    while True:
-        page = await engine.journal.list_calls(CallQuery(state=CallState.PENDING, limit=500, cursor=cursor))
-        if not page:
-            return found
-        cursor = CallCursor.after(page[-1])
-        for record in page:
-            now = engine.clock()
-            if engine.owner_alive(record, now):
-                continue
-            if await engine.swap(record, transitions.doubted(record, Reason.LOST_OWNER, now)):
-                found += 1
-                engine.orphans_by_principal[record.identity.principal] += 1
+    async for record in each_call(engine.journal, CallQuery(state=CallState.PENDING, limit=SWEEP_PAGE)):
+        now = engine.clock()
+        if engine.owner_alive(record, now):
+            continue
+        if await engine.swap(record, transitions.doubted(record, Reason.LOST_OWNER, now)):
+            found += 1
+            engine.orphans_by_principal[record.identity.principal] += 1
+    return found

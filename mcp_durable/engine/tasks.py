@@ -9,7 +9,8 @@ beyond a record's `task_id`:
   released one again as a new task (a cancelled one stays cancelled);
 - `resume` drives an in-doubt task by its tool's policy; `resume_all` (at start), `nudge` (on a
   read of a task whose owner is gone) and the task watch of a shared journal call it through
-  the face's `resumer`;
+  the face's `resumer`. Both passes read the open tasks only (the journal's index of PENDING
+  and IN_DOUBT records), page after page (`each_call`), so a pass sees every one of them;
 - `cancel_task` releases a task that is not terminal as cancelled by its requestor, and stops
   its run here; an owner on another replica is fenced out (its renewal fails, its next step
   is refused). A task whose status is terminal (completed, failed — in doubt under `refuse`,
@@ -27,7 +28,7 @@ import anyio
 
 from .. import keys
 from ..errors import DurableError, KeyReuseError
-from ..journal.base import CallCursor, CallQuery, Journal
+from ..journal.base import CallQuery, Journal, each_call
 from ..journal.model import CallIdentity, CallRecord, CallState, Reason
 from ..keys import LOCAL_PRINCIPAL
 from ..policy import ToolPolicy
@@ -39,6 +40,9 @@ from .outcomes import CallArguments, CallOutcome, Encoder, Runner, TaskResumer
 from .runner import CallRunner
 
 logger = logging.getLogger("mcp_durable.engine")
+
+#: Open tasks read per `list_calls` by the task watch and `resume_all` (`TaskRuns.page`).
+TASK_PAGE = 500
 
 
 class TaskHost(Protocol):
@@ -99,6 +103,8 @@ class TaskRuns:
         self.policy_of: Callable[[str], ToolPolicy | None] = lambda tool: None
         #: Seconds between looks for tasks whose owner died, on a journal shared by replicas.
         self.watch_interval = 1.0
+        #: Records read per `list_calls` by a look (`watch_once`) and by `resume_all`.
+        self.page = TASK_PAGE
 
     async def resume_all(self) -> int:
         """Hand every in-doubt task to `resumer` (in the background); returns how many.
@@ -109,29 +115,35 @@ class TaskRuns:
         if self.resumer is None:
             return 0
         count = 0
-        cursor: CallCursor | None = None
-        while True:
-            query = CallQuery(state=CallState.IN_DOUBT, tasks_only=True, limit=500, cursor=cursor)
-            page = await self.engine.journal.list_calls(query)
-            if not page:
-                return count
-            cursor = CallCursor.after(page[-1])
-            for record in page:
-                self.engine.spawn(_logging_failure(record, self.resumer(record)))
-                count += 1
+        query = CallQuery(state=CallState.IN_DOUBT, tasks_only=True, limit=self.page)
+        async for record in each_call(self.engine.journal, query):
+            self.engine.spawn(_logging_failure(record, self.resumer(record)))
+            count += 1
+        return count
 
     async def watch(self) -> None:
         """On a journal shared by replicas: resume the tasks whose owner died, without waiting for
-        a client to ask about them (a dead owner's task is found once its lease has run out)."""
+        a client to ask about them (a dead owner's task is found once its lease has run out).
+        One look (`watch_once`) every `watch_interval` seconds."""
         while True:
             await anyio.sleep(self.watch_interval)
             try:
-                for state in (CallState.PENDING, CallState.IN_DOUBT):
-                    query = CallQuery(state=state, tasks_only=True, limit=500)
-                    for record in await self.engine.journal.list_calls(query):
-                        self.nudge(record, self.policy_of(record.identity.tool))
+                await self.watch_once()
             except DurableError as exc:  # the journal is down: look again next time
                 logger.debug("task watch: %s", exc)
+
+    async def watch_once(self) -> int:
+        """One look of the task watch: every PENDING task, then every IN_DOUBT one, read `page` at
+        a time through the journal's index of open records, is nudged (`nudge`: resumed in the
+        background if its owner is gone and its policy runs it again). Returns how many tasks
+        were looked at; with no open task, the journal reads no record."""
+        looked = 0
+        for state in (CallState.PENDING, CallState.IN_DOUBT):
+            query = CallQuery(state=state, tasks_only=True, limit=self.page)
+            async for record in each_call(self.engine.journal, query):
+                self.nudge(record, self.policy_of(record.identity.tool))
+                looked += 1
+        return looked
 
     def nudge(self, record: CallRecord, policy: ToolPolicy | None) -> None:
         """Resume a task in the background if its owner is gone (on a read of it by any replica)."""

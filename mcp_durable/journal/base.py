@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Collection, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import anyio
@@ -29,6 +29,13 @@ class CallCursor:
     @classmethod
     def after(cls, record: CallRecord) -> CallCursor:
         return cls(record.created_at, record.identity)
+
+
+#: The states of the records a call may still need done for it: a PENDING record's owner may be
+#: gone (the start-up sweep, the task watch) and an IN_DOUBT one waits for a decision (recovery,
+#: the in-doubt listings). Every backend keeps an index of the records in these states only, so
+#: a `list_calls` query of one of them never reads the records that are done (`Journal.list_calls`).
+OPEN_STATES: frozenset[CallState] = frozenset({CallState.PENDING, CallState.IN_DOUBT})
 
 
 def sort_key(record: CallRecord) -> tuple[float, CallIdentity]:
@@ -73,6 +80,27 @@ class CallQuery:
 
 #: `list_calls()` without a query: the newest 100 calls.
 RECENT_CALLS = CallQuery()
+
+
+async def each_call(journal: Journal, query: CallQuery) -> AsyncIterator[CallRecord]:
+    """Every record `query` selects, newest first, read `query.limit` (at least 1) at a time: each
+    page starts strictly after the last record of the one before (its `CallCursor`), so a pass
+    over more records than a page holds yields every one of them once, starting from
+    `query.cursor`.
+
+    Records that change while the pass goes on: one that leaves the selection before its page is
+    read is not yielded; one created after the pass began (newer than its first page) is not
+    either (the next pass finds it). The pass ends at the first page shorter than a page.
+    """
+    size = max(1, query.limit)
+    cursor = query.cursor
+    while True:
+        page = await journal.list_calls(replace(query, limit=size, cursor=cursor))
+        for record in page:
+            yield record
+        if len(page) < size:
+            return
+        cursor = CallCursor.after(page[-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +397,12 @@ class Journal(Protocol):
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
         """The records `query` selects: at most `query.limit`, matching every filter it gives,
         newest first by `(created_at, identity)`, strictly after its cursor. `CallQuery.page` is
-        the reference implementation."""
+        the reference implementation.
+
+        A query whose `state` is one of `OPEN_STATES` (PENDING, IN_DOUBT) is answered through an
+        index of the records in those states only: its cost grows with those records (with
+        `tasks_only`, with the open tasks), never with the records that are done, and a journal
+        without any such record reads none. `each_call` pages through every one of them."""
         ...
 
     async def purge_expired(self, now: float) -> int:

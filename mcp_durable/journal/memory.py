@@ -9,6 +9,7 @@ from typing import Any
 from .base import (
     ALL_CALLS,
     CHECKPOINT,
+    OPEN_STATES,
     RECENT_CALLS,
     STEP,
     CallCounts,
@@ -21,7 +22,7 @@ from .base import (
     sort_key,
     step_process_id,
 )
-from .model import CallIdentity, CallRecord, Fence, JournalEntry, JournalStats
+from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 from .record_json import step_data, step_index
 from .tally import Facts, RecordTally
 
@@ -49,6 +50,11 @@ class MemoryJournal:
         # Counts, records by creation time and by expiry: what the file journal keeps too, so
         # counting and purging here cost what they cost there (`tally.py`).
         self._tally: RecordTally[CallIdentity] = RecordTally(self._facts, list, (_name, _name, _name))
+        #: The PENDING and IN_DOUBT records (`OPEN_STATES`) by state and whether each is a task:
+        #: what a listing of those states reads instead of every record (`list_calls`).
+        self._open: dict[tuple[CallState, bool], set[CallIdentity]] = {
+            (state, task): set() for state in OPEN_STATES for task in (False, True)
+        }
 
     def _facts(self, identity: CallIdentity) -> Facts | None:
         record = self._calls.get(identity)
@@ -57,6 +63,7 @@ class MemoryJournal:
     def _store(self, record: CallRecord, before: CallRecord | None) -> None:
         self._calls[record.identity] = record
         self._tally.changed(record.identity, None if before is None else _facts_of(before), _facts_of(record))
+        self._reopen(before, record)
         self._index_task(record)
         self._signals.notify(record.identity)
 
@@ -83,6 +90,25 @@ class MemoryJournal:
             return False
         self._store(record, existing)
         return True
+
+    def _reopen(self, before: CallRecord | None, after: CallRecord | None) -> None:
+        """Move a record's identity between the open sets as it changes from `before` to
+        `after` (None: no record)."""
+        for record, add in ((before, False), (after, True)):
+            if record is not None and record.state in OPEN_STATES:
+                members = self._open[(record.state, record.task_id is not None)]
+                if add:
+                    members.add(record.identity)
+                else:
+                    members.discard(record.identity)
+
+    def _drop(self, identity: CallIdentity) -> CallRecord:
+        """Remove the record of `identity` (expired; its task and expiry entries are the
+        caller's) from the records, the counts and the open sets; return it."""
+        record = self._calls.pop(identity)
+        self._tally.changed(identity, _facts_of(record), None)
+        self._reopen(record, None)
+        return record
 
     def _index_task(self, record: CallRecord) -> None:
         if record.task_id is not None:
@@ -127,12 +153,16 @@ class MemoryJournal:
         await self._signals.wait(identity, timeout)
 
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
-        return query.page(self._calls.values())
+        state = query.state
+        if state is None or state not in OPEN_STATES:
+            return query.page(self._calls.values())
+        kinds = (True,) if query.tasks_only else (False, True)
+        return query.page(self._calls[i] for task in kinds for i in self._open[(state, task)])
 
     async def purge_expired(self, now: float) -> int:
         expired = self._tally.take_expired(now)
         for identity in expired:
-            self._tally.changed(identity, _facts_of(self._calls.pop(identity)), None)
+            self._drop(identity)
         if expired:
             self._tasks = {k: i for k, i in self._tasks.items() if i in self._calls}
         return len(expired)
@@ -141,9 +171,7 @@ class MemoryJournal:
         # Every record expired at `now` at once, as `purge_expired` drops them.
         gone: list[tuple[CallIdentity, str]] = []
         for identity in self._tally.take_expired(now):
-            record = self._calls.pop(identity)
-            self._tally.changed(identity, _facts_of(record), None)
-            gone.append((identity, record.run_id))
+            gone.append((identity, self._drop(identity).run_id))
         if not gone:
             return PurgedCalls()
         self._tasks = {k: i for k, i in self._tasks.items() if i in self._calls}

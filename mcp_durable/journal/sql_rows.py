@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .base import CallCounts, CallQuery, CountQuery, CountTally, stored_decoder
+from .base import OPEN_STATES, CallCounts, CallQuery, CountQuery, CountTally, stored_decoder
 from .model import CallIdentity, CallRecord, CallState, JournalEntry, Reason, legacy_reason
 
 #: The columns of `calls`, in the order `call_row` gives and `call_record` reads them; the first
@@ -46,6 +46,13 @@ LEGACY_REASON_SQL = """CASE
     END"""
 #: The ORDER BY of a newest-first listing (matches `base.sort_key`, reversed).
 LISTING_ORDER = "ORDER BY created_at DESC, principal DESC, tool DESC, key DESC"
+#: The condition of the SQL backends' partial index of open records (`base.OPEN_STATES`:
+#: `calls_open`, SQLite schema 5, Postgres migration 6). A listing of one of those states
+#: repeats it word for word: SQLite uses a partial index only for a query whose WHERE holds the
+#: index's own condition (`state = ?` alone proves nothing to it), and Postgres, for a plan made
+#: for any parameter value (a prepared statement's generic plan), likewise. Shipped in those
+#: indexes: never change it (a query naming another text would no longer find them).
+OPEN_CALLS = "state IN ('pending', 'in_doubt')"
 
 
 def call_row(record: CallRecord) -> tuple[Any, ...]:
@@ -112,8 +119,9 @@ def process_entry(row: tuple[Any, ...]) -> JournalEntry:
 def listing_clause(query: CallQuery, placeholder: str) -> tuple[str, list[Any]]:
     """The `WHERE … ORDER BY … LIMIT` tail of a `SELECT … FROM calls` that lists `query`, and
     its arguments. `placeholder` is the driver's parameter marker (`?` for sqlite3, `%s` for
-    psycopg)."""
-    clauses: list[str] = []
+    psycopg). A query of an open state (`OPEN_STATES`) names `OPEN_CALLS`, the condition of the
+    index that answers it."""
+    clauses: list[str] = [OPEN_CALLS] if query.state in OPEN_STATES else []
     args: list[Any] = []
     state = query.state.value if query.state is not None else None
     for column, value in (("principal", query.principal), ("tool", query.tool), ("state", state)):

@@ -13,10 +13,14 @@ Schema versions, kept in `meta` (`schema_version`):
    every change, whichever process (and release) writes (the principals of a tool, for a call of
    every principal, are read from it too); the indexes `calls_by_principal_created` (a
    principal's oldest record and time ranges) and `entries_by_audit` (the operator audit
-   entries of one call).
+   entries of one call);
+5. `calls_open`: the PENDING and IN_DOUBT records only (a partial index, `sql_rows.OPEN_CALLS`),
+   in listing order per state, with `task_id` for the task watch's filter: the start-up sweep,
+   the task watch, recovery and the in-doubt listings read it instead of walking every record.
 
 What a database lacks is told by its columns (each is added once, in the migration that adds
-it); the version recorded refuses a database of a newer release.
+it) and its indexes (`CREATE INDEX IF NOT EXISTS`); the version recorded refuses a database of a
+newer release.
 """
 
 from __future__ import annotations
@@ -29,9 +33,9 @@ import orjson
 from ..errors import JournalError
 from .base import AUDIT_PROCESS, STEP
 from .record_json import step_index
-from .sql_rows import LEGACY_REASON_SQL
+from .sql_rows import LEGACY_REASON_SQL, OPEN_CALLS
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 #: The tables as this release creates them; a database of an earlier schema keeps its tables
 #: and gains the columns `migrate` adds.
 _TABLES = (
@@ -76,6 +80,9 @@ _TRIGGERS = (
 #: An audit entry's call, as `entries_by_audit` indexes it and `audit_entries` asks for it (the
 #: same expressions, or SQLite would not use the index). `data` is stored as a BLOB of JSON text.
 AUDIT_CALL = ", ".join(f"json_extract(CAST(data AS TEXT), '$.{name}')" for name in ("principal", "tool", "key"))
+#: The partial index of open records (schema 5): what a listing of PENDING or IN_DOUBT records
+#: reads (`SQLiteJournal.listing`).
+OPEN_INDEX = "calls_open"
 #: The indexes, created once their columns exist. `entries_by_step` holds the durable steps
 #: (`step_index` is NULL on every other entry): first writer wins, across processes.
 _INDEXES = (
@@ -87,6 +94,10 @@ _INDEXES = (
     "WHERE step_index IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS calls_by_principal_created ON calls (principal, created_at)",
     f"CREATE INDEX IF NOT EXISTS entries_by_audit ON entries ({AUDIT_CALL}, seq) WHERE process_id = '{AUDIT_PROCESS}'",
+    # `task_id` last: the task watch's `task_id IS NOT NULL` is decided on the index entry, so a
+    # PENDING call that is not a task costs no read of its row.
+    f"CREATE INDEX IF NOT EXISTS {OPEN_INDEX} ON calls (state, created_at, principal, tool, key, task_id) "
+    f"WHERE {OPEN_CALLS}",
 )
 
 

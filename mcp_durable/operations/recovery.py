@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Encoder, Engine
 from ..errors import DurableError
-from ..journal.base import CallCursor, CallQuery
+from ..journal.base import CallQuery, each_call
 from ..journal.model import CallState
 from ..policy import ToolPolicy
 from .schedule import run_every
@@ -57,29 +57,27 @@ async def reconcile_in_doubt(
     await engine.start()
     report = ReconcilePass(at=engine.clock())
     await engine.sweep()
-    cursor: CallCursor | None = None
-    while page := await engine.journal.list_calls(CallQuery(state=CallState.IN_DOUBT, limit=200, cursor=cursor)):
-        cursor = CallCursor.after(page[-1])
-        for record in page:
-            policy = policies.get(record.identity.tool)
-            if policy is None or policy.reconcile is None or policy.in_doubt_policy != "reconcile":
-                continue
-            if record.attempts >= policy.max_attempts:
-                continue  # parked: an operator's
-            encode = encoder(record.identity.tool)
-            if encode is None:
-                continue
-            report.examined += 1
-            try:
-                after = await engine.reconcile_unattended(record, policy, encode)
-            except DurableError as exc:
-                report.undecided += 1
-                report.errors.append(f"{record.identity.tool}/{record.identity.key}: {exc.message}")
-                continue
-            if after is not None and after.state.is_final:
-                report.completed += 1
-            elif after is not None and after.state == CallState.RELEASED:
-                report.released += 1
+    # The IN_DOUBT records only (the journal's index of open records), page after page.
+    async for record in each_call(engine.journal, CallQuery(state=CallState.IN_DOUBT, limit=200)):
+        policy = policies.get(record.identity.tool)
+        if policy is None or policy.reconcile is None or policy.in_doubt_policy != "reconcile":
+            continue
+        if record.attempts >= policy.max_attempts:
+            continue  # parked: an operator's
+        encode = encoder(record.identity.tool)
+        if encode is None:
+            continue
+        report.examined += 1
+        try:
+            after = await engine.reconcile_unattended(record, policy, encode)
+        except DurableError as exc:
+            report.undecided += 1
+            report.errors.append(f"{record.identity.tool}/{record.identity.key}: {exc.message}")
+            continue
+        if after is not None and after.state.is_final:
+            report.completed += 1
+        elif after is not None and after.state == CallState.RELEASED:
+            report.released += 1
     return report
 
 

@@ -126,8 +126,9 @@ async def test_a_sqlite_journal_of_schema_3_is_counted_by_its_migration_and_then
     await journal.open()
     try:
         with sqlite3.connect(path) as conn:
-            assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone() == ("4",)
-            assert SCHEMA_VERSION == 4
+            assert conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone() == (
+                str(SCHEMA_VERSION),
+            )
             counted = conn.execute("SELECT sum(n) FROM call_counts").fetchone()
             assert counted == (len(_old_calls()),)
         await _check_counted(journal, 0)
@@ -207,7 +208,7 @@ async def test_a_postgres_schema_of_migration_4_is_counted_by_migration_5_and_th
     journal = create_journal(schema_url)
     await journal.open()
     try:
-        assert isinstance(journal, PostgresJournal) and journal.migrations_applied == [5]
+        assert isinstance(journal, PostgresJournal) and journal.migrations_applied == [5, 6]
         await _check_counted(journal, 0)
     finally:
         await journal.aclose()

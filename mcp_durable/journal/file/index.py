@@ -9,7 +9,10 @@ to its slot (an array too, saved in snapshots as it is). Results and arguments s
 
 Counts by (principal, tool, state) and the slots by creation time (per principal) and by expiry
 time are kept beside the arrays (`tally.RecordTally`, about 4 bytes per record and time), so
-`count_calls`, `stats` and purges read what they count or drop, never every slot.
+`count_calls`, `stats` and purges read what they count or drop, never every slot. So are the
+slots of the PENDING and IN_DOUBT records (`CallIndex.open`, sets by state, rebuilt from the
+state array when a snapshot is loaded), so a listing of those states (the sweep, the task
+watch, recovery, the in-doubt listings) reads those slots only.
 
 Process entries are likewise arrays (sequence number, position, size, previous entry of the same
 process, process hash), with per-process chains so `entries(process_id=…)` and
@@ -22,9 +25,10 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Hashable
+from collections.abc import Collection, Hashable
 from typing import Any, ClassVar, cast
 
+from ..base import OPEN_STATES
 from ..model import CallRecord, CallState
 from ..tally import Facts, RecordTally
 
@@ -44,6 +48,8 @@ STATE_CODES = {
 }
 CODE_STATES: dict[int, CallState] = {code: state for state, code in STATE_CODES.items()}
 _STATE_NAMES = {code: state.value for code, state in CODE_STATES.items()}
+#: The codes of the open states (`base.OPEN_STATES`), whose slots `CallIndex.open` keeps.
+OPEN_CODES = frozenset(STATE_CODES[state] for state in OPEN_STATES)
 
 
 def pack(segment: int, offset: int) -> int:
@@ -127,6 +133,12 @@ class CallIndex(Columns):
         #: are few next to calls, so a dict; saved in the snapshot header. Entries of purged
         #: records are dropped by `prune_tasks`; a stale one is harmless (reads compare the task id).
         self.tasks: dict[tuple[str, str], tuple[int, str, str]] = {}
+        #: The identity hashes among `tasks`' values: a record whose hash is not here is no task
+        #: (one that is here may be no task any more: readers compare the record's task id).
+        self.task_hashes: set[int] = set()
+        #: The slots of the records in each open state (`OPEN_CODES`), kept by `put_fields` and
+        #: `delete`; not saved in snapshots (`after_load` finds them in `state`).
+        self.open: dict[int, set[int]] = {code: set() for code in OPEN_CODES}
         self.live = 0
         self.used = 0  # buckets not EMPTY (live and deleted)
         self._live_size: int | None = 0  # bytes of the live records' frames (None: to be summed)
@@ -219,16 +231,44 @@ class CallIndex(Columns):
         self.tool[slot] = self.tools.id(tool)
         self.principal[slot] = self.principals.id(principal)
         self.tally.changed(slot, before, self.facts(slot))
+        was = DEAD if before is None else cast(int, before[2])
+        if was != state:
+            self._reopen(slot, was, state)
         return slot
+
+    def _reopen(self, slot: int, was: int, now: int) -> None:
+        """Move `slot` between the open sets as its state code changes from `was` to `now`."""
+        if was in OPEN_CODES:
+            self.open[was].discard(slot)
+        if now in OPEN_CODES:
+            self.open[now].add(slot)
+
+    def listing_slots(self, state: CallState | None, tasks_only: bool) -> Collection[int]:
+        """The slots a listing of `state` (None: any) looks at, of tasks only with `tasks_only`:
+        a superset of those it selects (dead slots among them: callers skip those). An open
+        state (`OPEN_STATES`) is read from its set, a listing of tasks from `task_hashes`:
+        neither walks every slot, and with no such record nothing is read. Any other listing
+        walks every slot."""
+        if state is not None and state in OPEN_STATES:
+            slots = self.open[STATE_CODES[state]]
+            if not tasks_only:
+                return slots
+            tasks = self.task_hashes
+            return [s for s in slots if self.hash_of(s) in tasks] if tasks and slots else ()
+        if tasks_only:
+            return {s for h in self.task_hashes if (s := self.find(h)) is not None}
+        return range(len(self.state))
 
     def put_task(self, task_id: str | None, h: int, principal: str, tool: str, key: str) -> None:
         if task_id is not None:
             self.tasks[(principal, task_id)] = (h, tool, key)
+            self.task_hashes.add(h)
 
     def prune_tasks(self) -> None:
         """Forget tasks whose record is gone (after a purge)."""
         if self.tasks:
             self.tasks = {k: v for k, v in self.tasks.items() if self.find(v[0]) is not None}
+            self.task_hashes = {h for h, _, _ in self.tasks.values()}
 
     def hash_of(self, slot: int) -> int:
         return self.hi[slot] << 64 | self.lo[slot]
@@ -256,6 +296,7 @@ class CallIndex(Columns):
 
     def delete(self, slot: int) -> None:
         self.tally.changed(slot, self.facts(slot), None)
+        self._reopen(slot, self.state[slot], DEAD)
         if self._live_size is not None:
             self._live_size -= self.size[slot]
         bucket = self._bucket(self.lo[slot], self.hi[slot])
@@ -303,10 +344,18 @@ class CallIndex(Columns):
                 changed(slot, None, facts(slot))
 
     def after_load(self) -> None:
-        """Recompute the counters and the free list from the arrays (after a snapshot load)."""
+        """Recompute the counters, the free list, the open slots and the task hashes from the
+        arrays and `tasks` (after a snapshot load)."""
         self._live_size = None
         self.live = len(self.state) - self.state.count(DEAD)
         self.used = len(self.table) - self.table.count(EMPTY)
+        self.open = {code: set() for code in OPEN_CODES}
+        for code, slots in self.open.items():
+            i = self.state.find(code)
+            while i >= 0:
+                slots.add(i)
+                i = self.state.find(code, i + 1)
+        self.task_hashes = {h for h, _, _ in self.tasks.values()}
         free: list[int] = []
         i = self.state.find(DEAD)
         while i >= 0:

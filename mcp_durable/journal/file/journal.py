@@ -504,25 +504,22 @@ class FileJournal:
 
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
         await self._opened().wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
-        # The index narrows by state, tool, principal, task and time without reading a frame;
-        # `query.matches` decides on the records read (the cursor's tie-break by identity).
+        # The index narrows by state, tool, principal, task and time without reading a frame
+        # (an open state, or tasks, from their own slot sets: `listing_slots`); `query.matches`
+        # decides on the records read (the cursor's tie-break by identity).
         idx = self._calls
         tool_id = idx.tools.ids.get(query.tool, -1) if query.tool is not None else None
         principal_id = idx.principals.ids.get(query.principal, -1) if query.principal is not None else None
         code = STATE_CODES[query.state] if query.state is not None else None
         top = query.cursor.created_at if query.cursor is not None else float("inf")
-        task_slots = (
-            {s for h, _, _ in idx.tasks.values() if (s := idx.find(h)) is not None} if query.tasks_only else None
-        )
         candidates = [
             (idx.created[s], s)
-            for s in range(len(idx.state))
+            for s in idx.listing_slots(query.state, query.tasks_only)
             if idx.state[s] != DEAD
             and (code is None or idx.state[s] == code)
             and (tool_id is None or idx.tool[s] == tool_id)
             and (principal_id is None or idx.principal[s] == principal_id)
             and idx.created[s] <= top
-            and (task_slots is None or s in task_slots)
         ]
         candidates.sort(reverse=True)
         out: list[CallRecord] = []

@@ -745,8 +745,15 @@ class PostgresJournal:
         return None if row is None else JournalEntry(process_id, STEP, data, ts, int(row[0]))
 
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
+        sql, args = self.listing(query)
+        return [_record(row) for row in await self._fetchall(sql, args)]
+
+    def listing(self, query: CallQuery) -> tuple[str, list[Any]]:
+        """The statement `list_calls(query)` runs, and its parameters. A listing of an open state
+        names `calls_open`'s condition (`sql_rows.OPEN_CALLS`), so every plan of it, a prepared
+        statement's generic one too, may read that index (migration 6)."""
         tail, args = listing_clause(query, "%s")
-        return [_record(row) for row in await self._fetchall(f"SELECT {_COLUMNS} FROM {self._calls} {tail}", args)]
+        return f"SELECT {_COLUMNS} FROM {self._calls} {tail}", args
 
     async def purge_expired(self, now: float) -> int:
         return await self._rowcount(

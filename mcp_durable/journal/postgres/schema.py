@@ -194,6 +194,20 @@ MIGRATIONS: tuple[Migration, ...] = (
             f"(data ->> 'key'), seq) WHERE process_id = '{AUDIT_PROCESS}'",
         ),
     ),
+    Migration(
+        6,
+        "the PENDING and IN_DOUBT records in an index of their own (calls_open), in place of calls_by_state",
+        (
+            # Only open records (`sql_rows.OPEN_CALLS`, which the listings of those states name):
+            # the sweep, the task watch, recovery and the in-doubt listings read it in listing
+            # order, no sort, `task_id` decided on the index entry. A completion, which leaves
+            # it, adds no entry to it; `calls_by_state` took one for every change of state, and
+            # served only these listings.
+            "CREATE INDEX calls_open ON {s}.calls (state, created_at, principal, tool, key, task_id) "
+            "WHERE state IN ('pending', 'in_doubt')",
+            "DROP INDEX {s}.calls_by_state",
+        ),
+    ),
 )
 
 LATEST = MIGRATIONS[-1].version
