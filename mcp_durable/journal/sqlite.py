@@ -257,9 +257,9 @@ class SQLiteJournal:
 
     #: A claim answers a repeat as a read would: a transaction that changes nothing writes no WAL
     #: frame and syncs nothing. So the engine claims at once instead of reading first, and a
-    #: miss is two trips to the writer thread instead of three (measured: ~40 µs of CPU less per
-    #: miss at 64 callers). A repeat rides in the next batch, so under load it may wait for that
-    #: batch's sync; repeats of a completed call are mostly answered from the engine's memory.
+    #: miss is two trips to the writer thread instead of three. A repeat rides in the next batch,
+    #: so under load it may wait for that batch's sync; repeats of a completed call are mostly
+    #: answered from the engine's memory.
     claim_reads = True
 
     async def claim(self, record: CallRecord, now: float) -> tuple[bool, CallRecord]:

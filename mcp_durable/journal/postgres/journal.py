@@ -3,9 +3,10 @@
 - **Claims, swaps, reads and process-entry appends are batched** (`batch.py`): those that
   arrive together go to the database as one multi-row statement (one round trip, one commit,
   the same statement text whatever the batch size, so the server plans it once per connection).
-  The rows of a claim or swap batch travel as one JSON array (`json_to_recordset`, bytes in base64): measured against
-  one array parameter per column (`unnest`), it took a third of the client's CPU per row (5
-  against 16 µs: psycopg dumps array elements one by one in Python) and less of the server's.
+  The rows of a claim or swap batch travel as one JSON array (`json_to_recordset`, bytes in
+  base64) rather than one array parameter per column (`unnest`): psycopg dumps array elements
+  one by one in Python, so the array form cost the client about three times the CPU per row
+  (docs/dev/performance-notebook.md).
 - **Claim**: `INSERT … SELECT … FROM json_to_recordset(…) ON CONFLICT (principal, tool, key) DO NOTHING
   RETURNING …`, in a CTE that also returns the rows that stood, so a claim or a repeat is one
   round trip — the claim is also the read (`claim_reads = True`: the engine sends no read
@@ -130,14 +131,13 @@ _DECODED = ", ".join(
 #: fall where requests arrive spread out (over HTTP, 16 clients: 2.9 calls per statement against
 #: 1.8 with two in flight, a third less Postgres CPU per call); where callers move in step (the
 #: in-memory client) batches fill up, and full ones may go out side by side (below). Measured in
-#: docs/performance.md. The rest of the pool serves renewals, listings and entries.
+#: docs/dev/performance-notebook.md. The rest of the pool serves renewals, listings and entries.
 BATCH_SLOTS = 1
 #: At most this many items share a statement, and a full batch may run beside the one in flight
 #: (`FULL_BATCH_SLOTS` more slots, for full batches only: batch.py). A wave of callers moving in
-#: step (64 in process) then goes out as two statements of ~700 µs of database time side by side
-#: instead of one of ~1.3 ms during which the whole process waits: 12% of a 64-caller run idle
-#: before, 1% after, misses/s +11–34% at 48–128 callers (docs/performance.md, "Waves of callers
-#: and full batches"). Requests spread out (HTTP, 16 clients: ~3 calls per statement) never fill
+#: step (64 in process) then goes out as two statements side by side instead of one during which
+#: the whole process waits (docs/dev/performance-notebook.md, "Waves of callers and full
+#: batches"). Requests spread out (HTTP, 16 clients: ~3 calls per statement) never fill
 #: a batch, so there one stays in flight as before.
 BATCH_MAX_ITEMS = 32
 FULL_BATCH_SLOTS = 1
@@ -156,8 +156,8 @@ LANES_MIN_POOL = 5
 #: default) and, while the table is small, prefers a hash join over a sequential scan; psycopg
 #: prepares a statement after a few runs, and that generic plan then stays for the session (nothing
 #: re-plans it until an ANALYZE), so a journal that started empty kept scanning the whole table for
-#: every batch as it grew: Postgres CPU per call grew with the table (217-265 µs per miss at ~35,000
-#: records, docs/performance.md). No statement of the journal needs either join method: its joins
+#: every batch as it grew: Postgres CPU per call grew with the table (docs/dev/performance-notebook.md).
+#: No statement of the journal needs either join method: its joins
 #: are all batch-to-key lookups, and its other statements do not join.
 _PLANNER = "-c enable_hashjoin=off -c enable_mergejoin=off"
 

@@ -2,16 +2,16 @@
 
 Each kind of batch (claims, completions, reads) has one batch in flight at a time, so the
 journal needs about one connection per kind at once. Taking one from the pool and giving it
-back around every statement cost ~40 µs of CPU and ~70 µs of latency per statement here
-(psycopg_pool's checkout, reset and return, measured against a connection held across
-statements), twice per durable miss. A lane takes a connection on its first statement and
-keeps it, with one cursor, while statements succeed (`AsyncConnection.execute` makes a new
-cursor per statement: ~25 µs more, timed).
+back around every statement costs psycopg_pool's checkout, reset and return, twice per durable
+miss (measured against a connection held across statements: docs/dev/performance-notebook.md).
+A lane takes a connection on its first statement and keeps it, with one cursor, while
+statements succeed (`AsyncConnection.execute` makes a new cursor per statement, which costs
+more).
 
 The lanes are shared by every kind, most recently taken first (`Lanes`): a statement takes the
 first free one. So a lone caller's claim and its completion run on one connection, served by
-one Postgres backend that has just run (a sequential miss 10-40 µs faster than with a lane per
-kind, whose two backends each sleep between the calls: docs/performance.md); concurrent
+one Postgres backend that has just run (faster than a lane per kind, whose two backends each
+sleep between the calls: docs/dev/performance-notebook.md); concurrent
 batches still each find a lane of their own. A lane in use by one statement is `busy`; a
 statement that finds every lane busy takes a connection from the pool as usual, so a lane
 never runs two statements at once.
