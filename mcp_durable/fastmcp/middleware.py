@@ -13,13 +13,19 @@ tool's own annotations (`idempotentHint: true`, not `readOnlyHint`), as for the 
 (`policy_file.Policies.for_tool`). The engine starts and stops with the server's lifespan, through
 a component-less `Provider` whose lifespan FastMCP enters at start (`EngineLifespan`).
 
+The parts every face composes are shared with `DurableServer` and the proxy, not rewritten: the
+limits (`limits.CallLimits`), the refusals and a run's result as the engine persists it
+(`server.calls.CallAnswers`), the engine's lifetime with background recovery and retention
+(`server.lifetime.EngineLifetime`) and their defaults (`server.assembly`). The call path itself
+is this middleware's: the key and the principal come from FastMCP's context, and what FastMCP
+raises and answers are its own types.
+
 Not covered yet (docs/fastmcp.md): task-augmented calls (they pass through unjournaled) and
 multi-round `input_required` answers (interim: answered, never journaled).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -27,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
-import anyio
 from fastmcp import FastMCP
 from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.server.context import Context
@@ -41,24 +46,23 @@ from pydantic import ValidationError
 
 from .. import keys, limits
 from ..engine import Engine, Runner, ToolOutcome
-from ..errors import DurableError, JournalError, OutcomeUnknownError
-from ..journal import Journal, create_journal, default_journal_url, display_url
+from ..errors import DurableError, OutcomeUnknownError
+from ..journal import Journal, create_journal, default_journal_url
+from ..limits import CallLimits
 from ..operations.recovery import BackgroundRecovery
 from ..operations.retention import BackgroundRetention, RetentionSchedule
 from ..operations.schedule import check_interval
 from ..policy import ToolPolicy, as_policy
 from ..policy_file import PASS_THROUGH, Policies, Setting, load_policies
-from ..server.results import OutputSchemas, answer, dump_result, protocol_error_result, refusal, replay_answer
+from ..server.assembly import DEFAULT_RECONCILE_INTERVAL, DEFAULT_RETENTION_SCHEDULE
+from ..server.calls import CallAnswers
+from ..server.lifetime import BackgroundJobs, EngineLifetime
+from ..server.results import answer, dump_result, protocol_error_result, replay_answer
 from ..steps import DurableCall
 from . import order
 from .calls import ArgumentCheck, Failure, call_result, error_result, token_principal, tool_result
 
 logger = logging.getLogger(__name__)
-
-#: Seconds between background reconcile passes, as `DurableServer`'s default.
-DEFAULT_RECONCILE_INTERVAL = 60.0
-#: The retention the server runs by itself unless told otherwise, as `DurableServer`'s default.
-DEFAULT_RETENTION_SCHEDULE = RetentionSchedule()
 
 #: What `make_durable(policies=…)` takes: a `Policies` (a TOML file read by `load_policies`), a
 #: file path, or a mapping from tool name to a `ToolPolicy` (True: the defaults; False: not durable).
@@ -142,20 +146,17 @@ class DurableMiddleware(Middleware):
         # A repeat's answer is made once per record the engine keeps for repeats (its replay cache).
         self.engine.render_replay = replay_answer
         self.principal_of: Callable[[Context | None], str] = options.get("principal") or _token_principal
-        self.max_argument_bytes = limits.check_limit(
-            "max_argument_bytes", options.get("max_argument_bytes", limits.DEFAULT_MAX_ARGUMENT_BYTES)
+        self.limits = CallLimits.checked(
+            options.get("max_argument_bytes", limits.DEFAULT_MAX_ARGUMENT_BYTES),
+            options.get("max_result_bytes", limits.DEFAULT_MAX_RESULT_BYTES),
+            options.get("max_argument_depth", limits.DEFAULT_MAX_ARGUMENT_DEPTH),
         )
-        self.max_result_bytes = limits.check_limit(
-            "max_result_bytes", options.get("max_result_bytes", limits.DEFAULT_MAX_RESULT_BYTES)
-        )
-        self.max_argument_depth = limits.check_limit(
-            "max_argument_depth", options.get("max_argument_depth", limits.DEFAULT_MAX_ARGUMENT_DEPTH)
-        )
-        self.output_schemas = OutputSchemas()
         #: The durable tools seen so far (at start and by calls), by name.
         self.durable: dict[str, DurableTool] = {}
         #: Their policies, by name: what background recovery reconciles.
         self.durable_policies: dict[str, ToolPolicy] = {}
+        #: Refusals and run results, as every face answers them (server/calls.py).
+        self.answers = CallAnswers(self.limits, self._output_schema_of)
         reconcile_interval = options.get("reconcile_interval", DEFAULT_RECONCILE_INTERVAL)
         self.recovery: BackgroundRecovery | None = None
         if check_interval("reconcile_interval", reconcile_interval) is not None:
@@ -166,7 +167,9 @@ class DurableMiddleware(Middleware):
         if retention_schedule is not None:
             check_interval("retention_schedule.interval", retention_schedule.interval)
             self.retention = BackgroundRetention(self.engine, retention_schedule)
-        self._background_jobs: asyncio.Task[None] | None = None
+        jobs = [job.run_forever for job in (self.recovery, self.retention) if job is not None]
+        #: The engine and the background jobs while the server runs (no telemetry: no option asks for it).
+        self.lifetime = EngineLifetime(self.engine, None, BackgroundJobs(app.name, jobs))
         self.provider = EngineLifespan(self)
 
     @property
@@ -231,10 +234,10 @@ class DurableMiddleware(Middleware):
         try:
             # What JSON cannot journal is refused before validation, and bad arguments before any
             # claim: a corrected retry with the same key runs.
-            limits.check_argument_values(name, arguments, self.max_argument_depth)
+            limits.check_argument_values(name, arguments, self.limits.argument_depth)
             validated = durable.arguments.validated(arguments, self.app.strict_input_validation)
             limits.check_argument_values(name, validated, None)
-            canonical = limits.checked_arguments(name, validated, self.max_argument_bytes)
+            canonical = limits.checked_arguments(name, validated, self.limits.argument_bytes)
         except ValidationError as exc:
             raise FastMCPValidationError(str(exc)) from exc  # FastMCP's own answer to bad arguments
         except DurableError as exc:
@@ -270,15 +273,13 @@ class DurableMiddleware(Middleware):
     def _refuse(
         self, durable: DurableTool, error: DurableError, key: str | None = None, text: str | None = None
     ) -> ToolResult:
-        """`error` as the refusal result (`results.refusal`), valid against the tool's output schema."""
-        return tool_result(self._refusal(durable, error, key, text))
+        """`error` as the refusal result (`CallAnswers.refuse`), valid against the tool's output schema."""
+        return tool_result(self.answers.refuse(durable.name, error, key, text))
 
-    def _refusal(
-        self, durable: DurableTool, error: DurableError, key: str | None = None, text: str | None = None
-    ) -> CallToolResult:
-        schema = durable.tool.output_schema
-        name = durable.name
-        return refusal(error, key, fits=lambda body: self.output_schemas.accepts(name, schema, body), text=text)
+    def _output_schema_of(self, name: str) -> dict[str, Any] | None:
+        """The output schema of the durable tool `name` as last seen (None: it has none, or is not known)."""
+        durable = self.durable.get(name)
+        return None if durable is None else durable.tool.output_schema
 
     def _runner(
         self,
@@ -297,15 +298,16 @@ class DurableMiddleware(Middleware):
                 # A 2026-07-28 request for input, or an extension's own answer (a task created):
                 # answered as it is, never journaled (the claim is released).
                 return ToolOutcome(result, b"", is_error=False, final=False)
-            return self._outcome(durable, call_result(result))
+            return self.answers.outcome(durable.name, durable.policy, call_result(result))
 
         return run
 
     def _failed(self, durable: DurableTool, failure: Failure) -> ToolOutcome:
-        """What a run that raised produced, by the tool's policy (docs/policies.md, "Errors")."""
+        """What a run that raised produced, by the tool's policy (docs/policies.md, "Errors"): a
+        result (`CallAnswers.outcome`, which bounds its size), in doubt, or raised again."""
         error = failure.error
         if failure.kind == "tool_error":
-            return self._outcome(durable, error_result(str(error)))
+            return self.answers.outcome(durable.name, durable.policy, error_result(str(error)))
         if failure.kind == "timed_out":
             raise OutcomeUnknownError(
                 f"FastMCP's timeout of {getattr(durable.tool, 'timeout', None)} s stopped the tool mid-run; "
@@ -313,22 +315,11 @@ class DurableMiddleware(Middleware):
             ) from error
         if durable.policy.exceptions != "persist":
             raise error  # the engine releases the claim: the next call with the key runs again
-        if isinstance(error.__cause__, MCPError):
-            return self._outcome(durable, protocol_error_result(error.__cause__))
-        return self._outcome(durable, error_result(str(error)))
-
-    def _outcome(self, durable: DurableTool, result: CallToolResult) -> ToolOutcome:
-        """A run's result as the engine persists it. A result over `max_result_bytes` raises
-        `LimitExceeded` (the claim is released), or under `exceptions="persist"` becomes a
-        persisted error result."""
-        try:
-            payload = limits.result_payload(durable.name, lambda: dump_result(result), self.max_result_bytes)
-        except limits.LimitExceeded as exc:
-            if durable.policy.exceptions != "persist":
-                raise
-            result = self._refusal(durable, exc, text=limits.outcome_text(exc, released=False))
-            payload = dump_result(result)
-        return ToolOutcome(result, payload, is_error=bool(result.is_error))
+        # Kept as the exception's result, which `tool_errors="release"` does not release (as
+        # DurableServer keeps it). A JSON-RPC error FastMCP wrapped keeps its code and data.
+        cause = error.__cause__
+        result = protocol_error_result(cause) if isinstance(cause, MCPError) else error_result(str(error))
+        return self.answers.outcome(durable.name, durable.policy, result, from_exception=True)
 
     def _encoder(self, name: str) -> Callable[[Any], ToolOutcome] | None:
         """How a value a reconcile hook found for tool `name` becomes its result: the tool's own
@@ -346,44 +337,20 @@ class DurableMiddleware(Middleware):
 
     # -- start and stop (EngineLifespan) -----------------------------------------------------------
 
-    async def start(self) -> None:
-        """Open the journal, learn the durable tools, warn about middleware that would undo their
-        guarantee, and start background recovery and retention."""
-        try:
-            await self.engine.start()
-        except JournalError as exc:  # as DurableServer: served anyway, each call retries the start
-            logger.warning("journal %s unavailable at start: %s", display_url(self.journal.url), display_url(str(exc)))
+    @asynccontextmanager
+    async def served(self) -> AsyncIterator[None]:
+        """While the server runs: the durable tools learnt and middleware that would undo their
+        guarantee warned about, then the engine's lifetime (`EngineLifetime`: the journal opened,
+        background recovery and retention started, all stopped and the journal closed at the end).
+
+        The tools are learnt first: the first recovery pass, at start, reconciles their policies.
+        """
         for tool in await self.app.list_tools(run_middleware=False):
             self.durable_tool(tool)
         for problem in order.problems(self.app.middleware, self, self.durable):
             logger.warning("%s: %s", self.app.name, problem)
-        jobs = [job.run_forever for job in (self.recovery, self.retention) if job is not None]
-        if jobs and self._background_jobs is None:
-
-            async def run_jobs() -> None:
-                async with anyio.create_task_group() as group:
-                    for job in jobs:
-                        group.start_soon(job)
-
-            # A task of its own (as DurableServer's): the lifespan is entered and left in one
-            # task, but the jobs must not be tied to whichever task that is.
-            self._background_jobs = asyncio.get_running_loop().create_task(run_jobs(), name=f"{self.app.name} durable")
-
-    async def stop(self) -> None:
-        """Stop the background jobs and close the journal."""
-        running, self._background_jobs = self._background_jobs, None
-        with anyio.CancelScope(shield=True):
-            if running is not None:
-                running.cancel()
-                await asyncio.gather(running, return_exceptions=True)
-            try:
-                await self.engine.aclose()
-            except JournalError as exc:  # e.g. a full disk: the next start sees an unclean stop
-                logger.warning(
-                    "journal %s: the stop could not be journaled: %s",
-                    display_url(self.journal.url),
-                    display_url(str(exc)),
-                )
+        async with self.lifetime.served():
+            yield
 
 
 class EngineLifespan(Provider):
@@ -396,11 +363,10 @@ class EngineLifespan(Provider):
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
-        await self.durable.start()
-        try:
+        # FastMCP enters it once however many clients connect (its lifespan is counted), and
+        # leaves it shielded from cancellation, so the stop is journaled even on Ctrl-C.
+        async with self.durable.served():
             yield
-        finally:
-            await self.durable.stop()
 
 
 def make_durable(app: FastMCP[Any], **options: Unpack[DurableOptions]) -> DurableMiddleware:

@@ -10,6 +10,10 @@ schema.
 
 It holds no tool: what a tool is, how it runs and what its output schema is, the face tells it
 (`output_schema_of`, the `run` and `encode` of each call).
+
+`CallAnswers`, the part of it that does not meet the engine or the SDK's request context (the
+refusals and a run's result as the engine persists it), serves a face with a call path of its
+own too: the FastMCP middleware (mcp_durable/fastmcp/), whose context is FastMCP's.
 """
 
 from __future__ import annotations
@@ -35,27 +39,17 @@ from .sdk_internals import request_meta
 PrincipalOf = Callable[[Context[Any, Any] | None], str]
 
 
-class DurableCalls:
-    """Durable calls of one face on `engine`: `run` is the path, the rest what it answers with.
+class CallAnswers:
+    """What a face's durable calls answer with: each refusal, and a run's result as the engine
+    persists it (`outcome`, `protocol_error_outcome`).
 
-    `principal_of` names the caller of a context; `limits` bound what a call journals;
-    `output_schema_of(tool)` is the output schema the face declares for `tool` (a refusal is
-    `structuredContent` only where it fits it); `telemetry` (None: none) observes each call.
+    `limits` bound what a call journals; `output_schema_of(tool)` is the output schema the face
+    declares for `tool` (a refusal is `structuredContent` only where it fits it).
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        principal_of: PrincipalOf,
-        limits: CallLimits,
-        output_schema_of: Callable[[str], dict[str, Any] | None],
-        telemetry: Telemetry | None,
-    ) -> None:
-        self.engine = engine
-        self.principal_of = principal_of
+    def __init__(self, limits: CallLimits, output_schema_of: Callable[[str], dict[str, Any] | None]) -> None:
         self.limits = limits
         self.output_schema_of = output_schema_of
-        self.telemetry = telemetry
         #: Compiled output schemas (results.py).
         self.output_schemas = OutputSchemas()
 
@@ -64,19 +58,6 @@ class DurableCalls:
         the tool's output schema."""
         schema = self.output_schema_of(tool)
         return refusal(error, key, fits=lambda body: self.output_schemas.accepts(tool, schema, body), text=text)
-
-    async def plain(
-        self, call: Awaitable[CallToolResult | InputRequiredResult], tool: str
-    ) -> CallToolResult | InputRequiredResult:
-        """The answer of `call`, a call of a face's plain (not durable) `tool`: a `DurableError`
-        it raised (an admin tool refusing, the SDK wrapping it in a `ToolError`) becomes the same
-        machine-readable refusal as a durable call's."""
-        try:
-            return await call
-        except ToolError as exc:
-            if isinstance(exc.__cause__, DurableError):
-                return self.refuse(tool, exc.__cause__)
-            raise
 
     def protocol_error_outcome(self, name: str, policy: ToolPolicy, error: MCPError) -> ToolOutcome:
         """What a run that ended in a JSON-RPC error (`MCPError`: raised by the tool, or answered by
@@ -130,6 +111,40 @@ class DurableCalls:
             payload = dump_result(result)
             from_exception = True
         return ToolOutcome(result, payload, is_error=bool(result.is_error), from_exception=from_exception)
+
+
+class DurableCalls(CallAnswers):
+    """Durable calls of one face on `engine`: `run` is the path, `CallAnswers` what it answers with.
+
+    `principal_of` names the caller of a context; `limits` and `output_schema_of` are
+    `CallAnswers`'; `telemetry` (None: none) observes each call.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        principal_of: PrincipalOf,
+        limits: CallLimits,
+        output_schema_of: Callable[[str], dict[str, Any] | None],
+        telemetry: Telemetry | None,
+    ) -> None:
+        super().__init__(limits, output_schema_of)
+        self.engine = engine
+        self.principal_of = principal_of
+        self.telemetry = telemetry
+
+    async def plain(
+        self, call: Awaitable[CallToolResult | InputRequiredResult], tool: str
+    ) -> CallToolResult | InputRequiredResult:
+        """The answer of `call`, a call of a face's plain (not durable) `tool`: a `DurableError`
+        it raised (an admin tool refusing, the SDK wrapping it in a `ToolError`) becomes the same
+        machine-readable refusal as a durable call's."""
+        try:
+            return await call
+        except ToolError as exc:
+            if isinstance(exc.__cause__, DurableError):
+                return self.refuse(tool, exc.__cause__)
+            raise
 
     async def run(
         self,

@@ -150,3 +150,67 @@ async def test_an_input_required_answer_is_passed_on_and_never_journaled() -> No
     assert replayed.meta is not None and replayed.meta["mcp-durable/replayed"] is True
     assert runs == ["O-6", "O-6"]  # the interim answer was not kept: the next call ran the tool
     assert "confirm" in durable.durable
+
+
+async def test_under_exceptions_persist_an_exception_is_kept_even_where_tool_errors_are_released() -> None:
+    # An exception's result stands for the exception, not for a deliberate error of the tool:
+    # `tool_errors="release"` releases only the latter (docs/policies.md, as DurableServer).
+    runs: list[str] = []
+    app = _errors_app(runs)
+    policies = {
+        **POLICIES,
+        "declined": ToolPolicy(key_fields=("order_id",), tool_errors="release"),
+        "crashing": ToolPolicy(key_fields=("order_id",), exceptions="persist", tool_errors="release"),
+    }
+    make_durable(app, journal="memory://", policies=policies)
+    async with connected("fastmcp", app) as caller:
+        crashed = await caller.call("crashing", {"order_id": "O-7"})
+        crashed_again = await caller.call("crashing", {"order_id": "O-7"})
+        declined = await caller.call("declined", {"order_id": "O-7"})
+        declined_again = await caller.call("declined", {"order_id": "O-7"})
+    assert runs == ["crashing", "declined", "declined"]
+    assert crashed.is_error and meta_of(crashed_again)["mcp-durable/replayed"] is True
+    assert body_bytes(crashed_again) == body_bytes(crashed)
+    assert declined.is_error and declined_again.is_error
+    assert "mcp-durable/replayed" not in (declined_again.meta or {})
+
+
+def _report_app(runs: list[str]) -> FastMCP[Any]:
+    app: FastMCP[Any] = FastMCP("reports")
+
+    @app.tool
+    def report(order_id: str) -> dict[str, Any]:
+        runs.append(order_id)
+        return {"order_id": order_id, "text": "x" * 4096}
+
+    return app
+
+
+async def test_a_result_over_max_result_bytes_is_refused_and_released_so_the_next_call_runs_again() -> None:
+    runs: list[str] = []
+    app = _report_app(runs)
+    make_durable(
+        app, journal="memory://", policies={"report": ToolPolicy(key_fields=("order_id",))}, max_result_bytes=1024
+    )
+    async with connected("fastmcp", app) as caller:
+        first = await caller.call("report", {"order_id": "O-8"})
+        again = await caller.call("report", {"order_id": "O-8"})
+    assert runs == ["O-8", "O-8"]
+    for result in (first, again):
+        assert result.is_error and meta_of(result)["mcp-durable/error"]["error"] == "too_large"
+        assert "its claim was released" in first_text(result)
+
+
+async def test_under_exceptions_persist_a_result_over_max_result_bytes_is_kept_as_its_refusal() -> None:
+    # Kept even where tool errors are released: it stands for an exception (limits.py).
+    runs: list[str] = []
+    app = _report_app(runs)
+    policy = ToolPolicy(key_fields=("order_id",), exceptions="persist", tool_errors="release")
+    make_durable(app, journal="memory://", policies={"report": policy}, max_result_bytes=1024)
+    async with connected("fastmcp", app) as caller:
+        first = await caller.call("report", {"order_id": "O-9"})
+        again = await caller.call("report", {"order_id": "O-9"})
+    assert runs == ["O-9"]
+    assert first.is_error and meta_of(first)["mcp-durable/error"]["error"] == "too_large"
+    assert "journaled and replayed" in first_text(first)
+    assert body_bytes(again) == body_bytes(first) and meta_of(again)["mcp-durable/replayed"] is True
