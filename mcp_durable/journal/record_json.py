@@ -1,5 +1,7 @@
-"""A call record as a JSON object and back: the one codec of the file journal's frames
-(`file/codec.py`) and of export lines (`transfer.py`).
+"""A call record as a JSON object and back: the codec of export lines (`transfer.py`), and of
+the file journal's call frames as releases before its compact `c` frames wrote them (`call`
+frames, still read: `file/codec.py`). Both are read with it: a change keeps reading what
+earlier releases wrote.
 
 Every `CallRecord` field under its own name; the byte fields (`result`, `arguments`) as text
 when they are UTF-8 (a stored MCP result stays readable with `grep`), else base64 under

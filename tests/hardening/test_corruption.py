@@ -44,10 +44,14 @@ class Frame:
     payload: dict[str, Any]
 
     def identity(self) -> CallIdentity | None:
-        if self.payload.get("t") != "call":
+        if self.payload.get("t") != "c":
             return None
-        r = self.payload["r"]
-        return CallIdentity(r["principal"], r["tool"], r["key"])
+        r = self.payload["r"]  # principal, tool, key first (keys here are not derived ones)
+        return CallIdentity(r[0], r[1], r[2])
+
+    def version(self) -> int:
+        version: int = self.payload["r"][5]
+        return version
 
 
 def parse_frames(data: bytes) -> list[Frame]:
@@ -256,7 +260,7 @@ async def test_a_segment_cut_short_is_found_reported_and_truncated_to_its_last_w
             for identity, record in truth.items():
                 survivors = [f for f in kept if f.identity() == identity]
                 stored = await journal.get(identity)
-                if survivors and survivors[-1].payload["r"]["version"] == record.version:
+                if survivors and survivors[-1].version() == record.version:
                     assert stored == record
                 else:  # its latest version was in the torn frame or after the cut: an older one at most
                     assert stored is None or stored.version < record.version

@@ -21,11 +21,15 @@ Frame (one text line; `grep`, `tail -f`, `cut -c37- | jq` work on segments):
     L payload length (hex), S sequence number (hex, strictly increasing across the journal),
     C CRC-32 of "@L S " and the payload (hex).
 
-Payloads (`t`): `call` (op claim|swap|renew and the whole record after it: the latest frame of
-an identity is the record; `reason` only when set, a record without it reads with
-`legacy_reason`), `entry` (a process entry; its seq is the frame's; a durable step is one, of
-process `steps/<run_id>` and type `step`), `purge` (every record expired at `now` is gone from
-there on). Results are stored as text when UTF-8.
+Payloads (`t`, codec.py): `c` (a call record, the whole record after a claim, swap or renewal:
+the latest frame of an identity is the record; an array in `codec.RECORD_LAYOUT`'s order, with
+nothing stored twice or recomputable: no field names, no index hash, no derived key, times as
+whole-second offsets where exact, hex digests in base64, a result or arguments that are
+canonical JSON as that JSON, trailing nulls left out), `entry` (a process entry; its seq is the frame's; a durable
+step is one, of process `steps/<run_id>` and type `step`), `purge` (every record expired at
+`now` is gone from there on). Frames of earlier releases are still read: `call` (op, index hash
+and the record as `record_json` writes it; one without `reason` reads with `legacy_reason`).
+The manifest's `format` (2 since `c` frames) is raised by a writable open; a later one is refused.
 
 Writes: every mutation is one frame. Group commit (commit.py): concurrent writers' frames go out
 in one `pwrite` + `fdatasync` per batch, and nothing returns before the flush of its frame

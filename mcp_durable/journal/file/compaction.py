@@ -4,8 +4,9 @@ Steps, and what a crash after each leaves (every state opens with every live rec
 1. purge expired records (a durable `purge` frame); rotate, so the segments to rewrite are
    sealed (never written again), and wait until everything before is on disk;
 2. copy the latest frame of every live record and every process entry of the sealed segments,
-   byte for byte (same sequence numbers and checksums), into a new segment; fsync it and the
-   directory. Crash here: the new file is not in the manifest, an orphan deleted at open;
+   byte for byte (same sequence numbers and checksums; a frame of an earlier release's kind stays
+   one), into a new segment; fsync it and the directory. Crash here: the new file is not in the
+   manifest, an orphan deleted at open;
 3. switch: one atomic manifest rename replaces the sealed segments with the new one. Crash
    here: the old segments are orphans, deleted at open; the old snapshot no longer matches the
    manifest and is ignored (recovery reads the segments);

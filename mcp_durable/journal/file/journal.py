@@ -386,8 +386,8 @@ class FileJournal:
                 raise JournalError(f"index hash collision between {identity} and {record.identity}")
             return seq, record
 
-    def _put(self, op: str, h: int, record: CallRecord) -> Batch:
-        seq, position, size, batch = self._submit(call_payload(op, h, record))
+    def _put(self, h: int, record: CallRecord) -> Batch:
+        seq, position, size, batch = self._submit(call_payload(record))
         self._calls.put(h, record, position, size, seq)
         i = record.identity
         self._calls.put_task(record.task_id, h, i.principal, i.tool, i.key)
@@ -406,7 +406,7 @@ class FileJournal:
             found = await self._load_call(record.identity, h)
             if found is not None and not found[1].is_expired(now):
                 return False, found[1]
-        await self._durable(self._put("claim", h, record))
+        await self._durable(self._put(h, record))
         return True, record
 
     async def get(self, identity: CallIdentity) -> CallRecord | None:
@@ -441,7 +441,7 @@ class FileJournal:
         slot = self._calls.find(h)
         if slot is None or self._calls.version[slot] != expected_version:
             return False
-        await self._durable(self._put("swap", h, record))
+        await self._durable(self._put(h, record))
         return True
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
@@ -451,7 +451,7 @@ class FileJournal:
         if found is None:
             return False
         # A renewal is not a transition: the version stays, so the owner's pending swap still applies.
-        await self._durable(self._put("renew", h, dataclasses.replace(found, lease_until=lease_until)))
+        await self._durable(self._put(h, dataclasses.replace(found, lease_until=lease_until)))
         return True
 
     async def append_step(

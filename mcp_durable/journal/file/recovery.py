@@ -26,7 +26,7 @@ from ...errors import JournalCorruptError
 from ..base import CHECKPOINT
 from ..fsync import truncate_synced
 from ..record_json import step_index
-from .codec import process_hash
+from .codec import identity_hash, index_fields, process_hash
 from .framing import Damage, scan
 from .index import STATE_CODES, CallIndex, EntryIndex, pack
 from .segments import Manifest, fsync_dir, segment_name, segment_number, write_synced
@@ -53,10 +53,20 @@ class Recovered:
     problems: list[str] = field(default_factory=list)
 
 
-def apply(calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, position: int, size: int) -> None:
-    """Fold one frame's payload into the index (the replay rule, in one place)."""
+def apply(
+    calls: CallIndex, entries: EntryIndex, d: dict[str, Any], seq: int, position: int, size: int, hash_key: bytes
+) -> None:
+    """Fold one frame's payload into the index (the replay rule, in one place). `hash_key` is
+    the manifest's: a `c` frame's index hash is computed from its identity (`codec.py`)."""
     kind = d["t"]
-    if kind == "call":
+    if kind == "c":
+        identity, version, state, created, expires, task_id = index_fields(d["r"])
+        h = identity_hash(hash_key, identity)
+        calls.put_fields(
+            h, version, STATE_CODES[state], created, expires, identity.tool, identity.principal, position, size, seq
+        )
+        calls.put_task(task_id, h, identity.principal, identity.tool, identity.key)
+    elif kind == "call":  # an earlier release's frame: the record as an object, its hash beside it
         r = d["r"]
         calls.put_fields(
             int(d["h"], 16),
@@ -137,6 +147,7 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
                     manifest.segments[i],
                     start_offset if i == start_index else 0,
                     out,
+                    manifest.hash_key,
                     writable=writable,
                     sealed=sealed,
                 )
@@ -159,7 +170,9 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
     return out
 
 
-def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, writable: bool, sealed: bool) -> int:
+def _replay_segment(
+    f: BinaryIO, number: int, start: int, out: Recovered, hash_key: bytes, *, writable: bool, sealed: bool
+) -> int:
     """Replay one segment from byte `start`, a window at a time; returns where it ends now.
 
     Windows keep memory flat whatever the segment size: a frame cut by the end of a window is
@@ -185,7 +198,7 @@ def _replay_segment(f: BinaryIO, number: int, start: int, out: Recovered, *, wri
                 continue
             try:
                 d = orjson.loads(data[item.start : item.start + item.length])
-                apply(out.calls, out.entries, d, item.seq, pack(number, pos + item.offset), item.size)
+                apply(out.calls, out.entries, d, item.seq, pack(number, pos + item.offset), item.size, hash_key)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 out.problems.append(
                     f"{path.name}: frame at offset {pos + item.offset} has a valid checksum "

@@ -4,7 +4,9 @@
 - `MANIFEST` (JSON) is the authority on which segments make the journal, in log order. It is
   only ever replaced whole: write `MANIFEST.tmp`, fsync it, rename it over `MANIFEST`, fsync
   the directory. A segment file not in the manifest is an orphan of an interrupted rotation or
-  compaction and is deleted at the next writable open.
+  compaction and is deleted at the next writable open. Its `format` (`FORMAT`) says which frames
+  the segments may hold; a writable open of a journal of an earlier format first rewrites the
+  manifest with the current one (`ManifestKeeper`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from pathlib import Path
 
 import orjson
 
-from ...errors import JournalCorruptError
+from ...errors import JournalCorruptError, JournalError
 from ..fsync import fsync_dir as fsync_dir  # re-exported: the file journal's modules import it from here
 
-FORMAT = 1
+#: The manifest's `format`: 1, the first release; 2, call records in compact `c` frames
+#: (`codec.py`; frames of format 1 are still read). A journal of a later format is refused: its
+#: frames may mean what this release cannot read.
+FORMAT = 2
 MANIFEST = "MANIFEST"
 LOCK = "LOCK"
 _SEGMENT_RE = re.compile(r"^seg-(\d{8,})\.log$")
@@ -110,7 +115,7 @@ class Manifest:
             numbers = tuple(n for n in found if n is not None)
             if len(numbers) != len(found) or not numbers:
                 raise ValueError("bad segment list")
-            return cls(
+            manifest = cls(
                 d["journal_id"],
                 bytes.fromhex(d["hash_key"]),
                 numbers,
@@ -120,6 +125,12 @@ class Manifest:
             )
         except (orjson.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
             raise JournalCorruptError(str(path), 0, f"unreadable manifest: {exc}") from exc
+        if manifest.format > FORMAT:
+            raise JournalError(
+                f"journal {directory} is of format {manifest.format}, written by a later release; "
+                f"this release reads formats up to {FORMAT}"
+            )
+        return manifest
 
     def write(self, directory: Path) -> None:
         atomic_write(directory / MANIFEST, self.to_bytes())
@@ -134,8 +145,13 @@ class ManifestKeeper:
 
     def __init__(self, directory: Path, manifest: Manifest) -> None:
         self.directory = directory
-        self.current = manifest
         self.lock = threading.Lock()
+        if manifest.format < FORMAT:
+            # This writer's frames are of the current format: the manifest says so before the
+            # first of them is written (a release that knows formats refuses one it does not).
+            manifest = replace(manifest, format=FORMAT)
+            manifest.write(directory)
+        self.current = manifest
 
     def add_segment(self, number: int) -> None:
         """Create segment `number` (empty, fsynced) and append it to the manifest."""

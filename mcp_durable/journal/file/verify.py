@@ -16,9 +16,10 @@ from typing import Any
 
 import orjson
 
-from ...errors import JournalCorruptError
+from ...errors import JournalCorruptError, JournalError
 from ..base import Problem, VerifyReport
 from ..record_json import record_from_json
+from .codec import record_from_list
 from .framing import Damage, scan
 from .segments import MANIFEST, Manifest, segment_name
 from .snapshot import list_snapshots, verify_file
@@ -31,12 +32,9 @@ def verify(directory: str | Path, progress: Callable[[int, int], None] | None = 
     """
     directory = Path(directory)
     problems: list[Problem] = []
-    try:
-        manifest = Manifest.read(directory)
-    except JournalCorruptError as exc:
-        return VerifyReport(0, [Problem(exc.path, exc.offset, exc.reason)])
-    if manifest is None:
-        return VerifyReport(0, [Problem(str(directory / MANIFEST), 0, "no manifest: not a file journal")])
+    manifest = _manifest(directory)
+    if isinstance(manifest, Problem):
+        return VerifyReport(0, [manifest])
     paths = [directory / segment_name(n) for n in manifest.segments]
     total = sum(p.stat().st_size for p in paths if p.exists())
     done = records = last_seq = 0
@@ -69,6 +67,19 @@ def verify(directory: str | Path, progress: Callable[[int, int], None] | None = 
     return VerifyReport(records, problems)
 
 
+def _manifest(directory: Path) -> Manifest | Problem:
+    """The journal's manifest, or why there is none to go by."""
+    try:
+        manifest = Manifest.read(directory)
+    except JournalCorruptError as exc:
+        return Problem(exc.path, exc.offset, exc.reason)
+    except JournalError as exc:  # a later release's format: nothing here can be checked
+        return Problem(str(directory / MANIFEST), 0, str(exc))
+    if manifest is None:
+        return Problem(str(directory / MANIFEST), 0, "no manifest: not a file journal")
+    return manifest
+
+
 def payload_problem(payload: bytes) -> str | None:
     """Why the journal cannot read a frame's payload (see `codec.py` for the kinds), or None."""
     try:
@@ -77,7 +88,11 @@ def payload_problem(payload: bytes) -> str | None:
         return f"payload is not JSON: {exc}"
     try:
         kind = d["t"]
-        if kind == "call":
+        if kind == "c":
+            if not isinstance(d["r"], list):
+                raise TypeError("a call record frame holds an array")
+            record_from_list(d["r"])
+        elif kind == "call":  # an earlier release's frame
             record_from_json(d["r"])
             int(d["h"], 16)
         elif kind == "entry":
