@@ -9,7 +9,11 @@ message below the level a client last set (`logging/setLevel`, kept in `level`) 
 Progress needs none of this: it is bound to its call by the progress token (see server.py).
 
 Sampling and elicitation reach the client only on the 2025-11-25 (legacy) protocol era: the
-2026-07-28 era has no server→client requests.
+2026-07-28 era has no server→client requests. The proxy declares both capabilities to its
+upstream for all its clients, so a request the calling client cannot answer (its era, a
+connection without a back-channel, a capability it did not declare: `unanswerable`) is refused
+to the upstream with a JSON-RPC error that says why, never sent to the client; the upstream's
+answer to the call then carries that reason.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from mcp_types import (
     LoggingLevel,
     LoggingMessageNotificationParams,
 )
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 logger = logging.getLogger(__name__)
 _R = TypeVar("_R", CreateMessageResult, ElicitResult)
@@ -77,6 +82,12 @@ class Router:
         target = self._target()
         if target is None:
             return self._unroutable(request.method)
+        why = unanswerable(target.session, request)
+        if why is not None:
+            return ErrorData(
+                code=INVALID_REQUEST,
+                message=f"mcp-durable proxy cannot send {request.method} to the calling client: {why}",
+            )
         result: _R = await target.session.send_request(
             request, result_type, metadata=ServerMessageMetadata(related_request_id=target.request_id)
         )
@@ -100,3 +111,32 @@ class Router:
         count = len(self._in_flight)
         why = "no call is in flight" if count == 0 else f"{count} calls of several clients are in flight"
         return ErrorData(code=INVALID_REQUEST, message=f"mcp-durable proxy cannot route {method}: {why}")
+
+
+def unanswerable(session: Any, request: CreateMessageRequest | ElicitRequest) -> str | None:
+    """Why the client of `session` (a downstream `ServerSession`) cannot be sent `request`, or
+    None if it can: by its protocol era, its connection, and the capabilities it declared."""
+    version = session.protocol_version
+    if version in MODERN_PROTOCOL_VERSIONS:
+        return f"it speaks protocol {version}, which has no requests from a server to its client"
+    if not session.can_send_request:
+        return "its connection carries no requests from the server (stateless HTTP)"
+    declared = session.client_capabilities
+    if isinstance(request, CreateMessageRequest):
+        sampling = declared.sampling if declared is not None else None
+        if sampling is None:
+            return "it did not declare the sampling capability"
+        if (request.params.tools or request.params.tool_choice) and sampling.tools is None:
+            return "it did not declare sampling with tools (sampling.tools)"
+        if request.params.include_context not in (None, "none") and sampling.context is None:
+            return "it did not declare sampling with context (sampling.context)"
+        return None
+    elicitation = declared.elicitation if declared is not None else None
+    if elicitation is None:
+        return "it did not declare the elicitation capability"
+    if request.params.mode == "url" and elicitation.url is None:
+        return "it did not declare URL elicitation (elicitation.url)"
+    # A declaration naming no mode means form mode (the 2025-06-18 shape, still valid).
+    if request.params.mode == "form" and elicitation.form is None and elicitation.url is not None:
+        return "it did not declare form elicitation (elicitation.form)"
+    return None

@@ -7,7 +7,9 @@ upstream (`Upstream`) and its answer returned unchanged, except `tools/call` of 
 policy (`Policies`: the file, else the upstream's own `idempotentHint`) makes it durable: that
 goes through `DurableCalls.run`, the same engine path as a Python durable tool, with a `run`
 that forwards the call upstream carrying the scoped key in `_meta["mcp-durable/idempotency-key"]`.
-The journal resources (`journal://…`) and the admin tools are the proxy's own.
+The journal resources (`journal://…`) and the admin tools are the proxy's own. Subscriptions to
+the upstream's resources and its list changes are relayed to the clients that asked for them
+(subscriptions.py); its tools are listed again when it says they changed.
 
 Upstream faults:
 - cannot be reached (not started, refused, timed out): a repeat of a key whose result is
@@ -74,10 +76,11 @@ from ..server.assembly import DurableFace, FaceOptions
 from ..server.calls import caller_meta
 from ..server.lifetime import Occupancy
 from ..server.results import refusal_error
-from ..server.sdk_internals import lowlevel_server, registered_tool
+from ..server.sdk_internals import lowlevel_server, registered_tool, subscription_bus
 from ..steps import DurableCall
 from ..uris import SCHEME
 from .router import Router
+from .subscriptions import UpstreamSubscriptions
 from .upstream import Upstream, UpstreamLost, UpstreamSpec, UpstreamTimedOut
 
 logger = logging.getLogger(__name__)
@@ -102,7 +105,8 @@ class ProxyServer(MCPServer[Any]):
         self._tool_errors_chosen = _tool_errors_chosen(self.tool_policies)
         #: Connections inside `_lifespan` now; the upstream is served while any is.
         self._upstream_users = Occupancy()
-        self._applied_connects = -1
+        #: The upstream's listing of its tools the policies were last applied to (`Upstream.listings`).
+        self._applied_listing = -1
         #: The task running the upstream's supervisor, from the first connection to the last.
         self._supervisor: asyncio.Task[None] | None = None
         options, rest = FaceOptions.split(kwargs)
@@ -119,6 +123,9 @@ class ProxyServer(MCPServer[Any]):
             sdk_kwargs=sdk_kwargs,
         )
         self.calls = self.face.calls
+        #: Subscriptions to the upstream's resources, and its notifications relayed (subscriptions.py).
+        self.subscriptions = UpstreamSubscriptions(self.upstream, subscription_bus(self), self._tools_changed)
+        self.upstream.on_notification = self.subscriptions.relay
         self._install_forwarding()
 
     @property
@@ -190,7 +197,7 @@ class ProxyServer(MCPServer[Any]):
     async def refresh(self) -> list[Tool]:
         """Connect if needed and apply the policies to the upstream's tools as last listed."""
         await self.upstream.client()
-        self._applied_connects = self.upstream.connects
+        self._applied_listing = self.upstream.listings
         tools = list(self.upstream.tools.values())
         for tool in tools:
             policy = self.tool_policies.for_tool(tool.name, _annotations(tool))
@@ -367,9 +374,17 @@ class ProxyServer(MCPServer[Any]):
 
     async def _client(self) -> Any:
         client = await self.upstream.client()
-        if self._applied_connects != self.upstream.connects:
-            await self.refresh()  # a new session: the upstream's tools may have changed
+        if self._applied_listing != self.upstream.listings:
+            await self.refresh()  # a new session, or the upstream said they changed: listed again
         return client
+
+    async def _tools_changed(self) -> None:
+        """The upstream said its tools changed: list them and apply the policies now, before
+        the clients listening for the change are told."""
+        try:
+            await self._client()
+        except UpstreamUnavailableError:
+            pass  # the next session lists them when it connects
 
     # -- tasks --------------------------------------------------------------------------------------
 
@@ -454,6 +469,7 @@ class ProxyServer(MCPServer[Any]):
             return EmptyResult()
 
         lowlevel.add_request_handler("resources/read", ReadResourceRequestParams, read)
+        self.subscriptions.install(lowlevel)
         lowlevel.add_request_handler("completion/complete", CompleteRequestParams, complete)
         # Declares the `logging` capability: the upstream's log messages are forwarded.
         lowlevel.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)

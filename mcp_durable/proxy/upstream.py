@@ -20,6 +20,12 @@ Contracts:
   `journal.masked_urls.display_url`, user info included) in every message and log line,
   the HTTP client's own log lines too (`mask_http_client_logs`).
 - Only one task (`supervise`) enters and leaves the SDK `Client`, as anyio's cancel scopes require.
+- What a client asked of the upstream lives past its session: the log level and the resources
+  subscribed to (`subscribe`) are sent again on every new session.
+- The tools are listed on every connect and again after the upstream's
+  `notifications/tools/list_changed`, at the next `client()`; `listings` counts the listings.
+  Every notification of the upstream (but log messages, which go to the router) is handed to
+  `on_notification`, in the order received.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import shlex
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,7 +43,22 @@ import anyio
 from anyio.abc import ObjectReceiveStream, TaskStatus
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT, CallToolResult, InputRequiredResult, LoggingLevel, Tool
+from mcp_types import (
+    CONNECTION_CLOSED,
+    REQUEST_TIMEOUT,
+    CallToolResult,
+    EmptyResult,
+    InputRequiredResult,
+    LoggingLevel,
+    LoggingMessageNotification,
+    ServerNotification,
+    SubscribeRequest,
+    SubscribeRequestParams,
+    Tool,
+    ToolListChangedNotification,
+    UnsubscribeRequest,
+    UnsubscribeRequestParams,
+)
 
 from .. import config
 from ..errors import ConfigError, UpstreamUnavailableError
@@ -219,12 +240,20 @@ class _Connection:
         self.tools = tools
 
 
+#: What receives the upstream's notifications (`Upstream.on_notification`).
+NotificationHandler = Callable[[ServerNotification], Awaitable[None]]
+#: The transport faults of a request on a session that broke.
+_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+
+
 class Upstream:
     """One shared session with the upstream, (re)connected on demand by `supervise`."""
 
-    def __init__(self, spec: UpstreamSpec, router: Router) -> None:
+    def __init__(self, spec: UpstreamSpec, router: Router, on_notification: NotificationHandler | None = None) -> None:
         self.spec = spec
         self.router = router
+        #: Receives every notification of the upstream but its log messages, in the order received.
+        self.on_notification = on_notification
         self._live: _Connection | None = None
         self._wanted = anyio.Event()  # set: someone needs a connection
         self._changed = anyio.Event()  # replaced after every connect attempt
@@ -237,6 +266,11 @@ class Upstream:
         self.tools: dict[str, Tool] = {}
         #: The log level a client last set (`set_log_level`), sent again on every new session.
         self.log_level: LoggingLevel | None = None
+        #: The resources subscribed to (`subscribe`), subscribed again on every new session.
+        self.subscribed: set[str] = set()
+        #: How many times the tools were listed (each connect, each relisting after a change).
+        self.listings = 0
+        self._tools_stale = False
 
     @property
     def failure(self) -> str | None:
@@ -283,11 +317,14 @@ class Upstream:
                         sampling_callback=self.router.sampling,
                         elicitation_callback=self.router.elicitation,
                         logging_callback=self.router.logging,
+                        message_handler=self._on_message,
                         cache=None,
                     )
                 )
+                self._tools_stale = False  # listed now
                 tools = await _all_tools(client)
                 await self._apply_log_level(client)
+                await self._resubscribe(client)
                 connecting.deadline = math.inf
                 await self._serve_session(client, ended, tools)
         if connecting.cancelled_caught:
@@ -299,6 +336,7 @@ class Upstream:
         self._live = _Connection(client, ended, tools)
         self._error = None
         self.connects += 1
+        self.listings += 1
         self._announce()
         await ended.wait()
         if not self._stop.is_set():
@@ -311,6 +349,25 @@ class Upstream:
                 await client.set_logging_level(self.log_level)
             except MCPError as exc:  # a level it refuses must not cost the session
                 logger.debug("upstream %s refused log level %s: %s", self.spec.describe(), self.log_level, exc)
+
+    async def _resubscribe(self, client: Client) -> None:
+        """A new session has no subscriptions: make the ones clients hold again."""
+        for uri in sorted(self.subscribed):
+            try:
+                await _send_subscribe(client, uri)
+            except MCPError as exc:  # the upstream refuses it now: its subscribers hear nothing more
+                logger.warning("upstream %s refused the subscription to %s again: %s", self.spec.describe(), uri, exc)
+
+    async def _on_message(self, message: ServerNotification | Exception) -> None:
+        """The session's message handler: notifications to `on_notification` (log messages have
+        gone to the router already); a transport fault is the session's own business."""
+        if isinstance(message, Exception | LoggingMessageNotification):
+            return
+        if isinstance(message, ToolListChangedNotification):
+            # Marked here, before any await, so a request after the one that changed them lists again.
+            self._tools_stale = True
+        if self.on_notification is not None:
+            await self.on_notification(message)
 
     def _announce(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -331,9 +388,12 @@ class Upstream:
     # -- for callers -------------------------------------------------------------------------------
 
     async def client(self) -> Client:
-        """A live session, connecting first if needed; `UpstreamUnavailableError` if that fails."""
+        """A live session, connecting first if needed; `UpstreamUnavailableError` if that fails.
+        Its tools are listed again first when the upstream said they changed."""
         live = self._live
         if live is not None and not live.ended.is_set():
+            if self._tools_stale:
+                await self._relist(live.client)
             return live.client
         async with self._lock:
             live = self._live
@@ -415,6 +475,53 @@ class Upstream:
         assert isinstance(result, CallToolResult | InputRequiredResult)
         return result
 
+    async def _relist(self, client: Client) -> None:
+        """List the tools again after the upstream's `tools/list_changed`. A failure keeps the
+        last listing (and the mark, to try again on the next request)."""
+        self._tools_stale = False
+        try:
+            tools = await _all_tools(client)
+        except (MCPError, *_BROKEN) as exc:
+            self._tools_stale = True
+            logger.warning("upstream %s: could not list its changed tools: %s", self.spec.describe(), exc)
+            return
+        self.tools = {tool.name: tool for tool in tools}
+        self.listings += 1
+
+    async def subscribe(self, uri: str) -> None:
+        """Subscribe to the upstream resource `uri`, now and on every new session, until
+        `unsubscribe`. `UpstreamUnavailableError` if it cannot be reached, the `MCPError` it
+        answered if it refuses (then nothing is kept)."""
+        client = await self.client()
+        try:
+            await _send_subscribe(client, uri)
+        except MCPError as exc:
+            if exc.error.code != CONNECTION_CLOSED:
+                raise
+            self.lost()
+            raise UpstreamUnavailableError(
+                self.spec.describe(), self.spec.masked(f"the connection broke ({exc.error.message})")
+            ) from exc
+        except _BROKEN as exc:
+            self.lost()
+            raise UpstreamUnavailableError(
+                self.spec.describe(), f"the connection broke ({type(exc).__name__})"
+            ) from exc
+        self.subscribed.add(uri)
+
+    async def unsubscribe(self, uri: str) -> None:
+        """Unsubscribe from `uri`. Best effort: an upstream that cannot be told now forgets it
+        with its session, and no new session subscribes to it again."""
+        self.subscribed.discard(uri)
+        live = self._live
+        if live is None or live.ended.is_set():
+            return
+        try:
+            request = UnsubscribeRequest(params=UnsubscribeRequestParams(uri=uri))
+            await live.client.session.send_request(request, EmptyResult)
+        except (MCPError, *_BROKEN) as exc:
+            logger.debug("upstream %s: could not unsubscribe from %s: %s", self.spec.describe(), uri, exc)
+
     def _broke(self, detail: str) -> str:
         return self.spec.masked(f"the upstream connection broke during the call ({detail})")
 
@@ -429,6 +536,18 @@ class Upstream:
 def serves_logging(client: Client) -> bool:
     """Whether the upstream declared the `logging` capability."""
     return client.server_capabilities.logging is not None
+
+
+def serves_subscriptions(client: Client) -> bool:
+    """Whether the upstream declared `resources.subscribe`."""
+    resources = client.server_capabilities.resources
+    return resources is not None and resources.subscribe is True
+
+
+async def _send_subscribe(client: Client, uri: str) -> None:
+    # The request itself, not the session's `subscribe_resource`: that is marked deprecated for the
+    # 2026-07-28 era, and the proxy speaks 2025-11-25 to its upstream, where it is current.
+    await client.session.send_request(SubscribeRequest(params=SubscribeRequestParams(uri=uri)), EmptyResult)
 
 
 def _leaf(exc: BaseException) -> BaseException:
