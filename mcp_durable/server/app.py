@@ -367,7 +367,9 @@ class DurableServer(MCPServer[Any]):
                 memo_key = prepared.memo_key(arguments)
                 known = prepared.recall(memo_key) if memo_key is not None else None
             if known is None:
-                model, validated, canonical = self._validated(tool, name, arguments, checked=True)
+                model, validated, canonical = self._validated(
+                    tool, name, arguments, checked=True, check_validated=prepared.check_validated
+                )
                 fingerprint = keys.policy_fingerprint(policy, validated, canonical=canonical)
             else:
                 validated, canonical, fingerprint = known
@@ -386,7 +388,7 @@ class DurableServer(MCPServer[Any]):
         return result
 
     def _validated(
-        self, tool: Tool, name: str, arguments: dict[str, Any], *, checked: bool = False
+        self, tool: Tool, name: str, arguments: dict[str, Any], *, checked: bool = False, check_validated: bool = True
     ) -> tuple[Any, dict[str, Any], bytes]:
         """The arguments' validated model, its JSON form and that form's canonical JSON.
 
@@ -394,15 +396,19 @@ class DurableServer(MCPServer[Any]):
         retry with the same key still runs (validation errors are not saved). Raises
         `ValidationError`, or a `DurableError`: `non_finite_argument`, `arguments_too_deep`,
         `too_large`, `not_serialisable`. `checked`: the raw `arguments` passed
-        `limits.check_argument_values` already.
+        `limits.check_argument_values` already. `check_validated`: validation may make a
+        non-finite number of finite input (`prevalidated.makes_non_finite`).
         """
         # What JSON cannot journal is refused before validation (a too-deep value fails
-        # obscurely inside it) and checked again on what validation made of the arguments
-        # (a string `"nan"` read as a float): the SDK dumps NaN and ±Infinity as `null`.
+        # obscurely inside it) and, where validation can make one of finite input (a string
+        # `"nan"` read as a float, a JSON string the SDK parses: `"[NaN]"`), checked again on
+        # what it made of the arguments: the SDK dumps NaN and ±Infinity as `null`.
         if not checked:
             limits.check_argument_values(name, arguments, self.calls.limits.argument_depth)
-        model = tool.fn_metadata.arg_model.model_validate(tool.fn_metadata.pre_parse_json(arguments))
-        limits.check_argument_values(name, model, None)
+        parsed = tool.fn_metadata.pre_parse_json(arguments)
+        model = tool.fn_metadata.arg_model.model_validate(parsed)
+        if check_validated or any(parsed[key] is not value for key, value in arguments.items()):
+            limits.check_argument_values(name, model, None)
         validated: dict[str, Any] = model.model_dump(mode="json", by_alias=True)
         return model, validated, limits.checked_arguments(name, validated, self.calls.limits.argument_bytes)
 

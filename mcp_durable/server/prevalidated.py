@@ -89,6 +89,31 @@ def pure_schema(schema: Any) -> bool:
     return True
 
 
+#: Core-schema node types whose validation can turn a finite JSON value into a non-finite number
+#: (`"nan"` or `1e400` read as a float or a Decimal).
+_NUMBER_TYPES = frozenset({"float", "decimal"})
+
+
+def makes_non_finite(schema: Any) -> bool:
+    """Whether validating against a pydantic core schema may produce a non-finite number from
+    arguments that held none: a float or Decimal field anywhere, or any code of the model's
+    author (which may return anything: `pure_schema`). Conservative: True when unsure. A False
+    schema leaves non-finite values only where the request itself held them, which the face
+    refuses before validation (`limits.check_argument_values`)."""
+    if not pure_schema(schema):
+        return True
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") in _NUMBER_TYPES:
+                return True
+            stack.extend(value for key, value in node.items() if key != "metadata")
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return False
+
+
 class PreparedTool:
     """One durable tool as the face serves it: what every call would otherwise work out again."""
 
@@ -102,8 +127,12 @@ class PreparedTool:
         self.pre_parse_json = meta.pre_parse_json
         #: (field name, the name the function takes it by): `model_dump_one_level` unrolled.
         self._names = tuple((name, field.alias or name) for name, field in self.arg_model.model_fields.items())
+        schema = self.arg_model.__pydantic_core_schema__
         #: Validations of requests answered as replays, by the request's JSON (None: impure schema).
-        self._memo: dict[bytes, Validated] | None = {} if pure_schema(self.arg_model.__pydantic_core_schema__) else None
+        self._memo: dict[bytes, Validated] | None = {} if pure_schema(schema) else None
+        #: Whether validated arguments must be checked for non-finite numbers again
+        #: (`makes_non_finite`): else the check of the request before validation is the only one.
+        self.check_validated = makes_non_finite(schema)
         #: The function is called here, not through `Tool.run` (which resolves `Resolve` parameters).
         self.direct = not tool.resolved_params
         #: A `str` return is converted here (`convert`): checked against the SDK's conversion.

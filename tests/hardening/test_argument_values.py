@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,16 @@ def _server(tmp_path: Path, runs: Runs, **kwargs: Any) -> DurableServer:
     def store(value: Any = None) -> dict[str, Any]:
         runs.calls.append(("store", value))
         return {"value": repr(value)}
+
+    @server.tool(durable=True)
+    def price(value: Decimal) -> dict[str, Any]:
+        runs.calls.append(("price", value))
+        return {"value": str(value)}
+
+    @server.tool(durable=True)
+    def tags(value: list[str]) -> dict[str, Any]:
+        runs.calls.append(("tags", value))
+        return {"value": value}
 
     return server
 
@@ -80,6 +91,28 @@ async def test_a_number_the_tool_reads_as_non_finite_is_refused_before_any_claim
             assert await snapshot(server.journal) == before and runs.calls == []
         ok = await client.call_tool("measure", {"value": 1.5}, meta=key_meta("m-1"))  # the key is not poisoned
     assert not ok.is_error and runs.calls == [("measure", 1.5)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_non_finite_number_validation_makes_of_a_string_is_refused_whatever_the_field_type(
+    tmp_path: Path, mode: str
+) -> None:
+    """Validated arguments are checked again only where validation can make a non-finite number
+    of finite input: an `Any` field given a JSON string the SDK parses (`"[NaN]"` becomes
+    `[nan]`). (Pydantic refuses a non-finite Decimal itself: a validation error, nothing
+    claimed either.) A field that cannot (a list of strings) runs as usual."""
+    runs = Runs()
+    server = _server(tmp_path, runs)
+    async with connect(server, mode) as client:
+        for tool, text in [("store", "[NaN]"), ("store", '{"a": [Infinity]}'), ("price", "NaN")]:
+            before = await snapshot(server.journal)
+            result = await client.call_tool(tool, {"value": text}, meta=key_meta(f"{tool}-1"))
+            assert result.is_error, (tool, text)
+            if tool == "store":
+                assert error_of(result)["error"] == "non_finite_argument", text
+            assert await snapshot(server.journal) == before and runs.calls == []
+        result = await client.call_tool("tags", {"value": ["NaN", "Infinity"]}, meta=key_meta("tags-1"))
+        assert not result.is_error and runs.calls == [("tags", ["NaN", "Infinity"])]
 
 
 @pytest.mark.parametrize("mode", MODES)
