@@ -101,9 +101,9 @@ class DurableServer(MCPServer[Any]):
     `max_argument_bytes` (1 MiB) / `max_result_bytes` (16 MiB) bound what a durable call journals
     (`mcp_durable.limits`); `None` lifts a limit. `max_argument_depth` (64) bounds how deep a
     durable call's arguments nest (`arguments_too_deep`); non-finite numbers in them are always
-    refused (`non_finite_argument`). `telemetry` (a `Telemetry`, or True for one on the global
-    OpenTelemetry providers) adds durable attributes, child spans and metrics to every durable
-    call (docs/telemetry.md); None emits nothing. `lookup_tool=True` adds
+    refused (`non_finite_argument`). `telemetry` adds durable attributes, child spans and metrics
+    to every durable call (docs/telemetry.md): None (the default) or True through the global
+    OpenTelemetry providers, a `Telemetry` through its own; False emits nothing. `lookup_tool=True` adds
     `journal_lookup(tool, key)`, a read tool any caller may use on its own records
     (server/lookup.py). `reconcile_interval` (60 s; None: off) reconciles in-doubt calls of
     `reconcile` tools in the background (recovery.py); `retention_schedule` (None: off) purges
@@ -424,8 +424,8 @@ class DurableServer(MCPServer[Any]):
         """The engine's `run` for one call of tool `name`: runs it and encodes what it produced.
 
         `model` is the face's validation of `arguments` (`_validated`): the tool gets its values
-        instead of the SDK validating again (`prevalidated`), called directly when `prepared`
-        allows. Without it (a task resumed from the journal, a request whose validation was
+        instead of the SDK validating again (`prevalidated`), through the tool's own `Tool.run`
+        when `prepared` is given. Without it (a task resumed from the journal, a request whose validation was
         remembered) the SDK validates as usual.
         """
 
@@ -443,9 +443,10 @@ class DurableServer(MCPServer[Any]):
             guarded = call is not None and asking_refused(policy, arguments, context)
             called = without_client_requests(self, name, context) if guarded and can_ask else context
             try:
-                if model is not None and prepared is not None and prepared.direct:
+                if model is not None and prepared is not None:
                     called_with = called if called is not None else self._bare_context()
-                    result, payload = await prepared.run(prepared.one_level(model), called_with)
+                    result = await prepared.run(arguments, model, called_with)
+                    payload = prepared.journal_json(result)
                 else:
                     # What the SDK hands the function (`prevalidated`); made only when the tool runs.
                     token = (

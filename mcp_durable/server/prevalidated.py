@@ -5,15 +5,13 @@ refused before anything is journaled, and the key and fingerprint are taken from
 values). Three things follow from that, each worked out once per tool (`PreparedTool`, built
 when the face first serves the tool and rebuilt if it is registered again):
 
-- **The SDK does not validate again.** `Tool.run` validated the same dict a second time
-  before calling the function (`pre_parse_json` and the argument model): the same work twice
-  on every call. `run` calls the tool's function itself with the face's
-  validated values, wrapping its exceptions exactly as `Tool.run` does (`ToolError` /
-  `UnexpectedToolError` with the SDK's messages, `MCPError` passed through). Tools the SDK
-  must resolve parameters for (`Resolve`) still go through `Tool.run`, which `install` makes
-  take the face's validation (`validated_as`, a context variable, so concurrent calls never
-  see each other's). Either way the tool receives exactly the values its key was derived
-  from, even when a validator is not deterministic (a `default_factory`).
+- **The SDK does not validate again.** `Tool.run` would validate the same dict a second time
+  (`pre_parse_json` and the argument model). `run` calls the SDK's own `Tool.run` (the public
+  seam: resolvers, the context, the SDK's exceptions and their texts, the conversion of the
+  result) with `install`'s hook telling it the face's validation (`validated_as`, a context
+  variable, so concurrent calls never see each other's). So the tool receives exactly the
+  values its key was derived from, even when a validator is not deterministic (a
+  `default_factory`).
 - **A repeat is not validated at all** when validation is a pure function of the JSON it is
   given: an argument model with no Python code in its schema (no validator, serializer,
   `default_factory`, post-init or custom `__init__`: `pure_schema`). Then the validated
@@ -22,25 +20,20 @@ when the face first serves the tool and rebuilt if it is registered again):
   (`recall`) goes straight to the engine, which answers it from its own cache. Only plain
   JSON requests are remembered (what the wire delivers: `limits.check_argument_values`), so
   no two different requests share an entry; bounded, oldest out first.
-- **The result is converted once.** The SDK's conversion validates a return value against the
-  output schema, builds the result and the face then dumped it for the journal: for a tool
-  declaring `str` (the SDK wraps it as `{"result": …}`) a `str` return is built directly, and
-  its journal JSON with it; the builder is checked at preparation against the SDK's own
-  conversion of a probe and used only if both give the same bytes. Any other result goes
-  through the SDK's `convert_result`, validated as for a plain call.
+- **The result is dumped once.** For a tool declaring `str` (the SDK wraps it as
+  `{"result": …}`), the journal JSON of its text result is written directly (`journal_json`)
+  instead of dumping the model the SDK built; the writer is checked at preparation against the
+  SDK's own conversion and dump of probes and used only if both give the same bytes. Any other
+  result is dumped as usual (`results.dump_result`).
 """
 
 from __future__ import annotations
 
-import functools
 from contextvars import ContextVar, Token
 from typing import Any
 
-import anyio
 import orjson
-from mcp.server.mcpserver.exceptions import ResourceError, ToolError, UnexpectedResourceError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, InputRequiredResult, TextContent
 
 from ..engine import Encoder
@@ -133,8 +126,6 @@ class PreparedTool:
         #: Whether validated arguments must be checked for non-finite numbers again
         #: (`makes_non_finite`): else the check of the request before validation is the only one.
         self.check_validated = makes_non_finite(schema)
-        #: The function is called here, not through `Tool.run` (which resolves `Resolve` parameters).
-        self.direct = not tool.resolved_params
         #: A `str` return is converted here (`convert`): checked against the SDK's conversion.
         self._text_result = _text_result_builder(tool)
 
@@ -168,34 +159,27 @@ class PreparedTool:
 
     # -- the run -----------------------------------------------------------------------------------
 
-    async def run(self, kwargs: dict[str, Any], context: Any) -> tuple[Converted, bytes | None]:
-        """`Tool.run` with `convert_result=True`, minus the validation (`kwargs` are validated:
-        `one_level`) and the resolvers (`direct` tools only). Raises as `Tool.run` does. Returns
-        the result, and its journal JSON when the conversion made it too (else None)."""
-        tool = self.tool
-        if tool.context_kwarg is not None:
-            kwargs[tool.context_kwarg] = context
+    async def run(self, arguments: dict[str, Any], model: Any, context: Any) -> Converted:
+        """`Tool.run` (the SDK's, public: resolvers, the context, its exceptions and their texts,
+        the result's conversion) on `arguments` as the face validated them (`model`): the SDK
+        does not validate again (`validated_as`; `install` was called at registration)."""
+        token = validated_as(arguments, self.one_level(model))
         try:
-            if tool.is_async:
-                value = await tool.fn(**kwargs)
-            else:
-                value = await anyio.to_thread.run_sync(functools.partial(tool.fn, **kwargs))
-            return self.convert(value)
-        except MCPError:
-            raise
-        except (UnexpectedToolError, UnexpectedResourceError) as exc:
-            raise UnexpectedToolError(f"Error executing tool {tool.name}: {exc}") from exc
-        except (ToolError, ResourceError) as exc:
-            raise ToolError(f"Error executing tool {tool.name}: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 - wrapped as the SDK wraps a crash (its text stays here)
-            raise UnexpectedToolError(f"Error executing tool {tool.name}") from exc
+            result: Converted = await self.tool.run(arguments, context, convert_result=True)
+        finally:
+            done(token)
+        return result
 
-    def convert(self, value: Any) -> tuple[Converted, bytes | None]:
-        """The function's return value as the SDK converts it (`FuncMetadata.convert_result`),
-        with its journal JSON when built here (a `str` of a `str` tool), else None."""
-        if self._text_result is not None and type(value) is str:
-            return _text_result(value), _text_json(value)
-        return self.tool.fn_metadata.convert_result(value), None
+    def journal_json(self, result: Converted) -> bytes | None:
+        """The journal JSON of a `str` tool's text result, made without the model between (None:
+        any other result, which `dump_result` dumps)."""
+        if not self._text_result or not isinstance(result, CallToolResult):
+            return None
+        structured = result.structured_content
+        if not isinstance(structured, dict) or len(structured) != 1 or type(structured.get("result")) is not str:
+            return None
+        text = structured["result"]
+        return _text_json(text) if result == _text_result(text) else None
 
 
 def _text_result(text: str) -> CallToolResult:
