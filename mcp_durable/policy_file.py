@@ -11,6 +11,7 @@
     lease = 30.0                    # seconds a running call's claim lives without a heartbeat
     timeout = 600.0                 # seconds a run may last, or "none" (then it is in doubt)
     retention = "forever"           # seconds a result is kept, or "forever"
+    task_support = "optional"       # forbidden | optional | required: served as an MCP task
 
     [tools.refund]
     key = "fields"
@@ -63,6 +64,8 @@ class _Entry(BaseModel):
     tool_errors: Literal["persist", "release"] | None = None
     exceptions: Literal["persist", "release"] | None = None
     sensitive: list[str] | None = None
+    task_support: Literal["forbidden", "optional", "required"] | None = None
+    task_after: float | None = Field(default=None, ge=0)
 
     @field_validator("retention")
     @classmethod
@@ -181,6 +184,12 @@ def parse_policies(text: str, where: str = "<policies>") -> Policies:
 def _setting(defaults: _Entry, entry: _Entry) -> Setting:
     merged = {**defaults.model_dump(exclude_none=True), **entry.model_dump(exclude_none=True)}
     if merged.pop("durable", True) is False:
+        if entry.task_support not in (None, "forbidden"):
+            # A task is a journaled call: a tool passed through has no record to be one.
+            raise ConfigError(
+                f'task_support = "{entry.task_support}" needs a durable tool (a task is a journaled call), '
+                "not durable = false"
+            )
         return PASS_THROUGH
     mode = merged.pop("key", "fields" if "key_fields" in merged else "auto")
     key_fields = merged.pop("key_fields", None)
@@ -199,7 +208,7 @@ def _setting(defaults: _Entry, entry: _Entry) -> Setting:
         kwargs["key_fields"] = tuple(key_fields)
     if "sensitive" in kwargs:
         kwargs["sensitive"] = tuple(kwargs["sensitive"])
-    for name in ("wait", "lease"):
+    for name in ("wait", "lease", "task_after"):
         if name in kwargs:
             kwargs[name] = float(kwargs[name])
     # `auto` and `caller`: a call without a caller key (or key fields) has no key and runs
@@ -292,6 +301,8 @@ def _policy_lines(policy: ToolPolicy) -> list[str]:
     lines += [f'in_doubt = "{in_doubt}"', f"wait = {policy.wait}", f"lease = {policy.lease}"]
     lines.append('timeout = "none"' if policy.timeout is None else f"timeout = {policy.timeout}")
     lines.append('retention = "forever"' if policy.retention is None else f"retention = {policy.retention}")
+    if policy.task_support != "forbidden":
+        lines += [f'task_support = "{policy.task_support}"', f"task_after = {policy.task_after}"]
     return lines
 
 

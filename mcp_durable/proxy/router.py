@@ -7,6 +7,8 @@ or several (of different clients), a request is refused with an error to the ups
 never reach another principal's client) and a log message is logged by the proxy only. A log
 message below the level a client last set (`logging/setLevel`, kept in `level`) is dropped.
 Progress needs none of this: it is bound to its call by the progress token (see server.py).
+A task's call runs in the background with no client waiting on it (`background`): while one
+is in flight no request is routed to any client, since it may be that call's.
 
 Sampling and elicitation reach the client only on the 2025-11-25 (legacy) protocol era: the
 2026-07-28 era has no server→client requests. The proxy declares both capabilities to its
@@ -65,11 +67,23 @@ class Router:
         finally:
             self._in_flight.pop(ident, None)
 
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """Mark a call in flight that no client waits on (a task's run) for the block: a request
+        or log message of the upstream meanwhile may be its, so none reaches any client."""
+        marker = _Background()
+        self._in_flight[id(marker)] = marker
+        try:
+            yield
+        finally:
+            self._in_flight.pop(id(marker), None)
+
     def _target(self) -> Any | None:
-        sessions = {id(ctx.session) for ctx in self._in_flight.values()}
-        if len(sessions) != 1:
+        calls = self._in_flight.values()
+        sessions = {id(ctx.session) for ctx in calls}
+        if len(sessions) != 1 or any(isinstance(ctx, _Background) for ctx in calls):
             return None
-        return next(iter(self._in_flight.values()))
+        return next(iter(calls))
 
     async def sampling(self, context: Any, params: CreateMessageRequestParams) -> CreateMessageResult | ErrorData:
         return await self._forward(CreateMessageRequest(params=params), CreateMessageResult)
@@ -109,8 +123,19 @@ class Router:
 
     def _unroutable(self, method: str) -> ErrorData:
         count = len(self._in_flight)
-        why = "no call is in flight" if count == 0 else f"{count} calls of several clients are in flight"
+        if any(isinstance(ctx, _Background) for ctx in self._in_flight.values()):
+            why = "a task's call runs in the background, with no client to answer"
+        elif count == 0:
+            why = "no call is in flight"
+        else:
+            why = f"{count} calls of several clients are in flight"
         return ErrorData(code=INVALID_REQUEST, message=f"mcp-durable proxy cannot route {method}: {why}")
+
+
+class _Background:
+    """A call in flight with no client (`Router.background`): its own session, never a target."""
+
+    session = None
 
 
 def unanswerable(session: Any, request: CreateMessageRequest | ElicitRequest) -> str | None:

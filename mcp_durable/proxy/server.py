@@ -11,6 +11,13 @@ The journal resources (`journal://…`) and the admin tools are the proxy's own.
 the upstream's resources and its list changes are relayed to the clients that asked for them
 (subscriptions.py); its tools are listed again when it says they changed.
 
+MCP tasks (both generations, server/tasks.py) are the proxy's own too: a durable tool whose policy
+has `task_support` (the policies file, else the upstream's own `execution.taskSupport: optional`)
+is advertised with it, and a task of it is a journaled call whose run forwards a plain
+`tools/call` upstream in the background, with the scoped key, exactly as a durable call does. A
+task in doubt after a restart is resumed by its in-doubt policy the same way. Upstream tasks are
+not forwarded: a tool the proxy serves no task for is listed without `execution.taskSupport`.
+
 Upstream faults:
 - cannot be reached (not started, refused, timed out): a repeat of a key whose result is
   journaled is answered from the journal all the same (only a miss needs the upstream); any
@@ -37,11 +44,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import replace
 from typing import Any
 
 import anyio
+import orjson
 from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
@@ -63,14 +71,15 @@ from mcp_types import (
     Tool,
     ToolAnnotations,
 )
+from mcp_types.jsonrpc import METHOD_NOT_FOUND
 
 from .. import keys, limits
-from ..engine import Encoder, Engine, ToolOutcome
+from ..engine import Encoder, Engine, Runner, ToolOutcome
 from ..errors import DurableError, OutcomeUnknownError, UpstreamUnavailableError
 from ..journal import CallRecord, Journal
 from ..journal.model import CallIdentity, CallState
 from ..keys import KEY_META
-from ..policy import ErrorHandling, ToolPolicy
+from ..policy import ErrorHandling, TaskSupport, ToolPolicy
 from ..policy_file import Policies
 from ..server.assembly import DurableFace, FaceOptions
 from ..server.calls import caller_meta
@@ -78,6 +87,7 @@ from ..server.lifetime import Occupancy
 from ..server.results import refusal_error
 from ..server.sdk_internals import lowlevel_server, registered_tool, subscription_bus
 from ..steps import DurableCall
+from ..tasks import in_doubt_refused
 from ..uris import SCHEME
 from .router import Router
 from .subscriptions import UpstreamSubscriptions
@@ -109,6 +119,10 @@ class ProxyServer(MCPServer[Any]):
         self._applied_listing = -1
         #: The task running the upstream's supervisor, from the first connection to the last.
         self._supervisor: asyncio.Task[None] | None = None
+        #: Set while the supervisor runs (a new event for each time it is started).
+        self._supervising = anyio.Event()
+        #: Tasks being resumed here now (`_resume_task`): a second nudge of one waits for nothing.
+        self._resuming: set[CallIdentity] = set()
         options, rest = FaceOptions.split(kwargs)
         sdk_kwargs = options.sdk_kwargs(rest, 0)
         super().__init__(name or "mcp-durable-proxy", lifespan=self._lifespan, **sdk_kwargs)
@@ -185,10 +199,12 @@ class ProxyServer(MCPServer[Any]):
 
         self._supervisor = asyncio.get_running_loop().create_task(supervise(), name=f"{self.name} upstream")
         await started.wait()
+        self._supervising.set()
 
     async def _stop_supervisor(self) -> None:
         """Close the upstream session (and a stdio child) and wait until the supervisor has ended."""
         running, self._supervisor = self._supervisor, None
+        self._supervising = anyio.Event()
         self.upstream.stop()
         if running is not None:
             with anyio.CancelScope(shield=True):  # the last connection leaving may itself be cancelled
@@ -206,6 +222,7 @@ class ProxyServer(MCPServer[Any]):
                 # for a moment) with an `isError` result, indistinguishable from a deliberate
                 # one: kept, it would answer every retry of the key with a transient failure.
                 policy = replace(policy, tool_errors=PROXY_TOOL_ERRORS)
+            policy = self._with_task_support(tool, policy)
             if policy is None:
                 self.policies.pop(tool.name, None)
             else:
@@ -214,6 +231,22 @@ class ProxyServer(MCPServer[Any]):
         if unknown:
             logger.warning("policies name tools the upstream does not have: %s", ", ".join(unknown))
         return tools
+
+    def _with_task_support(self, tool: Tool, policy: ToolPolicy | None) -> ToolPolicy | None:
+        """`policy` with the task support the proxy serves for `tool`: the policies' own, else the
+        upstream's declaration where the proxy can serve it (`optional`: a plain call of the tool
+        is valid upstream, which is what a task's run forwards)."""
+        declared = _declared_task_support(tool)
+        if declared == "required":
+            # A plain call of it is refused upstream, and the proxy forwards no upstream task.
+            logger.warning(
+                "upstream tool %r runs only as an MCP task (taskSupport 'required'): the proxy does not "
+                "forward tasks upstream, so its calls are refused there (docs/proxy.md)",
+                tool.name,
+            )
+        if policy is None or declared != "optional" or self.tool_policies.chose(tool.name, "task_support"):
+            return policy
+        return replace(policy, task_support="optional")
 
     # -- tools -------------------------------------------------------------------------------------
 
@@ -234,11 +267,16 @@ class ProxyServer(MCPServer[Any]):
 
     def _advertised(self, tool: Tool) -> Tool:
         policy = self.policies.get(tool.name)
-        if policy is None or not policy.idempotent:
-            return tool
-        # The hint is now a guarantee: advertise it (as DurableServer.add_tool does).
-        base = tool.annotations or ToolAnnotations()
-        return tool.model_copy(update={"annotations": base.model_copy(update={"idempotent_hint": True})})
+        update: dict[str, Any] = {}
+        if policy is not None and policy.idempotent:
+            # The hint is now a guarantee: advertise it (as DurableServer.add_tool does).
+            base = tool.annotations or ToolAnnotations()
+            update["annotations"] = base.model_copy(update={"idempotent_hint": True})
+        if tool.execution is not None and (policy is None or policy.task_support == "forbidden"):
+            # The upstream's own task support is not forwarded: a client must not ask the proxy
+            # for a task it does not serve. (Where it serves one, the tasks protocol advertises it.)
+            update["execution"] = None
+        return tool.model_copy(update=update) if update else tool
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -337,28 +375,58 @@ class ProxyServer(MCPServer[Any]):
         is still down). A call without a key, with a bad one, or a journal fault: False, and
         the engine answers those itself.
         """
+        record = await self._record_of(name, policy, arguments, canonical, context)
+        return record is not None and record.state in (CallState.COMPLETED, CallState.FAILED)
+
+    async def _record_of(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        canonical: bytes,
+        context: Context[Any, Any] | None,
+    ) -> CallRecord | None:
+        """The unexpired record of this call's key; None without one, for a call without a key
+        (or a bad one), and on a journal fault (the engine answers those itself)."""
         try:
             key = keys.resolve_key(policy, name, arguments, caller_meta(context), canonical=canonical)
             if key is None:
-                return False
+                return None
             await self.engine.start()  # (once; a no-op when serving)
             record = await self.journal.get(CallIdentity(self.principal_of(context), name, key))
         except DurableError:
-            return False
-        return (
-            record is not None
-            and record.state in (CallState.COMPLETED, CallState.FAILED)
-            and not record.is_expired(self.engine.clock())
-        )
+            return None
+        return None if record is None or record.is_expired(self.engine.clock()) else record
 
     def _forwarder(
         self, name: str, policy: ToolPolicy, arguments: dict[str, Any], request: Any, context: Context[Any, Any] | None
-    ) -> Any:
+    ) -> Runner:
+        """The engine's `run` of a durable call made in `request`: forwarded upstream with the
+        request's `_meta`, its progress relayed and the upstream's requests routed to its client."""
+        return self._upstream_run(
+            name, policy, arguments, lambda: _forwarded_meta(request), lambda: self.router.call(request), context
+        )
+
+    def _task_forwarder(self, name: str, policy: ToolPolicy, arguments: dict[str, Any], meta: dict[str, Any]) -> Runner:
+        """The engine's `run` of a task, in the background: forwarded upstream as a plain call with
+        `meta` (the creating request's, forwarded), no request context to relay progress to, and
+        the upstream's requests meanwhile routed to no client (`Router.background`)."""
+        return self._upstream_run(name, policy, arguments, lambda: dict(meta), self.router.background, None)
+
+    def _upstream_run(
+        self,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        meta_of: Callable[[], dict[str, Any]],
+        routed: Callable[[], AbstractContextManager[None]],
+        context: Context[Any, Any] | None,
+    ) -> Runner:
         async def run(call: DurableCall | None) -> ToolOutcome:
-            meta = _forwarded_meta(request)
+            meta = meta_of()
             if call is not None:
                 meta[KEY_META] = call.scoped_key  # the key travels downstream
-            with self.router.call(request):
+            with routed():
                 try:
                     # No read timeout of its own: the engine bounds the run by the policy's
                     # `timeout` and cancels it (the SDK then abandons this one request, telling the
@@ -391,12 +459,108 @@ class ProxyServer(MCPServer[Any]):
     async def _submit_task(
         self, name: str, arguments: dict[str, Any], request: ServerRequestContext[Any, Any]
     ) -> CallRecord:
-        """Never reached: no proxied tool's policy allows tasks (a policies file has no
-        `task_support`), so the tasks protocol creates none here."""
-        raise MCPError(code=INTERNAL_ERROR, message=f"tool {name!r}: tasks are not served through the proxy")
+        """Create (or find, for a repeated key) the task of one call of proxied tool `name` (the
+        tasks' `TaskSubmitter`, for a tool whose policy has task support).
+
+        Returns at once with the task's record; its run forwards the call upstream in the
+        background (`_task_forwarder`), once per key. Refused before any claim as a durable call
+        is: arguments the journal cannot hold (`limits`), and an upstream that cannot be reached
+        (`upstream_unavailable`) unless the journal answers the key without it (the key's task,
+        or its call, exists). Raises the `DurableError`, which the tasks protocol answers as a
+        JSON-RPC error (there is no task to carry it).
+        """
+        context = Context(request_context=request, mcp_server=self)
+        limits.check_argument_values(name, arguments, self.calls.limits.argument_depth)
+        canonical = limits.checked_arguments(name, arguments, self.calls.limits.argument_bytes)
+        policy = await self._task_ready(name, arguments, canonical, context)
+        return await self.engine.submit(
+            tool=name,
+            policy=policy,
+            arguments=arguments,
+            meta=caller_meta(context),
+            run=self._task_forwarder(name, policy, arguments, _forwarded_meta(request)),
+            principal=self.principal_of(context),
+            canonical=canonical,
+        )
+
+    async def _task_ready(
+        self, name: str, arguments: dict[str, Any], canonical: bytes, context: Context[Any, Any]
+    ) -> ToolPolicy:
+        """The tool's task-capable policy once the upstream is known to be reachable, or the
+        journal answers the call without it; `UpstreamUnavailableError` otherwise (nothing
+        claimed). The same order of checks as `_durable_call`'s."""
+        policy = self._task_policy(name)
+        asked = not self.upstream.connected
+        if asked and await self._task_answered(name, policy, arguments, canonical, context):
+            return policy
+        try:
+            await self._client()
+            await self.upstream.ready()
+        except UpstreamUnavailableError:
+            if not asked and await self._task_answered(name, policy, arguments, canonical, context):
+                return policy
+            raise
+        return self._task_policy(name)  # the upstream may have been reconnected, and relisted
+
+    def _task_policy(self, name: str) -> ToolPolicy:
+        """The policy of `name` when the proxy serves tasks of it; -32601 when it does not (any
+        more: the upstream's tools were listed again since the tasks protocol looked)."""
+        policy = self.policies.get(name)
+        if policy is None or policy.task_support == "forbidden":
+            raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task augmentation")
+        return policy
+
+    async def _task_answered(
+        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], canonical: bytes, context: Context[Any, Any]
+    ) -> bool:
+        """Whether the engine answers this task-creating call from the key's record without running
+        anything (`decide.submit_decision`): any unexpired record but one released without a result
+        (which runs again as a new task). A hint for the order of checks, as `_journaled` is."""
+        record = await self._record_of(name, policy, arguments, canonical, context)
+        return record is not None and not (record.state is CallState.RELEASED and not record.cancelled)
 
     async def _resume_task(self, record: CallRecord) -> None:
-        """No task of a proxied tool exists to resume (see `_submit_task`): left for an operator."""
+        """The engine's `task_resumer`: drive a task of a proxied tool on by its in-doubt policy
+        (`retry` forwards the call upstream again, with the same scoped key; `refuse` leaves it).
+
+        Needs the upstream: the tools must be listed for the policy, and a run must reach it. An
+        upstream that cannot be reached leaves the task in doubt (its status `working` under
+        `retry`), for the next read of it to resume; a run that cannot reach it after all leaves
+        it in doubt too, never released: the outcome of the run that was cut off is still unknown.
+        """
+        identity = record.identity
+        if identity in self._resuming or record.arguments is None:
+            return
+        known = self.policies.get(identity.tool)
+        if known is not None and in_doubt_refused(record, known):
+            return  # refuse, or parked: nothing runs it again (the engine would say the same)
+        self._resuming.add(identity)
+        try:
+            with anyio.move_on_after(self.upstream.spec.connect_timeout):
+                await self._supervising.wait()  # at start the engine resumes before the upstream is up
+            try:
+                await self._client()
+                await self.upstream.ready()
+            except UpstreamUnavailableError as exc:
+                logger.info("task %s of tool %r stays in doubt: %s", record.task_id, identity.tool, exc)
+                return
+            policy = self.policies.get(identity.tool)
+            if policy is None:
+                return  # the upstream no longer has the tool, or it is passed through: an operator decides
+            arguments = orjson.loads(record.arguments)
+            forward = self._task_forwarder(identity.tool, policy, arguments, {})
+
+            async def run(call: DurableCall | None) -> ToolOutcome:
+                try:
+                    return await forward(call)
+                except UpstreamUnavailableError as exc:
+                    raise OutcomeUnknownError(
+                        f"upstream {exc.upstream} could not be reached to resume the call"
+                    ) from exc
+
+            await self.engine.resume(identity, policy, run)
+        finally:
+            self._resuming.discard(identity)
 
     # -- resources, prompts, completions -----------------------------------------------------------
 
@@ -487,6 +651,11 @@ def _no_encoder(name: str) -> Encoder | None:
 def _tool_errors_chosen(policies: Policies) -> frozenset[str]:
     """The tools whose `tool_errors` the policies chose themselves (kept as given)."""
     return frozenset(name for name in policies.tools if policies.chose(name, "tool_errors"))
+
+
+def _declared_task_support(tool: Tool) -> TaskSupport | None:
+    """The upstream's own `execution.taskSupport` for `tool` (None: it declared none)."""
+    return tool.execution.task_support if tool.execution is not None else None
 
 
 def _annotations(tool: Tool) -> dict[str, Any] | None:
