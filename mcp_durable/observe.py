@@ -1,8 +1,10 @@
 """Seams where telemetry observes the engine, steps, leases and journals (no dependency; no-op by default).
 
 The engine and the journals call these functions at the few places worth measuring; they do
-nothing until an observer is installed, so a server without telemetry pays one context-variable
-read per seam. Observers watch, never decide: an observer's failure is logged and ignored.
+nothing until an observer is installed, so a server with telemetry off pays one context-variable
+read per seam. A face observes its calls by default (operations/telemetry.py), and its observer
+answers a seam with a no-op while the call's span does not record (OpenTelemetry not set up).
+Observers watch, never decide: an observer's failure is logged and ignored.
 
 - Per call (`CallObserver`, bound for the duration of one durable call by the MCP face with
   `bind_call`): `span(name, attributes)` wraps the claim, each durable step and the persist in a

@@ -35,7 +35,7 @@ from ..limits import DEFAULT_MAX_ARGUMENT_BYTES, DEFAULT_MAX_ARGUMENT_DEPTH, DEF
 from ..operations.recovery import BackgroundRecovery, ReconcilePass
 from ..operations.retention import BackgroundRetention, RetentionSchedule
 from ..operations.schedule import check_interval
-from ..operations.telemetry import Telemetry
+from ..operations.telemetry import Telemetry, face_telemetry
 from ..policy import ToolPolicy
 from .admin import admin_tools
 from .auth import token_auth_kwargs
@@ -203,7 +203,7 @@ class DurableFace:
         self.policies: dict[str, ToolPolicy] = {}
         # `admin_principals` (or `$MCP_DURABLE_ADMINS`, trusted) see every record and may operate.
         self.admin_principals: frozenset[str] = frozenset(options.admin_principals) or config.admins(options.from_env)
-        self.telemetry: Telemetry | None = Telemetry() if options.telemetry is True else (options.telemetry or None)
+        self.telemetry: Telemetry | None = face_telemetry(options.telemetry)  # None or True: the global providers
         if self.telemetry is not None:
             self.telemetry.attach(self.engine)
         #: What verifies bearer tokens on HTTP (None: no auth), as the SDK builds it from the same

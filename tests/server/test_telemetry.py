@@ -260,24 +260,25 @@ async def test_an_in_doubt_call_and_refusals_carry_their_codes_and_the_gauge_cou
     }
 
 
-async def test_keys_are_recorded_in_clear_only_when_configured_and_nothing_is_emitted_without_telemetry(
+async def test_keys_are_recorded_in_clear_only_when_configured_the_default_hashes_them_and_false_emits_nothing(
     tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
     server = DurableServer("otel", journal="memory://", telemetry=Telemetry(record_keys=True))
-    plain = DurableServer("plain", journal="memory://")
+    default = DurableServer("default", journal="memory://")  # the global providers this module set up
+    off = DurableServer("off", journal="memory://", telemetry=False)
 
     def lookup(order_id: str) -> str:
         return order_id
 
-    for s in (server, plain):
-        s.add_tool(lookup, durable=ToolPolicy(key_fields=("order_id",)))
-    async with Client(server) as client:
-        await client.call_tool("lookup", {"order_id": "O-9"})
-    async with Client(plain) as client:
-        await client.call_tool("lookup", {"order_id": "O-9"})
-    with_telemetry, without = call_spans(spans, "lookup")
+    for each in (server, default, off):
+        each.add_tool(lookup, durable=ToolPolicy(key_fields=("order_id",)))
+        async with Client(each) as client:
+            await client.call_tool("lookup", {"order_id": "O-9"})
+    with_telemetry, by_default, without = call_spans(spans, "lookup")
     assert attrs(with_telemetry)["mcp_durable.key"] == "O-9"
-    assert attrs(without) == {}
+    assert attrs(by_default)["mcp_durable.key_hash"] == hashlib.sha256(b"O-9").hexdigest()[:32]
+    assert attrs(by_default)["mcp_durable.outcome"] == "ran" and "O-9" not in str(by_default.attributes)
+    assert off.telemetry is None and attrs(without) == {}
     assert without.context is not None
     assert not [
         s
