@@ -30,6 +30,8 @@ PACKAGES = (
     "@modelcontextprotocol/ext-tasks",
     "@modelcontextprotocol/server-everything",
     "@modelcontextprotocol/server-memory",
+    "conformance-0-1",  # @modelcontextprotocol/conformance@0.1.16, aliased (tests/conformance/)
+    "conformance-tasks",  # @modelcontextprotocol/conformance@0.2.0-alpha.12, aliased
 )
 
 
