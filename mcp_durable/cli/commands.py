@@ -23,7 +23,15 @@ from typing import Any
 from .. import config
 from ..errors import ConfigError, DurableError
 from ..journal import ENV_JOURNAL, create_journal, default_journal_url
-from .serving import INSPECTOR, add_serving_options, announce, freeze_startup_heap, run_uvicorn, serve_server
+from .serving import (
+    INSPECTOR,
+    add_serving_options,
+    announce,
+    freeze_startup_heap,
+    run_uvicorn,
+    serve_server,
+    set_otel_up,
+)
 
 __all__ = ["INSPECTOR", "build_parser", "freeze_startup_heap", "load_target", "main", "serve_server"]
 
@@ -74,6 +82,10 @@ def _serve(args: argparse.Namespace) -> int:
     server = load_target(args.target)
     # The SDK's server constructor sets the root logger to INFO; --log-level is the process's.
     logging.getLogger().setLevel(args.log_level.upper())
+    # After the module is imported, not before: a module that sets OpenTelemetry up itself keeps
+    # its providers (`set_otel_up` then leaves them). The server follows the global providers
+    # from whenever they are set.
+    set_otel_up(args)
     from ..server.assembly import face_of
 
     if args.policies:

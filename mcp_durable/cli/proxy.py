@@ -94,7 +94,9 @@ def _proxy(args: argparse.Namespace) -> int:
         sys.stdout.write(anyio.run(_render_config, spec, policies))
         return 0
     from ..proxy.server import ProxyServer
+    from .serving import set_otel_up
 
+    set_otel_up(args)
     journal = args.journal or config.journal_url()
     server = ProxyServer(spec, policies, name=args.name, journal=journal)
     _set_log_levels(args)  # again: the SDK's server constructor sets the root logger to INFO

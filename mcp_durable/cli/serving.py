@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ..errors import ConfigError
@@ -54,6 +56,7 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
     # host= lets the SDK choose DNS-rebinding protection for it: on for loopback, as it should be.
     app = server.streamable_http_app(streamable_http_path="/mcp", stateless_http=args.stateless, host=args.host)
     url = f"{base_url}/mcp"
+    _flush_telemetry_when_stopped(app)
     console = _mount_console(app, server, base_url) if not args.no_console else "off (--no-console)"
     heap = (
         "collected as usual (--no-gc-freeze)"
@@ -69,6 +72,38 @@ def serve_server(server: Any, args: argparse.Namespace, label: str) -> int:
         f"  e.g.:    npx -y {INSPECTOR} --cli {url} --transport http --method tools/list",
     )
     return run_uvicorn(app, args)
+
+
+def set_otel_up(args: argparse.Namespace) -> None:
+    """OpenTelemetry from the `OTEL_*` environment for a serving command (cli/otel_env.py), before
+    it serves; what was done said on stderr."""
+    from .. import config
+    from .otel_env import configure_from_environment
+
+    line = configure_from_environment(config.environment(), stdio=args.transport == "stdio")
+    if line is not None:
+        announce(line)
+
+
+def _flush_telemetry_when_stopped(app: Any) -> None:
+    """Flush the OpenTelemetry this command set up when the app's lifespan ends (uvicorn's
+    graceful shutdown, SIGTERM's included, after which the process never reaches its exit hooks);
+    the app is left as it is when the command set none up."""
+    from . import otel_env
+
+    if not otel_env.configured():
+        return
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[Any]:
+        try:
+            async with inner(app) as state:
+                yield state
+        finally:
+            otel_env.flush()
+
+    app.router.lifespan_context = lifespan
 
 
 def announce(*lines: str) -> None:
