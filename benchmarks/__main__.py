@@ -35,6 +35,7 @@ CASES: dict[str, tuple[str, str]] = {
     "9": ("peers side by side", "peers"),
     "10": ("capacity of one Postgres", "capacity"),
     "11": ("retention", "retention"),
+    "12": ("scale", "scale"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

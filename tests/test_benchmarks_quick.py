@@ -41,6 +41,8 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
         "8. MCP tasks",
         "9. Peers side by side",
         "11. Journal size over time",
+        "12. Scale: each operation's median",
+        "12b. Scale: ready",
         "Targets",
     ):
         assert heading in text, f"the report lacks {heading!r}"
