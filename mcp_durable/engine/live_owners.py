@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 
+from ..journal import callers
 from ..journal.base import Journal
 from ..journal.model import CallIdentity, CallRecord
 
@@ -50,7 +51,9 @@ class LiveOwners:
     released). Held before the write is sent, because a duplicate may read the committed claim
     before the claiming coroutine resumes; held through the persist, because the record is
     still PENDING until that write lands. Counted, because two of this instance's duplicates
-    may both try to take one record over, and the loser must not drop the winner's hold.
+    may both try to take one record over, and the loser must not drop the winner's hold. Every
+    hold is also a call in flight for the journal's batching (`journal/callers.py`): the write
+    of the only call in flight need not wait for others to join its batch.
     """
 
     __slots__ = ("journal", "instance_id", "running", "holding")
@@ -87,12 +90,14 @@ class LiveOwners:
     def hold(self, identity: CallIdentity) -> None:
         """Count this instance inside a call for `identity` (before its claim is sent)."""
         self.running[identity] = self.running.get(identity, 0) + 1
+        callers.enter()
 
     def unhold(self, identity: CallIdentity) -> None:
         """The matching end of one `hold`."""
         left = self.running.pop(identity) - 1
         if left:
             self.running[identity] = left
+        callers.leave()
 
 
 class Holding:
@@ -110,11 +115,13 @@ class Holding:
     def __enter__(self) -> None:
         self._shield.__enter__()
         self._running[self._identity] = self._running.get(self._identity, 0) + 1
+        callers.enter()  # the calls in flight, which tell a lone write it may skip the batching turn
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
+            callers.leave()
             left = self._running.pop(self._identity) - 1
             if left:
                 self._running[self._identity] = left

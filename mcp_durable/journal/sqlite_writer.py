@@ -23,10 +23,9 @@ Atomicity per call, as with one transaction per call:
 
 Ops submitted during one turn of the event loop are handed over together at the next turn (one
 queue put): handed over one by one, the first op of a burst woke the idle thread and went
-alone, and at 64 concurrent MCP calls batches held ~8 writes instead of ~60. A lone op waits
-for that turn too: whether another task could still add one is not something asyncio says
-through a public API, and reading its private queue of ready callbacks is not worth the few
-microseconds that turn costs a sequential write.
+alone, and at 64 concurrent MCP calls batches held ~8 writes instead of ~60. An op whose call
+is the only one in flight is handed over at once instead (`journal/callers.py`): nobody could
+add one in that turn.
 Results reach the loop with one `call_soon_threadsafe` per batch.
 
 Inline commits: when the ops of a turn find the thread idle (nothing handed to it unanswered)
@@ -60,6 +59,7 @@ import anyio
 import anyio.to_thread
 
 from .. import observe
+from .callers import alone
 
 T = TypeVar("T")
 
@@ -178,12 +178,16 @@ class SQLiteWriter:
             return await anyio.to_thread.run_sync(waited.result)  # not cancellable either
         future: asyncio.Future[T] = loop.create_future()
         # Gathered, not queued at once: every task that runs in this turn of the loop adds its op,
-        # and the next turn hands them all over together. Queued one by one, the first op of a
-        # burst woke the idle thread and went alone, the rest waiting for the next batch.
+        # and the next turn hands them all over together (or this one, when this call is the
+        # only one in flight: `callers.alone`). Queued one by one, the first op of a burst woke
+        # the idle thread and went alone, the rest waiting for the next batch.
         gathering = not self._gathered
         self._gathered.append(_Op(body, write, future))
         if gathering:
-            loop.call_soon(self._hand_over)
+            if alone():
+                self._hand_over()
+            else:
+                loop.call_soon(self._hand_over)
         # Not cancellable once queued, as a call to a worker thread is not: the op runs (and its
         # batch commits) whatever the caller does, so its caller must learn how it ended.
         with anyio.CancelScope(shield=True):

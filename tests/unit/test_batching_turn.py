@@ -1,6 +1,7 @@
 """The batching turn (one `anyio.lowlevel.checkpoint` before a batch closes): a task ready to run
 joins the batch; the Postgres batcher sends a lone item alone (`run_one`) and gathers items
-submitted together into one batch."""
+submitted together into one batch. The turn is skipped only by the write of the one call in
+flight (`journal/callers.py`), and not by a second such write in the same pass of the loop."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 
 import anyio.lowlevel
 
+from mcp_durable.journal import callers
 from mcp_durable.journal.postgres.batch import Batcher
 from mcp_durable.journal.postgres.journal import BATCH_SLOTS
 
@@ -68,3 +70,99 @@ async def test_items_arriving_one_by_one_while_a_postgres_batch_commits_share_th
     assert await first == 10
     assert [await task for task in later] == [20, 30, 40]
     assert batches == [[1], [2, 3, 4]]
+
+
+def recording_batcher() -> tuple[Batcher[int, int], list[list[int]]]:
+    """A batcher whose statements do not wait (as a fast inline commit), and the batches it ran."""
+    batches: list[list[int]] = []
+
+    async def run_batch(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        return [item * 10 for item in items]
+
+    async def run_one(item: int) -> int:
+        batches.append([item])
+        return item * 10
+
+    return Batcher(run_batch, slots=2, run_one=run_one), batches
+
+
+async def probed_submit(batcher: Batcher[int, int], item: int) -> bool:
+    """Submit `item` with a task ready to run beside it; whether that task ran before the answer
+    (the submit gave the loop a pass)."""
+    ran: list[bool] = []
+
+    async def probe() -> None:
+        ran.append(True)
+
+    task = asyncio.get_running_loop().create_task(probe())
+    assert await batcher.submit(item) == item * 10
+    passed = bool(ran)
+    await task
+    return passed
+
+
+def one_call_at_a_time() -> None:
+    """A stretch of one call: overlapping calls of the tests before no longer count."""
+    callers.enter()
+    callers.leave()
+
+
+async def test_only_the_write_of_the_one_call_in_flight_skips_the_turn() -> None:
+    batcher, batches = recording_batcher()
+    one_call_at_a_time()
+    await asyncio.sleep(0)
+    # No call in flight: a write nobody accounts for (a test, an operator's command) takes the turn.
+    assert await probed_submit(batcher, 1)
+    callers.enter()
+    try:
+        assert not await probed_submit(batcher, 2)  # the only call: nobody to batch with
+        callers.enter()
+        try:
+            assert await probed_submit(batcher, 3)  # another call in flight could join
+        finally:
+            callers.leave()
+    finally:
+        callers.leave()
+    assert callers.in_flight() == 0
+    assert batches == [[1], [2], [3]]
+
+
+async def test_a_second_lone_call_in_one_pass_takes_the_turn_and_the_calls_ready_join_it() -> None:
+    # Three calls ready in one pass; each would be the only one in flight when it writes, since
+    # the one before finished without giving the loop a pass. The first goes alone; the second
+    # takes the turn (another lone write came first in this pass), and the third joins it.
+    batcher, batches = recording_batcher()
+    one_call_at_a_time()
+
+    async def call(item: int) -> None:
+        callers.enter()
+        try:
+            await batcher.submit(item)
+        finally:
+            callers.leave()
+
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(call(item)) for item in (1, 2, 3)]
+    await asyncio.gather(*tasks)
+    assert batches == [[1], [2, 3]]
+
+
+async def test_after_calls_overlapped_the_next_lone_call_takes_the_turn_and_the_one_after_skips_it() -> None:
+    # Callers in step leave no call in flight between their waves; the first of the next wave
+    # must not take itself for a sequential caller while the others are about to write.
+    batcher, batches = recording_batcher()
+    one_call_at_a_time()
+    await asyncio.sleep(0)
+    callers.enter()
+    callers.enter()  # two calls in flight together
+    callers.leave()
+    callers.leave()
+    for item, turn in ((1, True), (2, False), (3, False)):
+        callers.enter()
+        try:
+            assert await probed_submit(batcher, item) is turn, item
+        finally:
+            callers.leave()
+    assert batches == [[1], [2], [3]]

@@ -3,10 +3,10 @@
 A writer encodes its frame and appends it to the open batch in the event loop (no I/O, no
 await, so the position it gets is exact and the index can be updated at once), then waits for
 the batch. Whoever finds no flush running leads: it lets every task that is ready run once (so
-their frames join the batch: one `anyio.lowlevel.checkpoint`), takes
-the batch, writes and syncs it, and wakes everyone. Frames arriving meanwhile gather in the
-next batch, whose first waiter leads the next flush. Nobody returns before the flush of its own
-frame:
+their frames join the batch: one `anyio.lowlevel.checkpoint`, skipped when its call is the only
+one in flight, `journal/callers.py`), takes the batch, writes and syncs it, and wakes everyone.
+Frames arriving meanwhile gather in the next batch, whose first waiter leads the next flush.
+Nobody returns before the flush of its own frame:
 
     writer A  ──add──wait─────────────[flush 1: A]──────────▶ returns
     writer B  ─────────add──wait──────────────────[flush 2: B C]──▶ returns
@@ -35,6 +35,7 @@ import anyio.to_thread
 
 from ... import observe
 from ...errors import JournalError
+from ..callers import alone
 from ..fsync import sync_data
 from .writer import SegmentWriter
 
@@ -86,6 +87,8 @@ class GroupCommit:
         self.flushing: Batch | None = None
         self.durable_seq = durable_seq
         self.failure: BaseException | None = None
+        #: Batches flushed since start (for tests and measurements, as `SQLiteWriter.batches`).
+        self.batches = 0
 
     def add(self, segment: int, offset: int, frame: bytes, seq: int) -> Batch:
         batch = self.current
@@ -134,7 +137,9 @@ class GroupCommit:
                 while self.flushing is not None:
                     await self.flushing.waited().wait()
                 # Let every task that is ready now run once first: their frames join this batch.
-                await anyio.lowlevel.checkpoint()
+                # Skipped where nobody could join (`callers.alone`: this call is the only one).
+                if not alone():
+                    await anyio.lowlevel.checkpoint()
             except BaseException:
                 batch.led = False  # cancelled before leading: wake the others to elect another
                 batch.wake()
@@ -164,6 +169,7 @@ class GroupCommit:
                         await anyio.to_thread.run_sync(self._write, batch)
             self.durable_seq = max(self.durable_seq, batch.last_seq)
             if batch.chunks:
+                self.batches += 1
                 observe.journal_committed("file", time.perf_counter() - began, sum(len(c[2]) for c in batch.chunks))
         except Exception as exc:  # noqa: BLE001 - kept for every writer waiting on the batch
             self.failure = exc

@@ -21,8 +21,8 @@ call do not grow (docs/performance.md, "Waves of callers and full batches").
 A batch that closes with a single item — calls made one at a time — is sent by `run_one(item)`
 when given: a single-row statement, with no JSON array to build and parse and no batch plan.
 Such an item still takes the batching turn (one pass of the event loop, so that calls made
-together keep sharing a statement); it just does not pay for a batch's shape. The turn is taken
-even when no other task could join: asyncio does not say so through a public API.
+together keep sharing a statement) unless its call is the only one in flight
+(`journal/callers.py`); it just does not pay for a batch's shape.
 
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
@@ -39,6 +39,7 @@ from typing import Generic, TypeVar
 import anyio
 
 from ... import observe
+from ..callers import alone
 
 I = TypeVar("I")  # noqa: E741 - an item
 O = TypeVar("O")  # noqa: E741 - its outcome
@@ -113,8 +114,10 @@ class Batcher(Generic[I, O]):
             self._open = None
 
     async def _lead(self, batch: _Batch[I, O]) -> None:
-        # Every task that is ready now runs once first: their items join this batch.
-        await anyio.lowlevel.checkpoint()
+        # Every task that is ready now runs once first: their items join this batch. Skipped
+        # where nobody could join (`callers.alone`: this call is the only one in flight).
+        if not alone():
+            await anyio.lowlevel.checkpoint()
         slot = self._take_slot_now(batch)
         if slot is None:
             await self._slots.acquire()
