@@ -1,4 +1,4 @@
-"""An agent process written against the seed's API (`mcp_durable.seed`), killed and recovered.
+"""An agent process written against the seed's API (`mcp_durable.compat.promptise`), killed and recovered.
 
 The agent works through a plan of research steps. Each step journals what it learnt as a
 `context_update` (`{key, value}`, the seed's shape), the agent moves through lifecycle states
@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import orjson
 
-from mcp_durable.seed import FileJournal, JournalEntry, ReplayEngine, SeedJournal, SQLiteJournal
+from mcp_durable.compat.promptise import FileJournal, JournalEntry, ReplayEngine, SeedJournal, SQLiteJournal
 
 PROCESS_ID = "research-agent"
 

@@ -10,7 +10,7 @@ and, from time to time, a `checkpoint` whose `data` holds the whole state
 `context_update` and `state_transition` entries after it. Journal levels: `none` writes
 nothing, `checkpoint` writes only checkpoints, `full` writes every entry.
 
-Entries written through the seed's API (`mcp_durable.seed`) keep the seed's shapes
+Entries written through the seed's API (`mcp_durable.compat.promptise`) keep the seed's shapes
 (`context_update {key, value}`, `state_transition {to_state}`, `checkpoint {state}`) inside a
 marked envelope, `data = {SEED_ENVELOPE: {"format": 1, "entry_id", "timestamp", "data"}}`. `apply`
 reads both shapes, so either API recovers what the other wrote; an envelope of an unknown format
@@ -31,7 +31,7 @@ from .model import JournalEntry
 CONTEXT_UPDATE = "context_update"
 STATE_TRANSITION = "state_transition"
 JournalLevel = Literal["none", "checkpoint", "full"]
-#: The data key of an entry written through `mcp_durable.seed`; native data never uses it.
+#: The data key of an entry written through `mcp_durable.compat.promptise`; native data never uses it.
 SEED_ENVELOPE = "mcp-durable/seed-entry"
 SEED_FORMAT = 1
 

@@ -1,4 +1,4 @@
-"""The seed's process API (`mcp_durable.seed`) over our journals: same names, same replay, nothing misread."""
+"""The seed's process API (`mcp_durable.compat.promptise`) over our journals: same names, same replay."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import orjson
 import pytest
 
 from mcp_durable import ConfigError, JournalCorruptError, JournalError, create_journal
-from mcp_durable.journal.processes import ProcessJournal
-from mcp_durable.journal.processes import ReplayEngine as NativeReplayEngine
-from mcp_durable.seed import (
+from mcp_durable.compat.promptise import (
     FileJournal,
     InMemoryJournal,
     JournalEntry,
@@ -21,6 +19,8 @@ from mcp_durable.seed import (
     import_seed_files,
     open_journal,
 )
+from mcp_durable.journal.processes import ProcessJournal
+from mcp_durable.journal.processes import ReplayEngine as NativeReplayEngine
 
 STATE = {"context_state": {"a": 1}, "lifecycle_state": "paused", "mission": {"goal": "g"}}
 

@@ -9,7 +9,7 @@ returns a mapping with `context_state`, `lifecycle_state`, `last_entry_type`,
 replay rule, over our journals (file, SQLite, Postgres, memory), so such code switches by
 changing its imports:
 
-    from mcp_durable.seed import FileJournal, JournalEntry, ReplayEngine
+    from mcp_durable.compat.promptise import FileJournal, JournalEntry, ReplayEngine
 
     journal = FileJournal(base_path="state/journal")
     await journal.append(JournalEntry(process_id="p-1", entry_type="context_update",
@@ -47,11 +47,11 @@ from typing import Any
 import anyio
 import orjson
 
-from .errors import ConfigError, JournalCorruptError
-from .journal import Journal, create_journal
-from .journal import JournalEntry as StoredEntry
-from .journal.base import CHECKPOINT
-from .journal.processes import CONTEXT_UPDATE, SEED_ENVELOPE, SEED_FORMAT, RecoveredProcess, apply, seed_envelope
+from ..errors import ConfigError, JournalCorruptError
+from ..journal import Journal, create_journal
+from ..journal import JournalEntry as StoredEntry
+from ..journal.base import CHECKPOINT
+from ..journal.processes import CONTEXT_UPDATE, SEED_ENVELOPE, SEED_FORMAT, RecoveredProcess, apply, seed_envelope
 
 __all__ = [
     "FileJournal",
@@ -244,7 +244,7 @@ class FileJournal(SeedJournal):
         if seed_files:
             raise ConfigError(
                 f"{self.base_path} holds the seed's JSONL journal ({seed_files[0].name}, …), not ours: copy it into a "
-                "journal elsewhere with mcp_durable.seed.import_seed_files(directory, journal)"
+                "journal elsewhere with mcp_durable.compat.promptise.import_seed_files(directory, journal)"
             )
 
 
