@@ -4,8 +4,9 @@ Writers are tasks appending process entries (`Journal.append`, durable when it r
 as they can. The baseline is written here, as simply as it can be: each append writes one record
 of the same size to a file and fsyncs it before the next (`write` + `fsync`, inline, no thread
 hop: the fastest a journal without group commit can be). The file journal shares one fsync among
-the appends that arrive while one is in progress; SQLite (one fsynced commit per append under its
-write lock) and Postgres (its own WAL flushing) are shown beside it.
+the appends that arrive while one is in progress; SQLite (its writer thread's one transaction per
+batch) and Postgres (one multi-row statement and commit per batch, at most 32 appends, two batches
+in flight) are shown beside it.
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ async def run(settings: Settings) -> CaseResult:
                 rates.setdefault((writers, "baseline"), []).append(baseline(path, total))
                 os.unlink(path)
                 for name, journal in journals.items():
-                    # SQLite and Postgres commit (and sync) once per append: slower, so fewer.
-                    n = total if name == "file" else max(50, total // 8)
+                    # One writer: SQLite and Postgres commit (and sync) once per append, slower, so
+                    # fewer. Many writers share commits on every journal: as many appends as the
+                    # baseline, so a run of a few dozen statements is not timed on its first ones.
+                    n = total if name == "file" or writers > 1 else max(50, total // 8)
                     rates.setdefault((writers, name), []).append(await journal_appends(journal, writers, n, done))
                     done += n
     finally:
@@ -110,8 +113,8 @@ async def run(settings: Settings) -> CaseResult:
         ["writers", "baseline: write + fsync each", *names, *[f"{n} / baseline" for n in names]],
     )
     table.notes.append(
-        f"median of {reps} interleaved repetitions of {settings.pick(200, 4000)} appends (the baseline and the file "
-        f"journal; SQLite and Postgres an eighth of that); "
+        f"median of {reps} interleaved repetitions of {settings.pick(200, 4000)} appends (SQLite and Postgres an "
+        f"eighth of that at 1 writer); "
         f"fsync measured at start: {settings.fsync_s * 1e6:,.0f} µs; records of about "
         f"{len(baseline_record(0))} bytes."
     )
@@ -138,6 +141,22 @@ async def run(settings: Settings) -> CaseResult:
                 f"≥ {TARGET_RATIO:.0f}x",
                 f"{ratio(value)} ({rate(value * base)} vs {rate(base)})",
                 value >= TARGET_RATIO,
+            )
+        )
+    # Issue 34's bar for Postgres: its batches of appends (one statement and commit each) against
+    # the same baseline.
+    pg_name = f"Group commit ≥ {TARGET_RATIO:.0f}× one fsync per append at {TARGET_WRITERS} writers [postgres]"
+    if "postgres" not in names:
+        result.targets.append(Target(pg_name, f"≥ {TARGET_RATIO:.0f}x", "Postgres not reachable", None))
+    else:
+        base = median(rates[(TARGET_WRITERS, "baseline")])
+        measured = median(rates[(TARGET_WRITERS, "postgres")])
+        result.targets.append(
+            Target(
+                pg_name,
+                f"≥ {TARGET_RATIO:.0f}x",
+                f"{ratio(measured / base)} ({rate(measured)} vs {rate(base)})",
+                measured / base >= TARGET_RATIO,
             )
         )
     return result

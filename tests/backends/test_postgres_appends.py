@@ -277,3 +277,37 @@ async def test_the_step_lookup_of_an_append_batch_goes_through_the_step_index(jo
         cursor = await conn.execute("EXPLAIN " + journal._append_many_sql, (journal._entries_lock, rows))
         plan = "\n".join(row[0] for row in await cursor.fetchall())
     assert "Seq Scan on entries" not in plan and "hashed SubPlan" not in plan and "entries_by_step" in plan, plan
+
+
+async def test_callers_cancelled_while_their_batch_waits_still_learn_their_entries(journal: PostgresJournal) -> None:
+    # Another session holds the entries' lock, so the batch's statement waits in the database;
+    # meanwhile every caller's cancel scope is cancelled. Each caller still gets its entry (its
+    # append may be committed: it learns that it was), and is cancelled at its next checkpoint.
+    lock = journal._entries_lock
+    returned: list[JournalEntry] = []
+    went_on: list[int] = []
+    scopes: list[anyio.CancelScope] = []
+
+    async def append(n: int) -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            returned.append(await journal.append("p", "context_update", {"n": n}, T0 + n))
+            await anyio.lowlevel.checkpoint()  # the cancellation reaches the caller here
+            went_on.append(n)
+
+    async with await psycopg.AsyncConnection.connect(journal.settings.conninfo) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
+        before = (journal._appends.batches, journal._appends.items)
+        async with anyio.create_task_group() as group:
+            for n in range(8):
+                group.start_soon(append, n)
+            with anyio.fail_after(10):
+                while not await lock_awaited(holder, lock):
+                    await anyio.sleep(0.01)
+            for scope in scopes:
+                scope.cancel()
+            await anyio.sleep(0.05)  # the cancellations are delivered while the statement waits
+            await holder.commit()
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (1, 8)
+    assert sorted(entry.data["n"] for entry in returned) == list(range(8)) and went_on == []
+    assert await journal.entries() == sorted(returned, key=lambda entry: entry.seq)

@@ -26,12 +26,15 @@ together keep sharing a statement) unless its call is the only one in flight
 
 Each item still succeeds or fails on its own row (the statements are per-row compare-and-set),
 and nobody is answered before the statement's transaction committed. A statement that fails
-fails every item of its batch with the same exception.
+fails every item of its batch with the same exception. A caller whose anyio cancel scope is
+cancelled while its item waits still gets the item's outcome (the item stays in its batch), and
+meets the cancellation at its next checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
@@ -46,12 +49,14 @@ O = TypeVar("O")  # noqa: E741 - its outcome
 
 
 class _Batch(Generic[I, O]):
-    __slots__ = ("items", "futures", "closed")
+    __slots__ = ("items", "futures", "closed", "outcomes")
 
     def __init__(self) -> None:
         self.items: list[I] = []
         self.futures: list[asyncio.Future[O]] = []
         self.closed = False
+        #: Each item's outcome, set once the statement ended (before the futures are resolved).
+        self.outcomes: Sequence[O | BaseException] | None = None
 
 
 class Batcher(Generic[I, O]):
@@ -88,14 +93,15 @@ class Batcher(Generic[I, O]):
         if batch is None or batch.closed:
             batch = self._open = _Batch()
         future: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+        index = len(batch.items)
         batch.items.append(item)
         batch.futures.append(future)
-        if len(batch.items) >= self._max_items:
+        if index + 1 >= self._max_items:
             self._close(batch)
-        # Shielded, as a call to the database is not abandoned half-way: once an item is in a
-        # batch, its caller learns how the statement ended.
-        with anyio.CancelScope(shield=True):
-            if len(batch.futures) == 1:
+        if index == 0:
+            # The leader runs the statement, shielded: a call to the database is not abandoned
+            # half-way, and every caller in the batch learns how it ended.
+            with anyio.CancelScope(shield=True):
                 await self._lead(batch)
                 if len(batch.items) > 1:
                     # The callers this batch answered wake at the next turn of the loop, and its
@@ -105,8 +111,34 @@ class Batcher(Generic[I, O]):
                     # in tests/backends/test_postgres_batching.py failed 3 runs in 8 with two
                     # busy-looping processes beside it, none in 14 with this turn).
                     await anyio.lowlevel.checkpoint()
-            result = await future
-        return result
+                return await future
+        # The others wait unshielded: a cancel scope per item was about a quarter of the client's
+        # CPU per append at 64 writers (benchmark case 3; docs/benchmarks.md, issue 34), and a
+        # caller is almost never cancelled while it waits. When one is, by its anyio cancel
+        # scope, its item stays in the batch and it still learns how the statement ended, as
+        # under a shield; the cancellation reaches it at its next checkpoint.
+        try:
+            return await future
+        except anyio.get_cancelled_exc_class():
+            if anyio.current_effective_deadline() != -math.inf:
+                raise  # not an anyio scope's (a native Task.cancel): a shield would not stop it either
+            return await self._outcome_when_cancelled(batch, index)
+
+    async def _outcome_when_cancelled(self, batch: _Batch[I, O], index: int) -> O:
+        """Item `index`'s outcome, awaited shielded by a caller whose scope was cancelled while it
+        waited (`Task.cancel` cancelled the future it awaited: the outcome comes from the batch,
+        or from a new future put in the old one's place)."""
+        outcomes = batch.outcomes
+        if outcomes is None:
+            future: asyncio.Future[O] = asyncio.get_running_loop().create_future()
+            batch.futures[index] = future
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait((future,))
+            return future.result()
+        outcome = outcomes[index]
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def _close(self, batch: _Batch[I, O]) -> None:
         batch.closed = True
@@ -160,6 +192,7 @@ class Batcher(Generic[I, O]):
                 raise RuntimeError(f"a batch of {len(batch.items)} got {len(outcomes)} outcomes")
         except BaseException as exc:  # noqa: BLE001 - every item of the batch fails with it
             outcomes = [exc] * len(batch.items)
+        batch.outcomes = outcomes
         for future, outcome in zip(batch.futures, outcomes, strict=True):
             if future.done():
                 continue
