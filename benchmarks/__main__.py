@@ -36,6 +36,7 @@ CASES: dict[str, tuple[str, str]] = {
     "10": ("capacity of one Postgres", "capacity"),
     "11": ("retention", "retention"),
     "12": ("scale", "scale"),
+    "13": ("retention at scale", "retention_scale"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

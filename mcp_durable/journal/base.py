@@ -413,8 +413,10 @@ class Journal(Protocol):
         """Drop records with `expires_at <= now` (the earliest expiries first) together with the
         durable-step entries of their runs (`steps/<run_id>`, dropped as `purge_entries` drops
         entries), and say what went: at least one record when any has expired, at most `limit`
-        unless the backend drops every record expired at `now` at once (the file and memory
-        journals do: one frame stands for them all). Callers repeat until nothing is dropped.
+        unless the backend drops every record expired at a time at once (the memory journal
+        drops all expired at `now`; the file journal, whose one frame stands for every record
+        expired at the page's last expiry, drops those that tie with it too). Callers repeat
+        until nothing is dropped.
 
         Found through an index of expiries: the cost grows with what is dropped, not with the
         journal. On SQLite and Postgres the records and their steps go in one transaction."""

@@ -7,7 +7,12 @@ turns it off) runs `retention_pass` every `interval` seconds (the first one inte
 1. and 2. expired records are purged with the durable-step entries (`steps/<run_id>`) of their
    runs (an expired record's run never resumes: a new call with its key claims a new run), by
    `Journal.purge_expired_calls`, which finds them through an index of expiries and drops both
-   at once: a pass reads no record that has not expired;
+   at once: a pass reads no record that has not expired. In pages, earliest expiries first:
+   a page holds the journal's writer (SQLite's one connection, the file journal's event loop)
+   while it deletes, so each is sized to take about `purge_page_s` (scaled from the time the
+   page before it took; never below `MIN_PAGE` records), and the pass then waits as long as
+   the page took before the next one: calls made meanwhile wait for at most one page, and the writer is theirs at
+   least half of the time however many records expired;
 3. the server's own lifecycle process and the redaction process are checkpointed, and their
    entries before that checkpoint dropped (a checkpoint holds their whole state);
 4. the file journal compacts online when its garbage (bytes of segments not held by a live
@@ -26,8 +31,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import anyio
+
 from ..engine import Engine
-from ..journal.base import purge_all_expired
+from ..journal.base import PURGE_BATCH, Journal
+
+#: The first and the smallest page of a pass's purge (records).
+MIN_PAGE = 16
 
 #: Processes whose state a checkpoint holds whole: entries before their last checkpoint are dropped.
 CHECKPOINTED_PROCESSES = ("mcp-durable/redaction",)
@@ -41,6 +51,7 @@ class RetentionSchedule:
     compact_garbage_ratio: float | None = 0.5  # None: never compact by itself
     compact_min_bytes: int = 8 * 1024 * 1024
     lifecycle: bool = True  # drop lifecycle entries folded into a checkpoint
+    purge_page_s: float = 0.005  # about how long one page of the purge holds the journal's writer
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +110,34 @@ async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> Retenti
     await engine.start()
     journal = engine.journal
     now = engine.clock()
-    purged, steps = await purge_all_expired(journal, now)
+    purged, steps = await purge_expired_in_pages(journal, now, schedule.purge_page_s)
     lifecycle = await _fold_checkpointed(engine) if schedule.lifecycle else 0
     compacted, reclaimed = await _compact_if_worth_it(engine, schedule, now)
     size = (await journal.stats()).size_bytes
     return RetentionPass(now, time.perf_counter() - began, purged, steps, lifecycle, compacted, reclaimed, size)
+
+
+async def purge_expired_in_pages(journal: Journal, now: float, page_s: float) -> tuple[int, int]:
+    """Drop every record expired at `now` with its runs' durable steps, in pages sized to take
+    about `page_s` each, waiting after each page as long as it took (the module docstring);
+    returns how many records and step entries went."""
+    records = steps = 0
+    limit = MIN_PAGE
+    while True:
+        began = time.perf_counter()
+        done = await journal.purge_expired_calls(now, limit)
+        took = time.perf_counter() - began
+        if not done.calls:
+            return records, steps
+        records += len(done.calls)
+        steps += done.step_entries
+        # The next page scaled by how this one's time compares with the budget, at most doubled
+        # (a first page may be cheap by luck). Its time includes waiting for the writer behind
+        # calls and for the commit, which a page's size does not change: so never below
+        # MIN_PAGE, where a page is mostly such waits.
+        scaled = int(len(done.calls) * page_s / max(took, 1e-6))
+        limit = max(MIN_PAGE, min(PURGE_BATCH, 2 * len(done.calls), scaled))
+        await anyio.sleep(took)
 
 
 async def _fold_checkpointed(engine: Engine) -> int:

@@ -1,12 +1,13 @@
 """The file journal's tally (counts, records by creation and by expiry time) through snapshots:
 saved with the index and loaded back, or rebuilt from the arrays when a snapshot of an earlier
-release has none; and `TimeBuckets` itself, whose stale references a read drops."""
+release has none; and `TimeRuns` itself, whose stale references a read drops."""
 
 from __future__ import annotations
 
 import random
 import zlib
 from array import array
+from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -14,7 +15,7 @@ import orjson
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, CountQuery
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.file.snapshot import list_snapshots
-from mcp_durable.journal.tally import WIDTH, TimeBuckets
+from mcp_durable.journal.tally import RUN, TimeRuns
 
 T0 = 1_700_000_000.0
 
@@ -86,31 +87,37 @@ async def test_a_snapshot_of_an_earlier_release_is_used_and_the_tally_rebuilt(tm
     await _check(tmp_path / "j", queries, purged_later=len([n for n in range(300) if n % 2 and 37 * n + 1000 > 3000]))
 
 
-def test_time_buckets_drop_stale_references_and_take_exactly_what_is_due() -> None:
-    rng = random.Random(7)
-    times: dict[int, float] = {}  # the model: ref -> its current time (absent: gone)
-    buckets: TimeBuckets[int] = TimeBuckets(lambda: array("I"))
-    for _ in range(3000):
-        ref = rng.randrange(200)
-        if rng.random() < 0.2:
-            times.pop(ref, None)  # gone: the buckets learn it on their next read
-        else:
-            times[ref] = rng.uniform(0, 50 * WIDTH)
-            buckets.add(times[ref], ref)
-        if rng.random() < 0.05:
-            low, high = sorted((rng.uniform(0, 50 * WIDTH), rng.uniform(0, 50 * WIDTH)))
-            seen = [(ref, t) for ref, t in buckets.scan(low, high, times.get) if low <= t <= high]
-            assert sorted(seen) == sorted((r, t) for r, t in times.items() if low <= t <= high)
-            assert buckets.first(times.get) == min(times.values(), default=None)
-        if rng.random() < 0.02:
-            due = rng.uniform(0, 50 * WIDTH)
-            taken = buckets.take(due, times.get)
-            assert sorted(taken) == sorted(r for r, t in times.items() if t <= due)
-            for ref in taken:
-                del times[ref]
-    assert len(buckets) >= len(times)
-    assert sorted(r for r, _ in buckets.scan(None, None, times.get)) == sorted(times)
-    assert len(buckets) == len(times)  # a full read left no stale reference behind
+def test_time_runs_drop_stale_references_list_newest_first_and_take_exactly_what_is_due() -> None:
+    for seed, spread in ((7, 3000.0), (8, 4.0)):  # spread 4: few distinct times, runs that cannot split
+        rng = random.Random(seed)
+        times: dict[int, float] = {}  # the model: ref -> its current time (absent: gone)
+        runs: TimeRuns[int] = TimeRuns(lambda: array("I"), times.get)
+        for _ in range(40_000):
+            ref = rng.randrange(5000)  # more than a run holds: runs split
+            if rng.random() < 0.2:
+                times.pop(ref, None)  # gone: the runs learn it on their next read
+            else:
+                times[ref] = float(round(rng.uniform(0, spread), 1))
+                runs.add(times[ref], ref)
+            if rng.random() < 0.003:
+                low, high = sorted((rng.uniform(0, spread), rng.uniform(0, spread)))
+                seen = [(ref, t) for ref, t in runs.scan(low, high) if low <= t <= high]
+                assert sorted(seen) == sorted((r, t) for r, t in times.items() if low <= t <= high)
+                assert runs.first() == min(times.values(), default=None)
+                top = rng.uniform(0, spread * 1.1)
+                newest = list(runs.newest(top))
+                assert [t for t, _ in newest] == sorted((t for t in times.values() if t <= top), reverse=True)
+                assert sorted(newest) == sorted((t, r) for r, t in times.items() if t <= top)
+            if rng.random() < 0.001:
+                due = rng.uniform(0, spread)
+                taken = runs.take(due)
+                assert sorted(taken) == sorted(r for r, t in times.items() if t <= due)
+                for ref in taken:
+                    del times[ref]
+        assert len(runs) >= len(times)
+        assert sorted(r for r, _ in runs.scan(None, None)) == sorted(times)
+        assert len(runs) == len(times)  # a full read left no stale reference behind
+        assert max(len(run) for run in runs.runs) <= max(RUN, 2 * max(Counter(times.values()).values()))
 
 
 async def test_live_bytes_are_kept_as_records_and_entries_change_and_through_a_reopen(tmp_path: Path) -> None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import heapq
+import math
 import os
 import time
 from bisect import bisect_left
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qs
@@ -21,6 +23,7 @@ from ..base import (
     ALL_CALLS,
     AUDIT_PROCESS,
     CHECKPOINT,
+    OPEN_STATES,
     RECENT_CALLS,
     STEP,
     CallCounts,
@@ -36,6 +39,7 @@ from ..base import (
 from ..fsync import make_dirs
 from ..model import CallIdentity, CallRecord, Fence, JournalEntry, JournalStats
 from ..record_json import step_data, step_index
+from ..tally import TimeRuns
 from ..writer_lock import WriterLock
 from . import snapshot as snapshots
 from .codec import (
@@ -62,6 +66,9 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 #: so recovery after a crash replays at most this tail after loading the snapshot.
 SNAPSHOT_EVERY = 100_000
 SNAPSHOT_ON_CLOSE = 1_000
+#: A listing of tasks (not of an open state) sorts the task slots when there are at most this
+#: many, and otherwise reads the creation-time runs newest first, skipping what is no task.
+TASK_LISTING = 4096
 
 
 class FileJournal:
@@ -103,11 +110,14 @@ class FileJournal:
         self._commit: GroupCommit | None = None
         self._lock: WriterLock | None = None
         self._readers: dict[int, int] = {}
+        #: Sizes of sealed segments, by number (`_sealed_bytes`).
+        self._segment_sizes: dict[int, int] = {}
         self._writer: SegmentWriter | None = None  # used by one flush at a time
         self._next_seq = 1
         self._active = 1
         self._active_end = 0
         self._since_snapshot = 0
+        self._snapshot_outdated = False
         #: The audit entries' seqs by the call they name (`audit_entries`): read from the audit
         #: process once, at the first question after an open, then kept by `append`.
         self._audits: dict[CallIdentity, list[int]] | None = None
@@ -139,8 +149,8 @@ class FileJournal:
             raise
         assert self.recovery is not None
         self.recovery = dataclasses.replace(self.recovery, duration_s=time.perf_counter() - started)
-        if not self.read_only and self._since_snapshot >= SNAPSHOT_EVERY:
-            await self.snapshot()
+        if not self.read_only and (self._since_snapshot >= SNAPSHOT_EVERY or self._snapshot_outdated):
+            await self.snapshot()  # an outdated one: its rebuild is not paid again at the next open
 
     def _open_sync(self) -> None:
         if self.read_only:
@@ -182,6 +192,7 @@ class FileJournal:
         self._next_seq = found.last_seq + 1
         self._active, self._active_end = found.active, found.active_end
         self._since_snapshot = found.frames_replayed
+        self._snapshot_outdated = found.snapshot_outdated
         self._writer = SegmentWriter(self._open_segment)  # opens nothing until the first write
         self._commit = GroupCommit(self._writer, sync=self.durability == "strict", durable_seq=found.last_seq)
         self.recovery = RecoveryReport(
@@ -331,18 +342,21 @@ class FileJournal:
         may not be on disk yet (its seq is above the durable one), so it is looked for in the
         group commit's batches first (its segment may not even exist yet)."""
         segment, offset = unpack(position)
-        path = self.directory / segment_name(segment)
         in_batch = self._commit.pending(segment, offset) if queued and self._commit is not None else None
         if in_batch is not None:
             buf = in_batch
         else:
             # The one place records are read from disk: a segment that is gone or unreadable is
             # the journal unavailable (JournalError), never an OSError escaping to the caller.
-            with self._storage_faults(f"cannot read {path.name}"):
-                fd = self._readers.get(segment)
+            # (The `storage_faults` context and the path are made only on a fault or the
+            # segment's first read: a listing reads hundreds of frames.)
+            fd = self._readers.get(segment)
+            try:
                 if fd is None:
-                    fd = self._readers[segment] = os.open(path, os.O_RDONLY)
+                    fd = self._readers[segment] = os.open(self.directory / segment_name(segment), os.O_RDONLY)
                 buf = os.pread(fd, size, offset)
+            except OSError as exc:
+                raise JournalError(f"journal {self.url}: cannot read {segment_name(segment)}: {exc}") from exc
         frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame) and self._commit is not None:
             # Queued but not written yet (a reader that did not wait for this frame): its bytes are
@@ -352,10 +366,11 @@ class FileJournal:
                 buf = late
                 frame = parse_at(buf, 0, len(buf))
         if not isinstance(frame, Frame):
-            raise JournalCorruptError(str(path), offset, frame)
+            raise JournalCorruptError(str(self.directory / segment_name(segment)), offset, frame)
         try:
             result: dict[str, Any] = orjson.loads(buf[HEADER_SIZE : HEADER_SIZE + frame.length])
         except orjson.JSONDecodeError as exc:
+            path = self.directory / segment_name(segment)
             raise JournalCorruptError(str(path), offset, f"the frame's payload is not JSON: {exc}") from exc
         return result
 
@@ -504,34 +519,63 @@ class FileJournal:
 
     async def list_calls(self, query: CallQuery = RECENT_CALLS) -> list[CallRecord]:
         await self._opened().wait_seq(self._next_seq - 1)  # then read without yielding: one consistent view
-        # The index narrows by state, tool, principal, task and time without reading a frame
-        # (an open state, or tasks, from their own slot sets: `listing_slots`); `query.matches`
-        # decides on the records read (the cursor's tie-break by identity).
+        # The index narrows by state, tool, principal, task and time without reading a frame;
+        # `query.matches` decides on the records read (the cursor's tie-break by identity).
         idx = self._calls
+        if query.limit <= 0:
+            return []
         tool_id = idx.tools.ids.get(query.tool, -1) if query.tool is not None else None
         principal_id = idx.principals.ids.get(query.principal, -1) if query.principal is not None else None
+        if tool_id == -1 or principal_id == -1:
+            return []  # no record of that tool or principal
         code = STATE_CODES[query.state] if query.state is not None else None
-        top = query.cursor.created_at if query.cursor is not None else float("inf")
-        candidates = [
-            (idx.created[s], s)
-            for s in idx.listing_slots(query.state, query.tasks_only)
-            if idx.state[s] != DEAD
-            and (code is None or idx.state[s] == code)
-            and (tool_id is None or idx.tool[s] == tool_id)
-            and (principal_id is None or idx.principal[s] == principal_id)
-            and idx.created[s] <= top
-        ]
-        candidates.sort(reverse=True)
+        top = query.cursor.created_at if query.cursor is not None else math.inf
+        tasks = idx.task_hashes if query.tasks_only else None
+        candidates: Iterable[tuple[float, int]]
+        if (query.state is not None and query.state in OPEN_STATES) or (
+            tasks is not None and len(tasks) <= TASK_LISTING
+        ):
+            # An open state, or the tasks when they are few, from their own slot sets
+            # (`listing_slots`): those slots only, sorted.
+            found = [(idx.created[s], s) for s in idx.listing_slots(query.state, query.tasks_only)]
+            candidates = sorted(((t, s) for t, s in found if t <= top), reverse=True)
+        else:
+            # Otherwise the tally's creation-time runs of the principal and tool asked for
+            # (every one when not asked), merged newest first and read only as far as the page
+            # needs: one page costs about its length (over the filters' selectivity), whatever
+            # the journal's size.
+            candidates = idx.tally.newest(principal_id, tool_id, top)
+        state, hash_of = idx.state, idx.hash_of
         out: list[CallRecord] = []
-        i = 0
-        while i < len(candidates) and len(out) < query.limit:
-            j = i
-            while j < len(candidates) and candidates[j][0] == candidates[i][0]:
-                j += 1
-            group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for _, s in candidates[i:j]]
-            out.extend(sorted(filter(query.matches, group), key=sort_key, reverse=True))
-            i = j
-        return out[: max(0, query.limit)]
+        group: list[int] = []
+        group_time = math.nan
+        for created, s in candidates:
+            if created != group_time:
+                if group:  # a group of one creation time is read whole: the tie-break needs it
+                    self._list_group(group, query, out)
+                    group = []
+                    if len(out) >= query.limit:
+                        break
+                group_time = created
+            if (
+                state[s] != DEAD
+                and (code is None or state[s] == code)
+                and (tool_id is None or idx.tool[s] == tool_id)
+                and (principal_id is None or idx.principal[s] == principal_id)
+                and (tasks is None or hash_of(s) in tasks)
+            ):
+                group.append(s)
+        else:
+            if group:
+                self._list_group(group, query, out)
+        return out[: query.limit]
+
+    def _list_group(self, slots: list[int], query: CallQuery, out: list[CallRecord]) -> None:
+        """Read the records in `slots` (one creation time), add those `query` selects to `out`
+        in listing order."""
+        idx = self._calls
+        group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for s in slots]
+        out.extend(sorted(filter(query.matches, group), key=sort_key, reverse=True))
 
     async def purge_expired(self, now: float) -> int:
         self._writable()
@@ -546,27 +590,35 @@ class FileJournal:
         return len(slots)
 
     async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
-        # Every record expired at `now` at once: one `purge` frame stands for them all (and
-        # replays so); their runs are read from their frames first, without an await between
-        # the expiry index and the frame, so the frame drops exactly these.
+        # A page: the `limit` earliest expiries (and any that tie with the last), as every record
+        # expired at the page's cutoff, so that one `purge` frame at the cutoff stands for them
+        # all (and replays so). Their runs are read from their frames first, without an await
+        # between the expiry index and the frame, so the frame drops exactly these. A page holds
+        # the event loop while it reads and deletes (all of it, when every expired record went
+        # at once: seconds for 10^4 of them, every call of the process waiting), so retention
+        # asks for pages it can afford (operations/retention.py).
         self._writable()
-        slots = self._calls.take_expired(now)
+        idx, durable = self._calls, self._opened().durable_seq
+        cutoff = _page_cutoff(idx.tally.expiry, now, max(1, limit))
+        slots = idx.take_expired(cutoff)
         if not slots:
             return PurgedCalls()
-        idx, durable = self._calls, self._opened().durable_seq
         try:
             gone = []
+            tasks = False
             for slot in slots:
                 r = record_from_dict(self._read(idx.pos[slot], idx.size[slot], queued=idx.seq[slot] > durable)["r"])
                 gone.append((r.identity, r.run_id))
+                tasks = tasks or r.task_id is not None
         except BaseException:
             for slot in slots:  # not dropped: back in the expiry index for the next attempt
                 idx.tally.expiry.add(idx.expires[slot], slot)
             raise
-        _, _, _, batch = self._submit(purge_payload(now))
+        _, _, _, batch = self._submit(purge_payload(cutoff))
         for slot in slots:
             idx.delete(slot)
-        idx.prune_tasks()
+        if tasks:  # it walks every task of the journal: only when one of these was a task
+            idx.prune_tasks()
         steps = await self.purge_entries({step_process_id(run_id) for _, run_id in gone})
         await self._durable(batch)
         return PurgedCalls(tuple(gone), steps)
@@ -580,15 +632,44 @@ class FileJournal:
     async def stats(self) -> JournalStats:
         self._opened()
         counts = self._calls.tally.count(ALL_CALLS, None)
-        size = 0
-        for p in self.directory.glob("seg-*.log"):
-            with self._storage_faults(f"cannot read {p.name}"):
-                try:
-                    size += p.stat().st_size
-                except FileNotFoundError:  # removed by a compaction since the listing
-                    continue
+        if self._keeper is not None:
+            size = self._active_end + self._sealed_bytes()
+        else:  # read-only: another process writes, rotates and compacts; its files as they are
+            size = 0
+            for p in self.directory.glob("seg-*.log"):
+                with self._storage_faults(f"cannot read {p.name}"):
+                    try:
+                        size += p.stat().st_size
+                    except FileNotFoundError:  # removed by a compaction since the listing
+                        continue
         entries = len(self._entries) - len(self._dropped)
         return JournalStats("file", counts.by_state, counts.by_tool, entries, size, counts.oldest_created_at)
+
+    def _sealed_bytes(self) -> int:
+        """Bytes of the segments other than the active one. A sealed segment is never written
+        again once the writer has moved past it (trimmed to its data then), so its size is
+        read once and kept: the journal's size costs a dict lookup per segment, not a `stat`."""
+        assert self._keeper is not None
+        writing = self._writer.segment if self._writer is not None else None
+        sizes, total = self._segment_sizes, 0
+        segments = self._keeper.current.segments
+        for segment in segments:
+            if segment == self._active:
+                continue
+            size = sizes.get(segment)
+            if size is None:
+                path = self.directory / segment_name(segment)
+                with self._storage_faults(f"cannot read {path.name}"):
+                    try:
+                        size = path.stat().st_size
+                    except FileNotFoundError:  # removed by a compaction meanwhile
+                        continue
+                if segment != writing:
+                    sizes[segment] = size
+            total += size
+        if len(sizes) > len(segments):
+            self._segment_sizes = {n: b for n, b in sizes.items() if n in segments}
+        return total
 
     def live_bytes(self) -> tuple[int, int]:
         """`(bytes in segments, bytes of live frames)`: the rest is garbage a compaction reclaims."""
@@ -597,6 +678,8 @@ class FileJournal:
         e = self._entries
         live = self._calls.live_size() + e.total_size() - sum(e.size[i] for i in self._dropped)
         # The active segment counts up to its data: the space allocated ahead of it is not garbage.
+        if self._keeper is not None:
+            return self._active_end + self._sealed_bytes(), live
         total = self._active_end + sum(
             p.stat().st_size for p in self.directory.glob("seg-*.log") if p.name != segment_name(self._active)
         )
@@ -791,3 +874,17 @@ class FileJournal:
         for segment in [s for s in self._readers if s not in live]:
             os.close(self._readers.pop(segment))
         return kept_records, kept_entries
+
+
+def _page_cutoff(expiry: TimeRuns[int], now: float, limit: int) -> float:
+    """The expiry time of the `limit`-th earliest record expired at `now` (`now` when fewer
+    have): whole runs of the expiry index are read, oldest first, until they hold `limit`, so
+    every record expiring at or before the answer is among those read."""
+    times: list[float] = []
+    for i in range(len(expiry.starts)):
+        if expiry.starts[i] > now:
+            break
+        times.extend(t for _, t in expiry.live(i) if t <= now)
+        if len(times) >= limit:
+            return heapq.nsmallest(limit, times)[-1]
+    return now

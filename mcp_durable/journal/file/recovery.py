@@ -47,6 +47,8 @@ class Recovered:
     active: int
     active_end: int
     snapshot_used: str | None = None
+    #: The snapshot used is of an earlier format (`LoadedSnapshot.outdated`).
+    snapshot_outdated: bool = False
     frames_replayed: int = 0
     bytes_truncated: int = 0
     truncated_to: str | None = None
@@ -135,6 +137,7 @@ def recover(directory: Path, manifest: Manifest, *, writable: bool) -> Recovered
         manifest.segments[-1],
         0,
         snapshot_used=snap.path.name if snap else None,
+        snapshot_outdated=snap is not None and snap.outdated,
         problems=problems,
     )
     for i in range(start_index, len(manifest.segments)):

@@ -2,12 +2,15 @@
 
 A snapshot (`snapshot-<seq hex>.snap`) is one JSON header line, then the index arrays raw:
 
-    {"format":2,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
+    {"format":3,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
      "sections":[["call.lo","Q",nbytes],…],"tools":[…],"principals":[…]}\\n<sections…>
 
 Sections `tally.*` and the header's `counts` (the call index's `RecordTally`: counts by
 principal, tool and state, slots by creation and by expiry time) came with `count_calls`: a
-snapshot without them is used, and the tally is rebuilt from its arrays in one pass.
+snapshot without them is used, and the tally is rebuilt from its arrays in one pass. Format 3
+saves the tally's runs (`tally.runs.*`, `tally.expiry_runs.*`: a start, a length and the slots
+of each run); a format 2 snapshot (minute buckets per principal, `tally.created.*`) is read, and
+its tally rebuilt from the arrays.
 
 Sections `entry.steps.*` (the step counts, `EntryIndex.steps`) came with durable steps: a
 snapshot without them (an earlier release's) is not damaged, but recovery does not use it and
@@ -37,7 +40,9 @@ from ..tally import RecordTally
 from .index import CallIndex, EntryIndex, Interned, split_step_key, step_key
 from .segments import fsync_dir, segment_name, segment_number, write_synced
 
-FORMAT = 2  # 2: the call index's hash table is saved too
+FORMAT = 3  # 2: the call index's hash table is saved too; 3: the tally's runs (`tally.TimeRuns`)
+#: Formats read: a format 2 snapshot's tally (minute buckets) is rebuilt from its arrays.
+READ_FORMATS = (2, 3)
 PREFIX = "snapshot-"
 SUFFIX = ".snap"
 
@@ -64,6 +69,7 @@ class SnapshotData:
     principals: list[str]
     tasks: list[list[str]]
     counts: list[tuple[Any, ...]]
+    used: int
 
 
 def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int) -> SnapshotData:
@@ -93,61 +99,64 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
     sections.extend(_tally_sections(calls.tally))
     counts = list(calls.tally.counts.items())
     names = list(calls.tools.names), list(calls.principals.names)
-    return SnapshotData(seq, segments, end, sections, *names, tasks, counts)
+    return SnapshotData(seq, segments, end, sections, *names, tasks, counts, calls.used)
 
 
 def _tally_sections(tally: RecordTally[int]) -> list[tuple[str, str, bytes]]:
-    """The tally's time buckets as sections: per bucket its principal (creation only), number
-    and length, and the slots of every bucket one after another."""
-    principals, keys, lengths, refs = array("I"), array("q"), array("Q"), array("I")
-    for principal, buckets in tally.created.items():
-        for k in buckets.keys:
-            bucket = buckets.buckets[k]
-            principals.append(cast(int, principal))
-            keys.append(k)
-            lengths.append(len(bucket))
-            refs.extend(bucket)
-    expiry_keys, expiry_lengths, expiry_refs = array("q"), array("Q"), array("I")
-    for k in tally.expiry.keys:
-        bucket = tally.expiry.buckets[k]
-        expiry_keys.append(k)
-        expiry_lengths.append(len(bucket))
-        expiry_refs.extend(bucket)
+    """The tally's runs as sections: per run its principal and tool (creation only), start and
+    length, and the slots of every run one after another (`load` slices them back)."""
+    principals, tools, starts, lengths, refs = array("I"), array("I"), array("d"), array("Q"), array("I")
+    for principal, streams in tally.created.items():
+        for tool, runs in streams.items():
+            for start, run in zip(runs.starts, runs.runs, strict=True):
+                principals.append(cast(int, principal))
+                tools.append(cast(int, tool))
+                starts.append(start)
+                lengths.append(len(run))
+                refs.extend(run)
+    expiry = tally.expiry
+    expiry_starts, expiry_lengths, expiry_refs = array("d", expiry.starts), array("Q"), array("I")
+    for run in expiry.runs:
+        expiry_lengths.append(len(run))
+        expiry_refs.extend(run)
     return [
-        ("tally.created.principals", "I", principals.tobytes()),
-        ("tally.created.keys", "q", keys.tobytes()),
-        ("tally.created.lengths", "Q", lengths.tobytes()),
-        ("tally.created.refs", "I", refs.tobytes()),
-        ("tally.expiry.keys", "q", expiry_keys.tobytes()),
-        ("tally.expiry.lengths", "Q", expiry_lengths.tobytes()),
-        ("tally.expiry.refs", "I", expiry_refs.tobytes()),
+        ("tally.runs.principals", "I", principals.tobytes()),
+        ("tally.runs.tools", "I", tools.tobytes()),
+        ("tally.runs.starts", "d", starts.tobytes()),
+        ("tally.runs.lengths", "Q", lengths.tobytes()),
+        ("tally.runs.refs", "I", refs.tobytes()),
+        ("tally.expiry_runs.starts", "d", expiry_starts.tobytes()),
+        ("tally.expiry_runs.lengths", "Q", expiry_lengths.tobytes()),
+        ("tally.expiry_runs.refs", "I", expiry_refs.tobytes()),
     ]
 
 
-def _load_tally(calls: CallIndex, header: dict[str, Any], blobs: dict[str, array[Any] | bytes]) -> None:
+def _load_tally(calls: CallIndex, header: dict[str, Any], blobs: dict[str, array[Any] | bytearray]) -> bool:
     """Put the tally a snapshot holds into `calls`, or rebuild it from the arrays when the
-    snapshot is of a release without it."""
-    if "counts" not in header or "tally.expiry.refs" not in blobs:
+    snapshot is of a release without it, or with its minute buckets (format 2): True then."""
+    if "counts" not in header or "tally.expiry_runs.refs" not in blobs:
         calls.rebuild_tally()
-        return
+        return True
     tally = calls.tally
     for principal, tool, state, n in header["counts"]:
         tally.counts.add(principal, tool, state, n)
-    principals, keys, lengths, refs = (
-        _array(blobs, f"tally.created.{n}") for n in ("principals", "keys", "lengths", "refs")
+    principals, tools, starts, lengths, refs = (
+        _array(blobs, f"tally.runs.{n}") for n in ("principals", "tools", "starts", "lengths", "refs")
     )
-    start = 0
-    for principal, k, length in zip(principals, keys, lengths, strict=True):
-        tally.created_of(principal).set_bucket(k, refs[start : start + length])
-        start += length
-    keys, lengths, refs = (_array(blobs, f"tally.expiry.{n}") for n in ("keys", "lengths", "refs"))
-    start = 0
-    for k, length in zip(keys, lengths, strict=True):
-        tally.expiry.set_bucket(k, refs[start : start + length])
-        start += length
+    # A slice per run (a run is a few hundred slots): the load costs the runs, not the slots.
+    at = 0
+    for principal, tool, start, length in zip(principals, tools, starts, lengths, strict=True):
+        tally.stream(principal, tool).put_run(start, refs[at : at + length])
+        at += length
+    starts, lengths, refs = (_array(blobs, f"tally.expiry_runs.{n}") for n in ("starts", "lengths", "refs"))
+    at = 0
+    for start, length in zip(starts, lengths, strict=True):
+        tally.expiry.put_run(start, refs[at : at + length])
+        at += length
+    return False
 
 
-def _array(blobs: dict[str, array[Any] | bytes], name: str) -> array[Any]:
+def _array(blobs: dict[str, array[Any] | bytearray], name: str) -> array[Any]:
     """Section `name` as an array (`TypeError`, which `load` reports, when it is not one)."""
     value = blobs[name]
     if not isinstance(value, array):
@@ -172,6 +181,7 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "principals": data.principals,
         "tasks": data.tasks,
         "counts": data.counts,
+        "used": data.used,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
     write_synced(tmp, [orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)])
@@ -199,6 +209,9 @@ class LoadedSnapshot:
     entries: EntryIndex
     #: False for a snapshot of an earlier release (no step counts): sound, but not to be used.
     has_steps: bool = True
+    #: True when its tally was rebuilt (an earlier release's snapshot): a writable open writes
+    #: a snapshot at once, so the rebuild is paid once.
+    outdated: bool = False
 
 
 class SnapshotError(Exception):
@@ -209,7 +222,7 @@ def load(path: Path) -> LoadedSnapshot:
     """Read a snapshot back into a fresh index; raises `SnapshotError` if it is unusable."""
     header, blobs = _read_sections(path)
     try:
-        calls = _rebuild_calls(header, blobs)
+        calls, outdated = _rebuild_calls(header, blobs)
         entries, has_steps = _rebuild_entries(blobs)
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise SnapshotError(f"snapshot lacks a section: {exc}") from exc
@@ -225,27 +238,28 @@ def load(path: Path) -> LoadedSnapshot:
         calls,
         entries,
         has_steps,
+        outdated,
     )
 
 
-def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, array[Any] | bytes]]:
+def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, array[Any] | bytearray]]:
     """The header and every section by name (code "B" as bytes, the others as arrays), their
     checksum verified; raises `SnapshotError` for an unknown format, a short file, a checksum
     mismatch or an unreadable file or header."""
     try:
         with open(path, "rb") as f:
             header: dict[str, Any] = orjson.loads(f.readline())
-            if header.get("format") != FORMAT or header.get("byteorder") != sys.byteorder:
+            if header.get("format") not in READ_FORMATS or header.get("byteorder") != sys.byteorder:
                 raise SnapshotError("unknown snapshot format")
-            blobs: dict[str, array[Any] | bytes] = {}
+            blobs: dict[str, array[Any] | bytearray] = {}
             crc = 0
             for name, code, nbytes in header["sections"]:
-                raw = f.read(nbytes)
-                if len(raw) != nbytes:
+                value = _section(code, nbytes)
+                # Read straight into the section's memory: no copy, no second buffer.
+                if f.readinto(memoryview(value).cast("B")) != nbytes:
                     raise SnapshotError("snapshot is shorter than its header says")
-                crc = zlib.crc32(raw, crc)
-                blobs[name] = _section(code, raw)
-                del raw
+                crc = zlib.crc32(value, crc)
+                blobs[name] = value
             if crc != header["crc"]:
                 raise SnapshotError("snapshot checksum mismatch")
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
@@ -253,23 +267,27 @@ def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, array[Any] | b
     return header, blobs
 
 
-def _section(code: str, raw: bytes) -> array[Any] | bytes:
-    """One section's value: the bytes themselves for code "B", else an array of that type code."""
+def _section(code: str, nbytes: int) -> array[Any] | bytearray:
+    """Room for one section of `nbytes`: a bytearray for code "B", else an array of that type
+    code (`ValueError` when `nbytes` is not a whole number of its items)."""
     if code == "B":
-        return raw
+        return bytearray(nbytes)
     arr = array(code)
-    arr.frombytes(raw)
-    return arr
+    if nbytes % arr.itemsize:
+        raise ValueError(f"section of {nbytes} bytes is not an array of {code!r}")
+    return array(code, [0]) * (nbytes // arr.itemsize)
 
 
-def _rebuild_calls(header: dict[str, Any], blobs: dict[str, array[Any] | bytes]) -> CallIndex:
-    """The call index from its sections and the header's names and tasks; raises `SnapshotError`
+def _rebuild_calls(header: dict[str, Any], blobs: dict[str, array[Any] | bytearray]) -> tuple[CallIndex, bool]:
+    """The call index from its sections and the header's names and tasks, and whether its tally
+    was rebuilt (`_load_tally`); raises `SnapshotError`
     when its arrays do not fit together (a missing or malformed section raises `KeyError`,
     `ValueError`, `TypeError` or `AttributeError`, which `load` reports)."""
     calls = CallIndex()
     for name, _ in CallIndex.ARRAYS:
         setattr(calls, name, blobs[f"call.{name}"])
-    calls.state = bytearray(blobs["call.state"])
+    state = blobs["call.state"]
+    calls.state = state if isinstance(state, bytearray) else bytearray(state)
     calls.tools = Interned(header["tools"])
     calls.principals = Interned(header["principals"])
     # Absent from snapshots written before tasks existed (there were none then).
@@ -278,12 +296,11 @@ def _rebuild_calls(header: dict[str, Any], blobs: dict[str, array[Any] | bytes])
     lengths_differ = any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1])
     if size < 2 or size & (size - 1) or lengths_differ:
         raise SnapshotError("snapshot arrays do not fit together")
-    calls.after_load()
-    _load_tally(calls, header, blobs)
-    return calls
+    calls.after_load(header.get("used"))
+    return calls, _load_tally(calls, header, blobs)
 
 
-def _rebuild_entries(blobs: dict[str, array[Any] | bytes]) -> tuple[EntryIndex, bool]:
+def _rebuild_entries(blobs: dict[str, array[Any] | bytearray]) -> tuple[EntryIndex, bool]:
     """The entry index from its sections, and whether the snapshot has the step counts (an
     earlier release's has not: `LoadedSnapshot.has_steps`). A missing or malformed section
     raises `KeyError`, `ValueError`, `TypeError` or `AttributeError`, which `load` reports."""
