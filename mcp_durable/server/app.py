@@ -440,13 +440,13 @@ class DurableServer(MCPServer[Any]):
             from_exception = False
             # A call journaled under a key its caller did not give must not ask its client (see
             # `_without_client_requests`): another session's call would be answered from it.
-            guarded = call is not None and asking_refused(policy, arguments, context)
-            called = without_client_requests(self, name, context) if guarded and can_ask else context
+            # (Worked out only for a tool that can ask, or one that answered `input_required`.)
+            guarded = can_ask and call is not None and asking_refused(policy, arguments, context)
+            called = without_client_requests(self, name, context) if guarded else context
             try:
                 if model is not None and prepared is not None:
                     called_with = called if called is not None else self._bare_context()
-                    result = await prepared.run(arguments, model, called_with)
-                    payload = prepared.journal_json(result)
+                    result, payload = await prepared.run(arguments, model, called_with)
                 else:
                     # What the SDK hands the function (`prevalidated`); made only when the tool runs.
                     token = (
@@ -465,7 +465,9 @@ class DurableServer(MCPServer[Any]):
             finally:
                 if token is not None:
                     prevalidated.done(token)
-            if guarded and isinstance(result, InputRequiredResult):
+            if isinstance(result, InputRequiredResult) and (
+                guarded or (call is not None and asking_refused(policy, arguments, context))
+            ):
                 raise ClientRequestWithoutKeyError(name)  # 2026-07-28's way of asking the client
             return self.calls.outcome(name, policy, result, payload, from_exception=from_exception)
 

@@ -20,11 +20,13 @@ when the face first serves the tool and rebuilt if it is registered again):
   (`recall`) goes straight to the engine, which answers it from its own cache. Only plain
   JSON requests are remembered (what the wire delivers: `limits.check_argument_values`), so
   no two different requests share an entry; bounded, oldest out first.
-- **The result is dumped once.** For a tool declaring `str` (the SDK wraps it as
-  `{"result": …}`), the journal JSON of its text result is written directly (`journal_json`)
-  instead of dumping the model the SDK built; the writer is checked at preparation against the
-  SDK's own conversion and dump of probes and used only if both give the same bytes. Any other
-  result is dumped as usual (`results.dump_result`).
+- **A text result is converted once.** For a tool declaring `str` (the SDK wraps it as
+  `{"result": …}`), `Tool.run`'s conversion of a `str` return is the face's (`install`'s second
+  hook: the result built directly, and its journal JSON written beside it, for the face's own
+  run), instead of the SDK's output validation, dump and, for the journal, a second dump. Both
+  builders are checked at preparation against the SDK's own conversion and dump of probes and
+  installed only if both give the same values and bytes; anything else the tool returns goes to
+  the SDK's conversion, and any other tool's result is dumped as usual (`results.dump_result`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ from ..engine import Encoder
 from ..policy import ToolPolicy
 from .results import dump_result
 
-_VALIDATED: ContextVar[tuple[dict[str, Any], dict[str, Any]] | None] = ContextVar(
+#: Where a `str` tool's conversion leaves what it made for the face's run: (result, journal JSON).
+TextConversions = list[tuple[CallToolResult, bytes]]
+
+#: The face's run in progress: the arguments dict it validated, what the SDK hands the function
+#: for it, and where a `str` tool's conversion reports (None: not asked).
+_VALIDATED: ContextVar[tuple[dict[str, Any], dict[str, Any], TextConversions | None] | None] = ContextVar(
     "mcp_durable_validated_arguments", default=None
 )
 
@@ -126,8 +133,11 @@ class PreparedTool:
         #: Whether validated arguments must be checked for non-finite numbers again
         #: (`makes_non_finite`): else the check of the request before validation is the only one.
         self.check_validated = makes_non_finite(schema)
-        #: A `str` return is converted here (`convert`): checked against the SDK's conversion.
+        #: A `str` return is converted by the face (`install_text_conversion`): checked against
+        #: the SDK's conversion first.
         self._text_result = _text_result_builder(tool)
+        if self._text_result:
+            install_text_conversion(tool)
 
     # -- validation --------------------------------------------------------------------------------
 
@@ -159,27 +169,23 @@ class PreparedTool:
 
     # -- the run -----------------------------------------------------------------------------------
 
-    async def run(self, arguments: dict[str, Any], model: Any, context: Any) -> Converted:
+    async def run(self, arguments: dict[str, Any], model: Any, context: Any) -> tuple[Converted, bytes | None]:
         """`Tool.run` (the SDK's, public: resolvers, the context, its exceptions and their texts,
         the result's conversion) on `arguments` as the face validated them (`model`): the SDK
-        does not validate again (`validated_as`; `install` was called at registration)."""
-        token = validated_as(arguments, self.one_level(model))
+        does not validate again (`validated_as`; `install` was called at registration). Returns
+        the converted result and, for a `str` tool's text result, its journal JSON (None: the
+        result is to be dumped, `results.dump_result`)."""
+        made: TextConversions | None = [] if self._text_result else None
+        token = validated_as(arguments, self.one_level(model), made)
         try:
             result: Converted = await self.tool.run(arguments, context, convert_result=True)
         finally:
             done(token)
-        return result
-
-    def journal_json(self, result: Converted) -> bytes | None:
-        """The journal JSON of a `str` tool's text result, made without the model between (None:
-        any other result, which `dump_result` dumps)."""
-        if not self._text_result or not isinstance(result, CallToolResult):
-            return None
-        structured = result.structured_content
-        if not isinstance(structured, dict) or len(structured) != 1 or type(structured.get("result")) is not str:
-            return None
-        text = structured["result"]
-        return _text_json(text) if result == _text_result(text) else None
+        # The JSON is this result's only if the last conversion made for this run is the very
+        # object returned (a tool that ran another `str` tool inside left that one's first).
+        if made and made[-1][0] is result:
+            return result, made[-1][1]
+        return result, None
 
 
 def _text_result(text: str) -> CallToolResult:
@@ -204,6 +210,7 @@ def _text_result_builder(tool: Tool) -> bool:
     """Whether `tool` declares `str` (wrapped as `{"result": …}`) and `_text_result` /
     `_text_json` give, for probes, exactly the SDK's conversion and its journal JSON."""
     meta = tool.fn_metadata
+    convert = type(meta).convert_result  # the SDK's own, even where `install_text_conversion` ran
     model = meta.output_model
     if not meta.wrap_output or model is None or meta.output_schema is None:
         return False
@@ -212,7 +219,7 @@ def _text_result_builder(tool: Tool) -> bool:
         return False
     for probe in ("", 'probe \u2713 "quoted"\n\u2028'):
         try:
-            sdk = meta.convert_result(probe)
+            sdk = convert(meta, probe)
         except Exception:  # noqa: BLE001 - an SDK that converts differently: no shortcut
             return False
         ours = _text_result(probe)
@@ -244,11 +251,35 @@ def install(tool: Tool) -> None:
     object.__setattr__(meta, "validate_arguments", validate_arguments)
 
 
-def validated_as(arguments: dict[str, Any], validated: dict[str, Any]) -> Token[Any]:
+def install_text_conversion(tool: Tool) -> None:
+    """Make `tool`'s conversion of a `str` return the face's (`_text_result`), reporting the result
+    and its journal JSON to the face's run in progress (`validated_as`'s `made`). Only for a tool
+    `_text_result_builder` accepted: the same result the SDK's conversion makes. Any other return
+    value goes to the SDK's conversion, so its errors and their texts stay the SDK's."""
+    meta = tool.fn_metadata
+    if "convert_result" in vars(meta):
+        return  # installed already
+    convert = meta.convert_result
+
+    def convert_result(result: Any) -> Converted:
+        if type(result) is not str:
+            return convert(result)
+        converted = _text_result(result)
+        run = _VALIDATED.get()
+        if run is not None and run[2] is not None:
+            run[2].append((converted, _text_json(result)))
+        return converted
+
+    object.__setattr__(meta, "convert_result", convert_result)  # as `install`: this tool only
+
+
+def validated_as(
+    arguments: dict[str, Any], validated: dict[str, Any], made: TextConversions | None = None
+) -> Token[Any]:
     """From now until `done(token)`, `arguments` (this very dict) validates to `validated` for
-    installed tools. (Two calls rather than a generator-based context manager: this is on every
-    durable run.)"""
-    return _VALIDATED.set((arguments, validated))
+    installed tools, and a `str` tool's conversion reports to `made` (when given). (Two calls
+    rather than a generator-based context manager: this is on every durable run.)"""
+    return _VALIDATED.set((arguments, validated, made))
 
 
 def done(token: Token[Any]) -> None:

@@ -1,22 +1,23 @@
 """A durable tool's per-call work done once (server/prevalidated.py): the function called with the
-face's validated values (through `Tool.run`), a `str` result dumped for the journal directly, and a
+face's validated values (through `Tool.run`), a `str` result converted and dumped for the journal directly, and a
 repeated request not validated again. Each answers exactly as the SDK's own path does."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import orjson
 import pytest
 from mcp import Client
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import CallToolResult
-from pydantic import AfterValidator, BaseModel, Field, field_validator
+from mcp_types import CallToolResult, TextContent
+from pydantic import AfterValidator, BaseModel, Field, ValidationError, field_validator
 
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallState
+from mcp_durable.server import prevalidated
 from mcp_durable.server.prevalidated import pure_schema
 from mcp_durable.server.results import dump_result
 from tests.helpers import key_meta
@@ -114,11 +115,55 @@ async def test_a_durable_tool_answers_as_the_same_tool_on_a_plain_server(
     assert record.result is not None and orjson.loads(record.result) == _wire(first)
 
 
-async def test_the_journal_json_of_a_str_result_is_the_sdks_dump() -> None:
-    durable, _ = _servers()
-    sdk = durable._tool_manager.get_tool("echo").fn_metadata.convert_result("a\u2028b")  # type: ignore[union-attr]
-    assert isinstance(sdk, CallToolResult)
-    assert durable._prepared["echo"].journal_json(sdk) == dump_result(sdk)
+async def test_a_str_tools_conversion_is_the_sdks_and_its_journal_json_the_sdks_dump() -> None:
+    durable, plain = _servers()
+    assert "echo" in durable._prepared  # prepared at registration: the face's conversion installed
+    ours = durable._tool_manager.get_tool("echo").fn_metadata  # type: ignore[union-attr]
+    theirs = plain._tool_manager.get_tool("echo").fn_metadata  # type: ignore[union-attr]
+    assert "convert_result" in vars(ours) and "convert_result" not in vars(theirs)
+    for text in ("", "a\u2028b", 'q "x"\n\u2713'):
+        made: prevalidated.TextConversions = []
+        token = prevalidated.validated_as({}, {}, made)
+        try:
+            converted = ours.convert_result(text)
+        finally:
+            prevalidated.done(token)
+        sdk = theirs.convert_result(text)
+        assert isinstance(sdk, CallToolResult) and converted == sdk
+        assert made == [(converted, dump_result(sdk))]
+    # Anything but a `str` goes to the SDK's conversion, its errors included.
+    with pytest.raises(ValidationError):
+        ours.convert_result(7)
+
+
+async def test_a_str_tool_that_runs_another_inside_journals_its_own_result() -> None:
+    durable = DurableServer("nested", journal="memory://")
+
+    @durable.tool(durable=ToolPolicy(key="derived"))
+    def inner(text: str) -> str:
+        return "inner " + text
+
+    @durable.tool(durable=ToolPolicy(key="derived"))
+    async def outer(text: str, ctx: Context) -> str:
+        inner_tool = durable._tool_manager.get_tool("inner")
+        assert inner_tool is not None
+        await inner_tool.run({"text": text}, ctx, convert_result=True)  # converted inside outer's run
+        # A result made by the tool itself (the SDK passes it through): no text conversion of
+        # outer's, so the only one made during its run is inner's — which is not outer's result.
+        made = CallToolResult(
+            content=[TextContent(type="text", text="outer " + text)], structured_content={"result": "outer " + text}
+        )
+        return cast(str, made)
+
+    async with Client(durable) as client:
+        first = await client.call_tool("outer", {"text": "x"}, meta=key_meta("k-1"))
+        again = await client.call_tool("outer", {"text": "x"}, meta=key_meta("k-1"))
+    assert first.structured_content == {"result": "outer x"}
+    assert again.structured_content == {"result": "outer x"}
+    assert (again.meta or {}).get("mcp-durable/replayed") is True
+    record = await durable.journal.get(CallIdentity("local", "outer", "k-1"))
+    assert record is not None and record.result is not None
+    assert orjson.loads(record.result)["structuredContent"] == {"result": "outer x"}
 
 
 async def test_a_repeated_request_is_answered_from_its_remembered_validation() -> None:
