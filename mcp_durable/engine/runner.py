@@ -139,8 +139,12 @@ class CallRunner:
         if not outcome.final or released_error:
             reason = Reason.INTERIM if not outcome.final else Reason.TOOL_ERROR
             text = "interim result" if not outcome.final else "tool error (released by policy)"
+            # A released error result is kept with the record (not as the key's outcome: the next
+            # call runs again), so that a task of the call has its result (SEP-2663: `completed`,
+            # `isError`); an interim answer is nobody's result.
+            kept = outcome.payload if released_error else None
             with anyio.CancelScope(shield=True):
-                await self.release(record, fence, policy, reason, text)
+                await self.release(record, fence, policy, reason, text, kept)
             return CallOutcome(
                 identity.key,
                 outcome.value,
@@ -247,10 +251,20 @@ class CallRunner:
             raise Superseded
         return written
 
-    async def release(self, record: CallRecord, fence: Fence, policy: ToolPolicy, reason: Reason, text: str) -> bool:
-        """Release a record the run holds (the next call with its key runs); False when fenced out."""
+    async def release(
+        self,
+        record: CallRecord,
+        fence: Fence,
+        policy: ToolPolicy,
+        reason: Reason,
+        text: str,
+        result: bytes | None = None,
+    ) -> bool:
+        """Release a record the run holds (the next call with its key runs); False when fenced out.
+        `result`: the error result released by policy (`Reason.TOOL_ERROR`), kept for the call's task."""
         now = self.engine.clock()
-        released = transitions.released(record, reason, now, transitions.expiry(now, policy.retention), text)
+        expires = transitions.expiry(now, policy.retention)
+        released = transitions.released(record, reason, now, expires, text, result)
         return await self.write(record, fence, released) is not None
 
     async def doubt(self, record: CallRecord, fence: Fence, reason: Reason, text: str) -> None:

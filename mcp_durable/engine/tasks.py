@@ -15,23 +15,32 @@ beyond a record's `task_id`:
   its run here; an owner on another replica is fenced out (its renewal fails, its next step
   is refused). A task whose status is terminal (completed, failed — in doubt under `refuse`,
   parked — or cancelled) is left as it is.
+- `ask`, `questions`, `answer`: a task that asks its requestor (`input_required`). A question
+  and its answer are process entries of the run's step process (`steps/<run_id>`, beside its
+  durable steps, purged with them): `INPUT_REQUEST` `{key, request}` when the tool asks,
+  `INPUT_RESPONSE` `{key, response}` when an answer arrives (the first one of a key counts).
+  The n-th question of a run has key `input-<n>` on every attempt, so a run resumed after a
+  restart replays the questions that were answered (the tool gets the journaled answer, nothing
+  is asked twice) and asks the first one that was not again, under the key it had.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, Unpack
 
 import anyio
 
 from .. import keys
-from ..errors import DurableError, KeyReuseError
-from ..journal.base import CallQuery, Journal, each_call
-from ..journal.model import CallIdentity, CallRecord, CallState, Reason
+from ..errors import DeterminismError, DurableError, KeyReuseError
+from ..journal.base import CallQuery, Journal, each_call, step_process_id
+from ..journal.model import CallIdentity, CallRecord, CallState, JournalEntry, Reason
 from ..keys import LOCAL_PRINCIPAL
 from ..policy import ToolPolicy
+from ..steps import DurableCall
 from ..tasks import CANCELLED_REASON, in_doubt_refused, new_task_id, task_view
 from . import transitions
 from .decide import Decision, TaskDecision, decide, submit_decision
@@ -43,6 +52,30 @@ logger = logging.getLogger("mcp_durable.engine")
 
 #: Open tasks read per `list_calls` by the task watch and `resume_all` (`TaskRuns.page`).
 TASK_PAGE = 500
+#: Process-entry types of a task's questions to its requestor and of their answers (`TaskRuns.ask`).
+INPUT_REQUEST = "input_request"
+INPUT_RESPONSE = "input_response"
+
+
+def input_key(n: int) -> str:
+    """The key of a run's `n`-th question (from 0): the same on every attempt of the run."""
+    return f"input-{n}"
+
+
+def _inputs(entries: Iterable[JournalEntry]) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(questions, answers) of a run's entries, by key: a key's latest question (a resumed run
+    that asks it differently asks anew) and its first answer (a second answer is ignored)."""
+    asked: dict[str, dict[str, Any]] = {}
+    answered: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        key = entry.data.get("key")
+        if not isinstance(key, str):
+            continue
+        if entry.entry_type == INPUT_REQUEST:
+            asked[key] = entry.data["request"]
+        elif entry.entry_type == INPUT_RESPONSE and key not in answered:
+            answered[key] = entry.data["response"]
+    return asked, answered
 
 
 class TaskHost(Protocol):
@@ -105,6 +138,13 @@ class TaskRuns:
         self.watch_interval = 1.0
         #: Records read per `list_calls` by a look (`watch_once`) and by `resume_all`.
         self.page = TASK_PAGE
+        #: Seconds a question waits between reads of the journal for its answer: an answer given
+        #: on this server wakes it at once, one given on another replica is read this late.
+        self.input_poll = 1.0
+        #: Questions each run has asked so far (their keys are numbered per run, `input_key`).
+        self._asked: weakref.WeakKeyDictionary[DurableCall, int] = weakref.WeakKeyDictionary()
+        #: The questions waiting here for their answer, by (run id, key): `answer` wakes them.
+        self._waiting: dict[tuple[str, str], anyio.Event] = {}
 
     async def resume_all(self) -> int:
         """Hand every in-doubt task to `resumer` (in the background); returns how many.
@@ -296,6 +336,76 @@ class TaskRuns:
             if await engine.swap(record, cancelled):
                 engine.stop_run(record.identity, Reason.REQUESTOR_CANCELLED)
                 return cancelled, True
+
+    # -- a task that asks its requestor (input_required) -----------------------------------------
+
+    async def ask(self, call: DurableCall, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Ask the task's requestor `request` (`{"method", "params"}`: an `elicitation/create`,
+        `sampling/createMessage` or `roots/list` request) and return its answer (the result's
+        JSON), waiting for it as long as the run lasts.
+
+        The question is journaled before anyone can see it, the answer when it arrives
+        (`answer`); a run that asks a question answered on an earlier attempt gets that answer at
+        once. A question asked again differently after it was answered raises
+        `DeterminismError`, as a step does. Raises `FencedOutError` (or a cancel's error) when
+        the run no longer holds its record: a stale owner asks nothing.
+        """
+        n = self._asked.get(call, 0)
+        self._asked[call] = n + 1
+        key = input_key(n)
+        journal = self.engine.journal
+        process = step_process_id(call.run_id)
+        entries = await journal.entries(process_id=process)
+        asked, answered = _inputs(entries)
+        wanted = dict(request)
+        if key in answered:
+            if asked.get(key) != wanted:
+                raise DeterminismError(n, str(asked.get(key, {}).get("method")), str(wanted.get("method")))
+            return answered[key]
+        if asked.get(key) != wanted:
+            await call._check_still_owned()  # the owner's fence, as a step checks it
+            await journal.append(process, INPUT_REQUEST, {"key": key, "request": wanted}, self.engine.clock())
+        seen = entries[-1].seq if entries else 0
+        waiter = (call.run_id, key)
+        try:
+            while True:
+                event = self._waiting.setdefault(waiter, anyio.Event())
+                with anyio.move_on_after(self.input_poll):
+                    await event.wait()
+                if event.is_set():
+                    self._waiting.pop(waiter, None)
+                fresh = await journal.entries(process_id=process, after=seen)
+                if fresh:
+                    seen = fresh[-1].seq
+                    _, answered = _inputs(fresh)
+                    if key in answered:
+                        return answered[key]
+        finally:
+            self._waiting.pop(waiter, None)
+
+    async def questions(self, record: CallRecord) -> dict[str, dict[str, Any]]:
+        """The questions of the task `record` still waiting for an answer, by key, in the order
+        they were asked (`{"method", "params"}` each); empty for a task that is terminal."""
+        if record.state.is_final or record.state == CallState.RELEASED:
+            return {}
+        entries = await self.engine.journal.entries(process_id=step_process_id(record.run_id))
+        asked, answered = _inputs(entries)
+        return {key: request for key, request in asked.items() if key not in answered}
+
+    async def answer(self, record: CallRecord, responses: Mapping[str, dict[str, Any]]) -> list[str]:
+        """Journal the answers among `responses` to questions of task `record` still waiting for
+        one (others are ignored) and wake the run that waits for them here; returns their keys."""
+        waiting = await self.questions(record)
+        keys = [key for key in responses if key in waiting]
+        process = step_process_id(record.run_id)
+        for key in keys:
+            await self.engine.journal.append(
+                process, INPUT_RESPONSE, {"key": key, "response": responses[key]}, self.engine.clock()
+            )
+            event = self._waiting.get((record.run_id, key))
+            if event is not None:
+                event.set()
+        return keys
 
 
 async def _logging_failure(record: CallRecord, run: Awaitable[Any]) -> None:

@@ -61,7 +61,8 @@ def taken_over(record: CallRecord, owner: str, now: float, lease: float, task_id
     """A RELEASED or IN_DOUBT record run again by `owner` as the next attempt of the same run.
 
     `expires_at` is cleared (a released record's retention must not let a fresh claim replace the
-    run now in progress); `task_id` is the task the new attempt is (None: a plain call)."""
+    run now in progress); `task_id` is the task the new attempt is (None: a plain call); a result
+    the released record kept (an error result released by policy) goes: the new attempt has none."""
     return record.evolve(
         state=CallState.PENDING,
         owner=owner,
@@ -71,6 +72,7 @@ def taken_over(record: CallRecord, owner: str, now: float, lease: float, task_id
         expires_at=None,
         task_id=task_id,
         reason=None,
+        result=None,
     )
 
 
@@ -101,9 +103,17 @@ def finished(record: CallRecord, payload: bytes, is_error: bool, now: float, ret
     )
 
 
-def released(record: CallRecord, reason: Reason, now: float, expires_at: float | None, error: str) -> CallRecord:
-    """A record let go without a result for `reason`: the next call with its key runs again,
-    unless the reason is a cancel (`Reason.cancelled`)."""
+def released(
+    record: CallRecord,
+    reason: Reason,
+    now: float,
+    expires_at: float | None,
+    error: str,
+    result: bytes | None = None,
+) -> CallRecord:
+    """A record let go for `reason`: the next call with its key runs again, unless the reason is a
+    cancel (`Reason.cancelled`). It keeps no result, but for an error result released by policy
+    (`Reason.TOOL_ERROR`, `result`): not the key's outcome, only its task's (`tasks.task_view`)."""
     return record.evolve(
         state=CallState.RELEASED,
         owner=None,
@@ -112,6 +122,7 @@ def released(record: CallRecord, reason: Reason, now: float, expires_at: float |
         expires_at=expires_at,
         reason=reason,
         error=error[:500],
+        result=result if reason is Reason.TOOL_ERROR else None,
     )
 
 

@@ -31,7 +31,8 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types import CallToolRequestParams, CallToolResult, InputRequiredResult, TextContent, ToolAnnotations
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS as MODERN
 from pydantic import ValidationError
 
 from .. import config, keys, limits
@@ -54,7 +55,9 @@ from .assembly import (
 from .calls import caller_meta
 from .client_requests import (
     asking_refused,
-    check_interactive_tasks,
+    first_round,
+    input_params,
+    task_context,
     warn_if_interactive_undeclared,
     without_client_requests,
 )
@@ -63,7 +66,7 @@ from .prevalidated import PreparedTool
 from .resources import JournalResources
 from .results import META_REPLAYED, dump_result
 from .sdk_internals import registered_tool, subscription_bus
-from .tasks import TaskProtocol
+from .tasks import TaskInputFirst, TaskProtocol
 
 #: Names this replica among several sharing one journal (its lifecycle process is server/NAME/REPLICA).
 ENV_INSTANCE = config.INSTANCE
@@ -278,8 +281,6 @@ class DurableServer(MCPServer[Any]):
 
         Raises `ConfigError` for a policy the tool cannot run under (nothing is registered then)."""
         policy = as_policy(durable)
-        if policy is not None:
-            check_interactive_tasks(name or fn.__name__, policy)
         if policy is not None and policy.advertised_idempotent:
             # The hint is now a guarantee: advertise it.
             base = annotations or ToolAnnotations()
@@ -484,23 +485,35 @@ class DurableServer(MCPServer[Any]):
 
     # -- tasks (server/tasks.py serves the protocol; these run them) -------------------------------
 
-    async def submit_task(self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None) -> CallRecord:
+    async def submit_task(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        context: Context[Any, Any] | None,
+        *,
+        answers: CallToolRequestParams | None = None,
+    ) -> CallRecord:
         """Create (or find, for a repeated key) the task for one call of durable tool `name`.
 
         Returns at once with the task's record; the tool runs in the background, outside the
-        request (it gets no request context), once per key. Raises `ValidationError`,
+        request (it gets no request context; an `interactive` tool gets one whose requests to
+        the client are the task's questions to its requestor, `client_requests.task_context`),
+        once per key. `answers`: the params of a 2026-07-28 request that answered the tool's
+        resolvers before the task was created. Raises `ValidationError`,
         `limits.LimitExceeded` (bad arguments) or a `DurableError` (the call is refused).
         """
         policy = self.policies[name]
         tool = registered_tool(self, name)
         assert tool is not None
         model, validated, canonical = self._validated(tool, name, arguments)
+        request = _request_of(context)
+        asking = task_context(self, self.engine.tasks.ask, request, answers) if policy.interactive else None
         return await self.engine.submit(
             tool=name,
             policy=policy,
             arguments=validated,
             meta=caller_meta(context),
-            run=self._runner(name, arguments, None, policy, model),
+            run=self._runner(name, arguments, asking, policy, model),
             encode=_encoder(tool),
             principal=self.principal_of(context),
             canonical=canonical,
@@ -509,8 +522,25 @@ class DurableServer(MCPServer[Any]):
     async def _submit_requested_task(
         self, name: str, arguments: dict[str, Any], request: ServerRequestContext[Any, Any]
     ) -> CallRecord:
-        """`submit_task` for the low-level request being served (the tasks' `TaskSubmitter`)."""
-        return await self.submit_task(name, arguments, Context(request_context=request, mcp_server=self))
+        """`submit_task` for the low-level request being served (the tasks' `TaskSubmitter`).
+
+        An interactive tool's `Resolve` parameters are asked first, in this request, on 2026-07-28
+        (`client_requests.first_round`): while they have questions, the request is answered with
+        them (`TaskInputFirst`) and no task is created."""
+        policy = self.policies.get(name)
+        tool = registered_tool(self, name)
+        answers = None
+        if policy is not None and policy.interactive and tool is not None and request.protocol_version in MODERN:
+            try:
+                questions = await first_round(self, tool, arguments, request)
+            except ValidationError:
+                questions = None  # bad arguments: refused by `submit_task` as any call's are
+            if questions is not None:
+                raise TaskInputFirst(questions)
+            answers = input_params(request)
+        return await self.submit_task(
+            name, arguments, Context(request_context=request, mcp_server=self), answers=answers
+        )
 
     async def _resume_task(self, record: CallRecord) -> None:
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy."""
@@ -520,7 +550,17 @@ class DurableServer(MCPServer[Any]):
         if policy is None or tool is None or record.arguments is None:
             return  # the tool is gone: the task stays in doubt for an operator
         arguments = orjson.loads(record.arguments)
-        await self.engine.resume(record.identity, policy, self._runner(name, arguments, None, policy), _encoder(tool))
+        asking = task_context(self, self.engine.tasks.ask) if policy.interactive else None
+        run = self._runner(name, arguments, asking, policy)
+        await self.engine.resume(record.identity, policy, run, _encoder(tool))
+
+
+def _request_of(context: Context[Any, Any] | None) -> ServerRequestContext[Any, Any] | None:
+    """The low-level request `context` serves (None: no request)."""
+    try:
+        return context.request_context if context is not None else None
+    except ValueError:
+        return None
 
 
 def _encoder(tool: Tool) -> Encoder:

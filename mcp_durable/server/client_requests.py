@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
+from mcp.server.context import ServerRequestContext
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import CallToolRequestParams
+from mcp.server.mcpserver.resolve import resolve_arguments
+from mcp.server.mcpserver.tools import Tool
+from mcp.server.session import ServerSession
+from mcp_types import CallToolRequestParams, ClientCapabilities, InitializeRequestParams, InputRequiredResult
 from pydantic import ValidationError
 
 from .. import keys
-from ..errors import ClientRequestWithoutKeyError, ConfigError
+from ..errors import ClientRequestWithoutKeyError
 from ..policy import ToolPolicy
+from ..steps import current_call
 from .calls import caller_meta
 from .sdk_internals import subscription_bus
 
@@ -86,16 +91,129 @@ def without_client_requests(
     )
 
 
-def check_interactive_tasks(name: str, policy: ToolPolicy) -> None:
-    """`ConfigError` for an interactive tool that may run as a task: a task runs in the
-    background, outside any request, so the tool has no client to ask (every run would fail)."""
-    if policy.interactive and policy.task_support != "forbidden":
-        raise ConfigError(
-            f"tool {name!r} is interactive (it asks its client while it runs: elicitation, sampling) "
-            f"and has task_support={policy.task_support!r}: a task runs in the background with no client "
-            "to ask, so it could never finish; register it with task_support='forbidden' (the default) "
-            "or not interactive"
-        )
+#: Asks the requestor of the running task a question (`{"method", "params"}`) and returns its
+#: answer: `TaskRuns.ask` for the durable call being run.
+Asker = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+#: The protocol version a task's tool is told it speaks: a handshake version, on which the SDK
+#: (`ctx.elicit`, `Resolve` parameters) sends each question as a request to the client, which
+#: the task's session journals (2026-07-28 would make resolvers answer `input_required` instead).
+TASK_PROTOCOL_VERSION = "2025-11-25"
+
+
+class TaskSession(ServerSession):
+    """The session of an interactive tool run as a task: each request to the client
+    (`elicit_form`, `create_message`, `list_roots`, `send_request`) is asked of the task's
+    requestor through `ask` and waits for the answer; notifications and progress have no request
+    to ride and are dropped.
+
+    `can_send_request` is False: the SDK then asks without checking the client's capabilities,
+    which a task resumed after a restart does not know (its requestor answers or it waits)."""
+
+    def __init__(self, ask: Asker, protocol_version: str = TASK_PROTOCOL_VERSION) -> None:
+        # No connection: the task outlives the request that created it.
+        self._ask = ask
+        self._task_protocol_version = protocol_version
+        self._log_is_request_scoped = True
+        self._allowed_log_levels = frozenset()
+
+    @property
+    def client_params(self) -> InitializeRequestParams | None:
+        return None
+
+    @property
+    def client_capabilities(self) -> ClientCapabilities | None:
+        return None
+
+    @property
+    def can_send_request(self) -> bool:
+        return False
+
+    @property
+    def protocol_version(self) -> str:
+        return self._task_protocol_version
+
+    def check_client_capability(self, capability: ClientCapabilities) -> bool:
+        return False
+
+    async def send_request(self, request: Any, result_type: Any, *args: Any, **kwargs: Any) -> Any:
+        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        question: dict[str, Any] = {"method": data["method"]}
+        if data.get("params"):
+            question["params"] = data["params"]
+        answer = await self._ask(question)
+        return result_type.model_validate(answer, by_name=False)
+
+    async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
+        return None
+
+    async def _notify(self, notification: Any, *, request_scoped: bool) -> None:
+        return None
+
+    async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        return None
+
+
+def task_context(
+    server: MCPServer[Any],
+    ask: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]],
+    request: ServerRequestContext[Any, Any] | None = None,
+    input_params: CallToolRequestParams | None = None,
+) -> Context[Any, Any]:
+    """The context of an interactive tool run as a task: its session is a `TaskSession` asking
+    through `ask(call, question)` for the durable call being run (`TaskRuns.ask`).
+
+    `request` is the request that created the task (None for a task resumed from the journal):
+    its lifespan state is kept. `input_params`: the answers a 2026-07-28 request gathered before
+    the task was created (multi-round `tools/call`, SEP-2322), which the tool's `Resolve`
+    parameters read on its first run; the context then speaks that request's protocol version.
+    """
+
+    async def asked(question: dict[str, Any]) -> dict[str, Any]:
+        return await ask(current_call(), question)
+
+    version = request.protocol_version if request is not None and input_params is not None else TASK_PROTOCOL_VERSION
+    context = ServerRequestContext[Any, Any](
+        session=TaskSession(asked, version),
+        lifespan_context=request.lifespan_context if request is not None else {},
+        protocol_version=version,
+        method="tools/call",
+        request_id="task",
+    )
+    return Context(
+        request_context=context, mcp_server=server, input_params=input_params, subscriptions=subscription_bus(server)
+    )
+
+
+def input_params(request: ServerRequestContext[Any, Any]) -> CallToolRequestParams | None:
+    """The `tools/call` params of `request` when they answer an earlier round (`inputResponses`,
+    `requestState`: a 2026-07-28 multi-round call); None otherwise."""
+    raw = request.params
+    if raw is None or not ("inputResponses" in raw or "requestState" in raw):
+        return None
+    try:
+        return CallToolRequestParams.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+async def first_round(
+    server: MCPServer[Any], tool: Tool, arguments: dict[str, Any], request: ServerRequestContext[Any, Any]
+) -> InputRequiredResult | None:
+    """For a task-creating 2026-07-28 call of a tool with `Resolve` parameters: the questions its
+    resolvers still have for this request (an `InputRequiredResult`, answered before any task is
+    created: SEP-2663's MRTR composition), or None once this request's answers satisfy them."""
+    if not tool.resolved_params:
+        return None
+    context = Context(
+        request_context=request,
+        mcp_server=server,
+        input_params=input_params(request),
+        subscriptions=subscription_bus(server),
+    )
+    validated = tool.fn_metadata.validate_arguments(arguments)
+    resolved = await resolve_arguments(tool.resolved_params, tool.resolver_plans, validated, context)
+    return resolved if isinstance(resolved, InputRequiredResult) else None
 
 
 def warn_if_interactive_undeclared(name: str, policy: ToolPolicy, fn: Callable[..., Any]) -> None:

@@ -7,6 +7,7 @@ task, its result and a `tasks/list` cursor look like on the wire.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -17,7 +18,7 @@ from pydantic import BaseModel
 
 from ..journal import CallCursor, CallIdentity, CallRecord, CallState
 from ..policy import ToolPolicy
-from ..tasks import TaskView, task_view
+from ..tasks import TaskView, has_task_result, task_view
 from ..views import iso
 from .results import META_KEY
 
@@ -62,9 +63,12 @@ def failure(record: CallRecord, view: TaskView) -> tuple[str, str]:
     return "failed", f"the tool failed: {record.error or 'no result'}"
 
 
-def legacy_task(record: CallRecord, policy: ToolPolicy | None) -> dict[str, Any]:
-    """A 2025-11-25 `Task`: a tool's error result makes the task `failed`."""
-    view = task_view(record, policy)
+def legacy_task(
+    record: CallRecord, policy: ToolPolicy | None, inputs: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A 2025-11-25 `Task`: a tool's error result makes the task `failed`. `inputs`: its
+    questions waiting for an answer (the task is then `input_required`)."""
+    view = task_view(record, policy, waiting=bool(inputs))
     task: dict[str, Any] = {
         "taskId": record.task_id,
         "status": "failed" if view.is_error_result else view.status,
@@ -78,9 +82,13 @@ def legacy_task(record: CallRecord, policy: ToolPolicy | None) -> dict[str, Any]
     return task
 
 
-def modern_task(record: CallRecord, policy: ToolPolicy | None, *, detailed: bool) -> dict[str, Any]:
-    """A 2026-07-28 `Task` (`detailed`: a `DetailedTask`, the result or error inlined)."""
-    view = task_view(record, policy)
+def modern_task(
+    record: CallRecord, policy: ToolPolicy | None, *, detailed: bool, inputs: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A 2026-07-28 `Task` (`detailed`: a `DetailedTask`, the result or error inlined, and the
+    `inputRequests` of an `input_required` task). `inputs`: its questions waiting for an answer,
+    by key (`{"method", "params"}` each)."""
+    view = task_view(record, policy, waiting=bool(inputs))
     task: dict[str, Any] = {
         "taskId": record.task_id,
         "status": view.status,
@@ -97,6 +105,8 @@ def modern_task(record: CallRecord, policy: ToolPolicy | None, *, detailed: bool
     elif detailed and view.status == "failed":
         code, message = failure(record, view)
         task["error"] = {"code": INTERNAL_ERROR, "message": message, "data": {"error": code}}
+    elif detailed and view.status == "input_required" and inputs:
+        task["inputRequests"] = dict(inputs)
     return task
 
 
@@ -104,7 +114,7 @@ def legacy_payload(record: CallRecord, policy: ToolPolicy | None) -> dict[str, A
     """What 2025-11-25 `tasks/result` answers for a terminal task: the call's own result (or
     error), marked with the related task. Raises `MCPError` for a cancelled task."""
     related = {RELATED_TASK: {"taskId": record.task_id}}
-    if record.state.is_final:
+    if has_task_result(record):
         result = stored_result(record)
         result["_meta"] = {**result["_meta"], **related}
         return result

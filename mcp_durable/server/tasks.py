@@ -19,13 +19,22 @@ dialects over the engine's `submit` / `task` / `cancel_task`:
   own tasks among them and sends `notifications/tasks` (the `DetailedTask`) on every change,
   until all of them are terminal.
 
+A task that asks its requestor (an `interactive` tool run as a task, `client_requests.TaskSession`)
+has journaled questions without an answer (`TaskRuns.questions`) and is `input_required`:
+2026-07-28 `tasks/get` lists them as `inputRequests` and `tasks/update` answers them; 2025-11-25
+`tasks/result` sends each to the client as a request (with the related-task `_meta`) on its own
+stream and journals the answer. A 2026-07-28 task-creating call of a tool with `Resolve`
+parameters first answers `input_required` itself while its resolvers have questions
+(`TaskInputFirst`, SEP-2663's MRTR composition); the round that answers them creates the task.
+
 Security: every method looks a task up by `(principal, task id)`; another principal's task
 gets exactly the unknown-id error (-32602, same message), and `tasks/list` lists only the
-caller's own tasks.
+caller's own tasks. A task's questions are read and answered only through it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, cast
 
@@ -34,9 +43,15 @@ from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding, RequestHandler
 from mcp.server.mcpserver import require_client_extension
+from mcp.shared.exceptions import NoBackChannelError
+from mcp.shared.message import ServerMessageMetadata
 from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp_types import (
     CallToolRequestParams,
+    CreateMessageResult,
+    ElicitResult,
+    InputRequiredResult,
+    ListRootsResult,
     PaginatedRequestParams,
     RequestParams,
     TaskStatusNotification,
@@ -44,12 +59,12 @@ from mcp_types import (
 )
 from mcp_types.jsonrpc import HEADER_MISMATCH, INTERNAL_ERROR, INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine import CallOutcome
 from ..journal import CallQuery, CallRecord
 from ..policy import ToolPolicy
-from ..tasks import task_view
+from ..tasks import has_task_result, task_view
 from . import task_wire as wire
 from .ports import DurableHost
 from .results import answer, refusals_as_jsonrpc
@@ -59,17 +74,50 @@ __all__ = [
     "RELATED_TASK",
     "TASK_NOT_FOUND",
     "TASKS_EXTENSION",
+    "TaskInputFirst",
     "TaskProtocol",
     "TasksExtension",
     "skip_idle_interceptor",
 ]
 
 
+logger = logging.getLogger(__name__)
+
 LEGACY_VERSIONS = frozenset({"2025-11-25"})
 #: `tasks/list` page size.
 LIST_PAGE = 50
 #: Sessions kept for status notifications at most (oldest dropped first).
 MAX_WATCHED = 10_000
+
+
+#: What answers each kind of question a task asks (a `tasks/update` answer is checked against it).
+ANSWER_MODELS: dict[str, type[BaseModel]] = {
+    "elicitation/create": ElicitResult,
+    "sampling/createMessage": CreateMessageResult,
+    "roots/list": ListRootsResult,
+}
+
+
+class TaskInputFirst(Exception):  # noqa: N818 - an answer, not a failure
+    """Raised by a `TaskSubmitter` instead of creating a task: the call must first be answered
+    with `result` (its `Resolve` parameters' questions, 2026-07-28 multi-round `tools/call`)."""
+
+    def __init__(self, result: InputRequiredResult) -> None:
+        super().__init__("the call needs input before its task is created")
+        self.result = result
+
+
+class _Question(BaseModel):
+    """A task's question sent to a 2025-11-25 client (`ServerSession.send_request` dumps it)."""
+
+    method: str
+    params: dict[str, Any] | None = None
+
+
+class _Answer(BaseModel):
+    """The client's answer to a `_Question`, kept as it came (the SDK checks it by method)."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class TaskIdParams(RequestParams):
@@ -128,6 +176,8 @@ class TaskProtocol:
         self._submit = submit
         #: Legacy sessions that created a task, for `notifications/tasks/status` (best effort).
         self._watchers: dict[tuple[str, str], Any] = {}
+        #: The questions (principal, task id, key) a 2025-11-25 `tasks/result` here is asking.
+        self._asking: set[tuple[str, str, str]] = set()
 
     # -- shared -----------------------------------------------------------------------------------
 
@@ -162,11 +212,21 @@ class TaskProtocol:
 
     # -- wire shapes (server/task_wire.py), with each record's tool policy ------------------------
 
-    def legacy_task(self, record: CallRecord) -> dict[str, Any]:
-        return wire.legacy_task(record, self._policy(record))
+    def legacy_task(self, record: CallRecord, inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+        return wire.legacy_task(record, self._policy(record), inputs)
 
-    def modern_task(self, record: CallRecord, *, detailed: bool) -> dict[str, Any]:
-        return wire.modern_task(record, self._policy(record), detailed=detailed)
+    def modern_task(
+        self, record: CallRecord, *, detailed: bool, inputs: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return wire.modern_task(record, self._policy(record), detailed=detailed, inputs=inputs)
+
+    async def inputs(self, record: CallRecord) -> dict[str, Any]:
+        """The questions of task `record` waiting for its requestor's answer, by key (empty for a
+        tool that is not `interactive`, whose tasks never ask, and for a terminal task)."""
+        policy = self._policy(record)
+        if policy is None or not policy.interactive or task_view(record, policy).terminal:
+            return {}
+        return await self.host.engine.tasks.questions(record)
 
     # -- 2025-11-25: tools/call with params.task, initialize, tools/list ----------------------------
 
@@ -273,19 +333,61 @@ class TaskProtocol:
             self._check_modern(ctx, params.task_id)
         record = await self._find(ctx, params.task_id)
         self.host.engine.nudge_task(record, self._policy(record))
+        inputs = await self.inputs(record)
         if _modern(ctx):
-            return self.modern_task(record, detailed=True)
-        return self.legacy_task(record)
+            return self.modern_task(record, detailed=True, inputs=inputs)
+        return self.legacy_task(record, inputs)
 
     async def result(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        """2025-11-25 `tasks/result`: blocks until the task is terminal, then answers its result."""
+        """2025-11-25 `tasks/result`: blocks until the task is terminal, then answers its result.
+
+        While the task waits for input, each of its questions is sent to the client on this
+        request's stream (`elicitation/create`, … with the related-task `_meta`) and the answer
+        journaled; a question another `tasks/result` is asking already, or one this client could
+        not answer (an error), is left to be answered elsewhere."""
+        unanswerable: set[str] = set()
         while True:
             record = await self._find(ctx, params.task_id)
             policy = self._policy(record)
             if task_view(record, policy).terminal:
                 return wire.legacy_payload(record, policy)
             self.host.engine.nudge_task(record, policy)
-            await self.host.engine.journal.wait_for_change(record.identity, 1.0)
+            inputs = {k: q for k, q in (await self.inputs(record)).items() if k not in unanswerable}
+            asked = await self._ask_requestor(ctx, record, inputs, unanswerable) if inputs else False
+            if not asked:
+                await self.host.engine.journal.wait_for_change(record.identity, 1.0 if not inputs else 0.25)
+
+    async def _ask_requestor(
+        self, ctx: ServerRequestContext[Any, Any], record: CallRecord, inputs: dict[str, Any], failed: set[str]
+    ) -> bool:
+        """Send the task's questions `inputs` to the client of `ctx` (2025-11-25, on its
+        `tasks/result` stream) one after another and journal each answer; True if any was sent.
+        A question being asked by another request here is skipped; a key the client answered
+        with an error (or could not be asked) goes to `failed`."""
+        assert record.task_id is not None
+        sent = False
+        for key, question in inputs.items():
+            asking = (record.identity.principal, record.task_id, key)
+            if asking in self._asking:
+                continue
+            self._asking.add(asking)
+            try:
+                params = dict(question.get("params") or {})
+                params["_meta"] = {**params.get("_meta", {}), RELATED_TASK: {"taskId": record.task_id}}
+                request = _Question(method=question["method"], params=params)
+                try:
+                    answer = await ctx.session.send_request(
+                        cast(Any, request), _Answer, metadata=ServerMessageMetadata(related_request_id=ctx.request_id)
+                    )
+                except (MCPError, NoBackChannelError, ValidationError) as exc:
+                    logger.info("task %s: the client did not answer %s: %s", record.task_id, key, exc)
+                    failed.add(key)
+                    continue
+                sent = True
+                await self.host.engine.tasks.answer(record, {key: answer.model_extra or {}})
+            finally:
+                self._asking.discard(asking)
+        return sent
 
     async def list(self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams) -> dict[str, Any]:
         """2025-11-25 `tasks/list`: the caller's own tasks, newest first, paginated."""
@@ -340,9 +442,32 @@ class TaskProtocol:
         raise MCPError(code=INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status '{status}'")
 
     async def update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
-        """2026-07-28 `tasks/update`: durable tools never ask for input, so nothing is outstanding."""
+        """2026-07-28 `tasks/update`: journal the answers (`inputResponses`) to questions of the
+        task still waiting for one, and acknowledge; answers to other keys (answered already, never
+        asked) are ignored. An answer that is not a result of its question's method is refused
+        (-32602) and nothing of the request is journaled."""
         self._check_modern(ctx, params.task_id)
-        await self._find(ctx, params.task_id)
+        record = await self._find(ctx, params.task_id)
+        responses = params.input_responses or {}
+        waiting = await self.inputs(record) if responses else {}
+        answers: dict[str, dict[str, Any]] = {}
+        for key, response in responses.items():
+            question = waiting.get(key)
+            if question is None:
+                continue
+            model = ANSWER_MODELS.get(question.get("method", ""))
+            try:
+                checked = model.model_validate(response, by_name=False) if model is not None else None
+            except ValidationError:
+                raise MCPError(
+                    code=INVALID_PARAMS, message=f"inputResponses[{key!r}] is not a result of {question['method']}"
+                ) from None
+            if checked is not None:
+                answers[key] = checked.model_dump(by_alias=True, mode="json", exclude_none=True)
+            elif isinstance(response, dict):
+                answers[key] = response
+        if answers:
+            await self.host.engine.tasks.answer(record, answers)
         return {}
 
     # -- 2026-07-28: task notifications on subscriptions/listen ------------------------------------
@@ -362,13 +487,15 @@ class TaskProtocol:
             params={"notifications": {"taskIds": list(records)}, "_meta": meta},
         )
         await ctx.session.send_notification(cast(Any, ack), related_request_id=ctx.request_id)
-        sent: dict[str, tuple[str, float]] = {}
+        sent: dict[str, tuple[str, float, tuple[str, ...]]] = {}
         while True:
             for task_id, record in records.items():
-                state = (task_view(record, self._policy(record)).status, record.updated_at)
+                inputs = await self.inputs(record)
+                view = task_view(record, self._policy(record), waiting=bool(inputs))
+                state = (view.status, record.updated_at, tuple(inputs))
                 if sent.get(task_id) != state:
                     sent[task_id] = state
-                    params = {**self.modern_task(record, detailed=True), "_meta": meta}
+                    params = {**self.modern_task(record, detailed=True, inputs=inputs), "_meta": meta}
                     note = wire.Notification(method="notifications/tasks", params=params)
                     await ctx.session.send_notification(cast(Any, note), related_request_id=ctx.request_id)
             if all(task_view(r, self._policy(r)).terminal for r in records.values()):
@@ -392,7 +519,10 @@ class TaskProtocol:
             if policy.task_support == "required":
                 require_client_extension(ctx, TASKS_EXTENSION)  # raises -32021
             return await call_next(ctx)
-        record = await self._create(ctx, params.name, params.arguments or {})
+        try:
+            record = await self._create(ctx, params.name, params.arguments or {})
+        except TaskInputFirst as first:
+            return first.result  # a round of questions before the task: no task yet
         finished_before = record.state.is_final  # a repeat of a finished call: a replay
         if finished_before and policy.task_support == "optional" and not _finished_within(record, policy):
             # Its first caller got the task (the run outlasted `task_after`): so does every repeat,
@@ -400,9 +530,9 @@ class TaskProtocol:
             return {"resultType": "task", **self.modern_task(record, detailed=False)}
         if policy.task_support == "optional" and policy.task_after > 0:
             record = await self._settle(record, policy.task_after)
-        if record.state.is_final and policy.task_support == "optional":
+        if has_task_result(record) and policy.task_support == "optional":
             # Finished within `task_after` (of this call, or of the first call a repeat repeats):
-            # the plain result, as a call without tasks gets it.
+            # the plain result, as a call without tasks gets it (a released error result too).
             return answer(
                 CallOutcome(
                     record.identity.key,
