@@ -37,6 +37,7 @@ CASES: dict[str, tuple[str, str]] = {
     "11": ("retention", "retention"),
     "12": ("scale", "scale"),
     "13": ("retention at scale", "retention_scale"),
+    "14": ("FastMCP side by side", "fastmcp_peers"),
 }
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 

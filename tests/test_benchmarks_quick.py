@@ -44,6 +44,7 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
         "12. Scale: each operation's median",
         "12b. Scale: ready",
         "13. Retention on",
+        "14. FastMCP side by side",
         "Targets",
     ):
         assert heading in text, f"the report lacks {heading!r}"

@@ -10,8 +10,9 @@
 
 Modules: `middleware.py` (`make_durable`, `DurableMiddleware`: the call through the engine, the
 engine's lifespan), `calls.py` (arguments, results, errors and principals of one call),
-`order.py` (the start-up check of caching and retry middleware), `internals.py` (every read of
-a FastMCP internal). docs/fastmcp.md says what is covered and what is not yet.
+`order.py` (the start-up check of caching and retry middleware), `tasks.py` (durable MCP tasks,
+both generations, through FastMCP's tasks-extension seam), `internals.py` (every read of a
+FastMCP internal). docs/fastmcp.md says what is covered and what is not yet.
 """
 
 try:
@@ -20,5 +21,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("mcp_durable.fastmcp needs FastMCP 4: pip install 'mcp-durable[fastmcp]'") from exc
 
 from .middleware import DurableMiddleware, EngineLifespan, make_durable
+from .tasks import DurableTasks
 
-__all__ = ["DurableMiddleware", "EngineLifespan", "make_durable"]
+__all__ = ["DurableMiddleware", "DurableTasks", "EngineLifespan", "make_durable"]

@@ -37,6 +37,7 @@ from pydantic_core import to_json, to_jsonable_python
 
 from .. import keys
 from ..keys import LOCAL_PRINCIPAL
+from ..policy import ToolPolicy
 
 #: The code FastMCP raises a `FunctionTool`'s own `timeout` with (`FunctionTool._run_body`).
 FASTMCP_TOOL_TIMEOUT_CODE = -32000
@@ -71,6 +72,19 @@ class ArgumentCheck:
             bound = adapter.validate_python(arguments, strict=True if strict else None)
         values: dict[str, Any] = to_jsonable_python(bound)
         return values
+
+
+@dataclass(frozen=True, slots=True)
+class DurableTool:
+    """A durable tool as its calls need it: the FastMCP tool, its policy, its argument check."""
+
+    tool: Tool
+    policy: ToolPolicy
+    arguments: ArgumentCheck
+
+    @property
+    def name(self) -> str:
+        return self.tool.name
 
 
 def _capture_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:

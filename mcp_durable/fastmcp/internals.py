@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fastmcp import FastMCP
+from fastmcp.server.low_level import LowLevelServer
 from fastmcp.server.middleware.caching import ResponseCachingMiddleware
 
-__all__ = ["INTERNALS", "caches_tool_call"]
+__all__ = ["INTERNALS", "caches_tool_call", "low_level_server"]
 
 #: Each FastMCP internal read, with why no public seam serves.
 INTERNALS: Mapping[str, str] = {
@@ -21,6 +23,12 @@ INTERNALS: Mapping[str, str] = {
         "which tools its `tools/call` cache covers (`enabled`, `included_tools`, `excluded_tools`), "
         "so the start-up check warns only about durable tools it really caches; the middleware "
         "keeps its settings and has no public reader"
+    ),
+    "FastMCP._mcp_server": (
+        "the SDK low-level server under FastMCP, whose `middleware` list takes the durable tasks' "
+        'SDK middleware (tasks.py): a 2025-11-25 task-creating `tools/call` is answered `{"task": …}`, '
+        "which a handler cannot return (the SDK validates it as a `CallToolResult`), and "
+        "`initialize` gets `capabilities.tasks`; FastMCP's `Middleware` sees neither raw answer"
     ),
 }
 
@@ -37,3 +45,9 @@ def caches_tool_call(cache: ResponseCachingMiddleware, tool: str) -> bool:
         return False
     excluded = settings.get("excluded_tools")
     return not (excluded and tool in excluded)
+
+
+def low_level_server(app: FastMCP[Any]) -> LowLevelServer[Any]:
+    """The SDK low-level server FastMCP serves `app` with (its `_mcp_server`)."""
+    server: LowLevelServer[Any] = app._mcp_server
+    return server

@@ -16,12 +16,15 @@ a component-less `Provider` whose lifespan FastMCP enters at start (`EngineLifes
 The parts every face composes are shared with `DurableServer` and the proxy, not rewritten: the
 limits (`limits.CallLimits`), the refusals and a run's result as the engine persists it
 (`server.calls.CallAnswers`), the engine's lifetime with background recovery and retention
-(`server.lifetime.EngineLifetime`) and their defaults (`server.assembly`). The call path itself
+(`server.lifetime.EngineLifetime`) and their defaults (`server.assembly`), and telemetry
+(`operations.telemetry`: the global OpenTelemetry providers by default, each call observed on
+FastMCP's `tools/call` span as `server.calls.DurableCalls` observes the SDK's). The call path itself
 is this middleware's: the key and the principal come from FastMCP's context, and what FastMCP
 raises and answers are its own types.
 
-Not covered yet (docs/fastmcp.md): task-augmented calls (they pass through unjournaled) and
-multi-round `input_required` answers (interim: answered, never journaled).
+MCP tasks are the tasks extension's (tasks.py): a task-creating call passes this middleware on
+(`DurableTasks.takes`), and the extension's interceptor journals it as a task. Not covered yet
+(docs/fastmcp.md): multi-round `input_required` answers (interim: answered, never journaled).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
@@ -49,9 +51,10 @@ from ..engine import Engine, Runner, ToolOutcome
 from ..errors import DurableError, OutcomeUnknownError
 from ..journal import Journal, create_journal, default_journal_url
 from ..limits import CallLimits
-from ..operations.recovery import BackgroundRecovery
+from ..operations.recovery import BackgroundRecovery, ReconcilePass
 from ..operations.retention import BackgroundRetention, RetentionSchedule
 from ..operations.schedule import check_interval
+from ..operations.telemetry import ObservedCall, Telemetry, face_telemetry
 from ..policy import ToolPolicy, as_policy
 from ..policy_file import PASS_THROUGH, Policies, Setting, load_policies
 from ..server.assembly import DEFAULT_RECONCILE_INTERVAL, DEFAULT_RETENTION_SCHEDULE
@@ -60,7 +63,8 @@ from ..server.lifetime import BackgroundJobs, EngineLifetime
 from ..server.results import answer, dump_result, protocol_error_result, replay_answer
 from ..steps import DurableCall
 from . import order
-from .calls import ArgumentCheck, Failure, call_result, error_result, token_principal, tool_result
+from .calls import ArgumentCheck, DurableTool, Failure, call_result, error_result, token_principal, tool_result
+from .tasks import DurableTasks, install_tasks, task_policy
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +99,11 @@ class DurableOptions(TypedDict, total=False):
       bearer token's identity on HTTP, else `local` (`calls.token_principal`).
     - `clock`, `instance_id`, `max_argument_bytes`, `max_result_bytes`, `max_argument_depth`,
       `reconcile_interval`, `retention_schedule`: as `DurableServer`'s, with its defaults.
+    - `telemetry`: as `DurableServer`'s (docs/telemetry.md): None (the default) or True, the
+      global OpenTelemetry providers; a `Telemetry`, its providers; False, none.
+    - `tasks`: durable MCP tasks (fastmcp/tasks.py, docs/fastmcp.md): None (the default) serves
+      them unless a tasks extension (`fastmcp-tasks`) is registered already; True serves them (an
+      extension registered already is an error); False does not.
     """
 
     journal: str | Journal | None
@@ -107,19 +116,8 @@ class DurableOptions(TypedDict, total=False):
     max_argument_depth: int | None
     reconcile_interval: float | None
     retention_schedule: RetentionSchedule | None
-
-
-@dataclass(frozen=True, slots=True)
-class DurableTool:
-    """A durable tool as its calls need it: the FastMCP tool, its policy, its argument check."""
-
-    tool: Tool
-    policy: ToolPolicy
-    arguments: ArgumentCheck
-
-    @property
-    def name(self) -> str:
-        return self.tool.name
+    telemetry: Telemetry | bool | None
+    tasks: bool | None
 
 
 class DurableMiddleware(Middleware):
@@ -129,6 +127,9 @@ class DurableMiddleware(Middleware):
     `Engine` on `journal`; `provider` the component-less `Provider` whose lifespan starts and
     stops it with the server.
     """
+
+    #: Its durable MCP tasks (tasks.py), set by `make_durable`; None: tasks are not served.
+    tasks: DurableTasks | None = None
 
     def __init__(self, app: FastMCP[Any], **options: Unpack[DurableOptions]) -> None:
         self.app = app
@@ -145,6 +146,11 @@ class DurableMiddleware(Middleware):
         self.engine = Engine(store, **engine_kwargs)
         # A repeat's answer is made once per record the engine keeps for repeats (its replay cache).
         self.engine.render_replay = replay_answer
+        #: The calls' OpenTelemetry (None: off), `DurableServer`'s: attributes on FastMCP's
+        #: `tools/call` span, child spans, metrics, the in-doubt gauge (operations/telemetry.py).
+        self.telemetry: Telemetry | None = face_telemetry(options.get("telemetry"))
+        if self.telemetry is not None:
+            self.telemetry.attach(self.engine)
         self.principal_of: Callable[[Context | None], str] = options.get("principal") or _token_principal
         self.limits = CallLimits.checked(
             options.get("max_argument_bytes", limits.DEFAULT_MAX_ARGUMENT_BYTES),
@@ -161,15 +167,21 @@ class DurableMiddleware(Middleware):
         self.recovery: BackgroundRecovery | None = None
         if check_interval("reconcile_interval", reconcile_interval) is not None:
             assert reconcile_interval is not None
-            self.recovery = BackgroundRecovery(self.engine, self.durable_policies, self._encoder, reconcile_interval)
+            self.recovery = BackgroundRecovery(
+                self.engine,
+                self.durable_policies,
+                self.encoder,
+                reconcile_interval,
+                after_pass=self._after_recovery_pass,
+            )
         retention_schedule = options.get("retention_schedule", DEFAULT_RETENTION_SCHEDULE)
         self.retention: BackgroundRetention | None = None
         if retention_schedule is not None:
             check_interval("retention_schedule.interval", retention_schedule.interval)
             self.retention = BackgroundRetention(self.engine, retention_schedule)
         jobs = [job.run_forever for job in (self.recovery, self.retention) if job is not None]
-        #: The engine and the background jobs while the server runs (no telemetry: no option asks for it).
-        self.lifetime = EngineLifetime(self.engine, None, BackgroundJobs(app.name, jobs))
+        #: The engine, telemetry and the background jobs while the server runs.
+        self.lifetime = EngineLifetime(self.engine, self.telemetry, BackgroundJobs(app.name, jobs))
         self.provider = EngineLifespan(self)
 
     @property
@@ -179,11 +191,15 @@ class DurableMiddleware(Middleware):
     # -- which tools are durable -------------------------------------------------------------------
 
     def policy_of(self, tool: Tool) -> ToolPolicy | None:
-        """The tool's policy (None: not durable): the policies' setting, else its annotations."""
+        """The tool's policy (None: not durable): the policies' setting, else its annotations;
+        with tasks served, FastMCP's own `task=True` makes it a task (`tasks.task_policy`)."""
         annotations = (
             None if tool.annotations is None else tool.annotations.model_dump(by_alias=True, exclude_none=True)
         )
-        return self.policies.for_tool(tool.name, annotations)
+        policy = self.policies.for_tool(tool.name, annotations)
+        if self.tasks is None:
+            return policy
+        return task_policy(tool, policy, self.policies.tools.get(tool.name) == PASS_THROUGH)
 
     def durable_tool(self, tool: Tool) -> DurableTool | None:
         """`tool` as a durable tool (None: it is not one), made once per tool object."""
@@ -229,6 +245,8 @@ class DurableMiddleware(Middleware):
         durable = None if tool is None else self.durable_tool(tool)
         if durable is None:
             return await call_next(context)  # not durable, or no such tool: FastMCP answers
+        if self.tasks is not None and self.tasks.takes(durable.name):
+            return await call_next(context)  # a task: journaled by the tasks' interceptor (tasks.py)
         name = durable.name
         arguments = dict(context.message.arguments or {})
         try:
@@ -242,33 +260,60 @@ class DurableMiddleware(Middleware):
             raise FastMCPValidationError(str(exc)) from exc  # FastMCP's own answer to bad arguments
         except DurableError as exc:
             return self._refuse(durable, exc)
-        fastmcp_context = context.fastmcp_context
-        run = self._runner(durable, context, call_next)
+        principal = self.principal_of(context.fastmcp_context)
+        if self.telemetry is None:
+            return await self._execute(durable, context, call_next, validated, canonical, principal, None)
+        # Observed as DurableServer's calls are (server/calls.py): on the span current here,
+        # FastMCP's `tools/call` span, which it opens around the whole middleware chain.
+        with self.telemetry.call(name, principal) as observed:
+            return await self._execute(durable, context, call_next, validated, canonical, principal, observed)
+
+    async def _execute(
+        self,
+        durable: DurableTool,
+        context: MiddlewareContext[CallToolRequestParams],
+        call_next: CallNext[CallToolRequestParams, ToolResult],
+        validated: dict[str, Any],
+        canonical: bytes,
+        principal: str,
+        observed: ObservedCall | None,
+    ) -> ToolResult:
+        """The call through the engine, answered; `observed` (None: no telemetry) told the outcome."""
+        name = durable.name
         try:
             outcome = await self.engine.execute(
                 tool=name,
                 policy=durable.policy,
                 arguments=validated,
-                meta=_request_meta(fastmcp_context),
-                run=run,
-                encode=self._encoder(name),
-                principal=self.principal_of(fastmcp_context),
+                meta=_request_meta(context.fastmcp_context),
+                run=self._runner(durable, context, call_next),
+                encode=self.encoder(name),
+                principal=principal,
                 canonical=canonical,
                 fingerprint=keys.policy_fingerprint(durable.policy, validated, canonical=canonical),
             )
         except limits.LimitExceeded as exc:  # the result could not be journaled; the claim was released
+            if observed is not None:
+                observed.refused(exc)
             return self._refuse(durable, exc, text=limits.outcome_text(exc, released=True))
         except DurableError as exc:
+            if observed is not None:
+                observed.refused(exc)
             return self._refuse(durable, exc, getattr(exc, "key", None))
         except Exception as exc:
             # A DurableError inside the tool (the journal failing under a durable step), which
             # FastMCP wrapped: answered with its code, as DurableServer answers it.
             if isinstance(exc.__cause__, DurableError):
+                if observed is not None:
+                    observed.refused(exc.__cause__)
                 return self._refuse(durable, exc.__cause__, getattr(exc.__cause__, "key", None))
             raise
         if outcome.value is not None and not isinstance(outcome.value, CallToolResult):
             return outcome.value  # type: ignore[no-any-return]  # an interim answer, as the chain gave it
-        return tool_result(answer(outcome))
+        result = answer(outcome)
+        if observed is not None:
+            observed.answered(outcome, bool(result.is_error))
+        return tool_result(result)
 
     def _refuse(
         self, durable: DurableTool, error: DurableError, key: str | None = None, text: str | None = None
@@ -293,7 +338,7 @@ class DurableMiddleware(Middleware):
             try:
                 result = await call_next(context)
             except Exception as exc:  # noqa: BLE001 - classified: a result, in doubt, or raised again
-                return self._failed(durable, Failure.of(exc, durable.tool))
+                return self.failed(durable, Failure.of(exc, durable.tool))
             if isinstance(result, InputRequiredToolResult) or not isinstance(result, ToolResult):
                 # A 2026-07-28 request for input, or an extension's own answer (a task created):
                 # answered as it is, never journaled (the claim is released).
@@ -302,7 +347,7 @@ class DurableMiddleware(Middleware):
 
         return run
 
-    def _failed(self, durable: DurableTool, failure: Failure) -> ToolOutcome:
+    def failed(self, durable: DurableTool, failure: Failure) -> ToolOutcome:
         """What a run that raised produced, by the tool's policy (docs/policies.md, "Errors"): a
         result (`CallAnswers.outcome`, which bounds its size), in doubt, or raised again."""
         error = failure.error
@@ -321,7 +366,11 @@ class DurableMiddleware(Middleware):
         result = protocol_error_result(cause) if isinstance(cause, MCPError) else error_result(str(error))
         return self.answers.outcome(durable.name, durable.policy, result, from_exception=True)
 
-    def _encoder(self, name: str) -> Callable[[Any], ToolOutcome] | None:
+    async def _after_recovery_pass(self, report: ReconcilePass) -> None:
+        if self.telemetry is not None:
+            await self.telemetry.refresh(self.journal)  # in-doubt calls other replicas marked, too
+
+    def encoder(self, name: str) -> Callable[[Any], ToolOutcome] | None:
         """How a value a reconcile hook found for tool `name` becomes its result: the tool's own
         conversion (None: the tool has not been seen)."""
         durable = self.durable.get(name)
@@ -372,10 +421,11 @@ class EngineLifespan(Provider):
 def make_durable(app: FastMCP[Any], **options: Unpack[DurableOptions]) -> DurableMiddleware:
     """Make `app`'s durable tools run once per key: adds a `DurableMiddleware` (last: after the
     middleware already added, right before the tools) and its engine's lifespan; returns it.
-    The keywords are `DurableOptions`."""
+    The keywords are `DurableOptions`; `tasks` adds durable MCP tasks (`tasks.install_tasks`)."""
     durable = DurableMiddleware(app, **options)
     app.add_middleware(durable)
     app.add_provider(durable.provider)
+    durable.tasks = install_tasks(durable, options.get("tasks"))
     return durable
 
 
