@@ -12,11 +12,13 @@ the upstream's resources and its list changes are relayed to the clients that as
 (subscriptions.py); its tools are listed again when it says they changed.
 
 MCP tasks (both generations, server/tasks.py) are the proxy's own too: a durable tool whose policy
-has `task_support` (the policies file, else the upstream's own `execution.taskSupport: optional`)
-is advertised with it, and a task of it is a journaled call whose run forwards a plain
-`tools/call` upstream in the background, with the scoped key, exactly as a durable call does. A
-task in doubt after a restart is resumed by its in-doubt policy the same way. Upstream tasks are
-not forwarded: a tool the proxy serves no task for is listed without `execution.taskSupport`.
+has `task_support` (the policies file, else the upstream's own `execution.taskSupport`) is
+advertised with it, and a task of it is a journaled call whose run forwards a plain `tools/call`
+upstream in the background, with the scoped key, exactly as a durable call does; for a tool the
+upstream serves only as a task (`required`), the run is the upstream's own task instead
+(upstream_tasks.py, on a 2025-11-25 upstream session). A task in doubt after a restart is resumed
+by its in-doubt policy the same way. A tool the proxy serves no task for is listed without
+`execution.taskSupport`.
 
 Upstream faults:
 - cannot be reached (not started, refused, timed out): a repeat of a key whose result is
@@ -89,6 +91,7 @@ from ..server.sdk_internals import lowlevel_server, registered_tool, subscriptio
 from ..steps import DurableCall
 from ..tasks import in_doubt_refused
 from ..uris import SCHEME
+from . import upstream_tasks
 from .router import Router
 from .subscriptions import UpstreamSubscriptions
 from .upstream import Upstream, UpstreamLost, UpstreamSpec, UpstreamTimedOut
@@ -113,6 +116,9 @@ class ProxyServer(MCPServer[Any]):
         self.tool_policies = policies or Policies()
         #: Tools whose `tool_errors` the policies chose; the others get the proxy's default.
         self._tool_errors_chosen = _tool_errors_chosen(self.tool_policies)
+        #: Whether the upstream session can run the upstream's own tasks (2025-11-25), for tools
+        #: it serves only as tasks (`upstream_tasks`); known once connected.
+        self._upstream_tasks = True
         #: Connections inside `_lifespan` now; the upstream is served while any is.
         self._upstream_users = Occupancy()
         #: The upstream's listing of its tools the policies were last applied to (`Upstream.listings`).
@@ -212,7 +218,7 @@ class ProxyServer(MCPServer[Any]):
 
     async def refresh(self) -> list[Tool]:
         """Connect if needed and apply the policies to the upstream's tools as last listed."""
-        await self.upstream.client()
+        self._upstream_tasks = upstream_tasks.supported(await self.upstream.client())
         self._applied_listing = self.upstream.listings
         tools = list(self.upstream.tools.values())
         for tool in tools:
@@ -237,16 +243,18 @@ class ProxyServer(MCPServer[Any]):
         upstream's declaration where the proxy can serve it (`optional`: a plain call of the tool
         is valid upstream, which is what a task's run forwards)."""
         declared = _declared_task_support(tool)
-        if declared == "required":
-            # A plain call of it is refused upstream, and the proxy forwards no upstream task.
+        if declared == "required" and (policy is None or not self._upstream_tasks):
+            # A plain call of it is refused upstream, and there is no task of it to run it as.
             logger.warning(
-                "upstream tool %r runs only as an MCP task (taskSupport 'required'): the proxy does not "
-                "forward tasks upstream, so its calls are refused there (docs/proxy.md)",
+                "upstream tool %r runs only as an MCP task (taskSupport 'required'): %s, so its calls "
+                "are refused there (docs/proxy.md)",
                 tool.name,
+                "it is not durable here" if policy is None else "the upstream session speaks 2026-07-28",
             )
-        if policy is None or declared != "optional" or self.tool_policies.chose(tool.name, "task_support"):
+        if policy is None or declared is None or self.tool_policies.chose(tool.name, "task_support"):
             return policy
-        return replace(policy, task_support="optional")
+        # `optional`: a task's run is a plain call upstream; `required`: the upstream's own task.
+        return replace(policy, task_support=declared)
 
     # -- tools -------------------------------------------------------------------------------------
 
@@ -411,7 +419,9 @@ class ProxyServer(MCPServer[Any]):
         """The engine's `run` of a task, in the background: forwarded upstream as a plain call with
         `meta` (the creating request's, forwarded), no request context to relay progress to, and
         the upstream's requests meanwhile routed to no client (`Router.background`)."""
-        return self._upstream_run(name, policy, arguments, lambda: dict(meta), self.router.background, None)
+        tool = self.upstream.tools.get(name)
+        as_task = tool is not None and _declared_task_support(tool) == "required"
+        return self._upstream_run(name, policy, arguments, lambda: dict(meta), self.router.background, None, as_task)
 
     def _upstream_run(
         self,
@@ -421,7 +431,10 @@ class ProxyServer(MCPServer[Any]):
         meta_of: Callable[[], dict[str, Any]],
         routed: Callable[[], AbstractContextManager[None]],
         context: Context[Any, Any] | None,
+        as_task: bool = False,
     ) -> Runner:
+        """`as_task`: run as the upstream's own task (a tool it serves only as one)."""
+
         async def run(call: DurableCall | None) -> ToolOutcome:
             meta = meta_of()
             if call is not None:
@@ -431,7 +444,12 @@ class ProxyServer(MCPServer[Any]):
                     # No read timeout of its own: the engine bounds the run by the policy's
                     # `timeout` and cancels it (the SDK then abandons this one request, telling the
                     # upstream), which leaves the call in doubt and the shared session up.
-                    result = await self.upstream.call_tool(name, arguments, meta, _progress(context))
+                    result: CallToolResult | InputRequiredResult
+                    if as_task:
+                        client = await self.upstream.client()
+                        result = await upstream_tasks.call_tool_as_task(self.upstream, client, name, arguments, meta)
+                    else:
+                        result = await self.upstream.call_tool(name, arguments, meta, _progress(context))
                 except UpstreamLost as exc:
                     raise OutcomeUnknownError(str(exc)) from exc
                 except MCPError as exc:  # the upstream answered a JSON-RPC error: as a tool raising it

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 if TYPE_CHECKING:
+    from mcp.client.session import ClientSession
     from mcp.server.lowlevel import Server
     from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.tools import Tool
@@ -35,6 +36,7 @@ __all__ = [
     "lowlevel_server",
     "registered_tool",
     "request_meta",
+    "send_raw_request",
     "subscription_bus",
 ]
 
@@ -68,6 +70,11 @@ INTERNALS: Mapping[str, str] = {
         "which client connection a request came on, so a `resources/subscribe` made on one request "
         "keeps its updates flowing on that connection after the request ended; the session object "
         "is built per request and has no public connection identity"
+    ),
+    "ClientSession._dispatcher": (
+        "a 2025-11-25 task-augmented `tools/call` sent upstream by the proxy (proxy/upstream_tasks.py): "
+        "`ClientSession.send_request` validates every `tools/call` answer as a `CallToolResult`, and "
+        "the answer is a `CreateTaskResult`; the SDK client has no tasks API for that era"
     ),
     "mcp.shared._httpx_utils.create_mcp_http_client": (
         "the proxy's HTTP client for a streamable HTTP upstream, with the SDK's own defaults"
@@ -107,3 +114,10 @@ def connection_of(session: ServerSession) -> object:
     """An object that identifies the client connection `session` belongs to (the session itself
     when the SDK's connection is not there)."""
     return getattr(session, "_connection", session)
+
+
+async def send_raw_request(session: ClientSession, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send `method` with `params` on a client `session` and return the answer unvalidated
+    (raises `MCPError` on an error answer, as `send_request` does)."""
+    answered: dict[str, Any] = await session._dispatcher.send_raw_request(method, params, None)
+    return answered

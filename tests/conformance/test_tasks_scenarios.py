@@ -5,13 +5,18 @@ The fixtures: tests/conformance/servers/tasks_fixtures.py. `serve`: its `Durable
 a user serves it (`mcp-durable serve … --transport http --journal file://…`). `proxy`: its plain
 `MCPServer` (no tasks of its own) as the stdio upstream of `mcp-durable proxy --transport http
 --policies …`, whose policies give the same tools the same task support: the proxy serves the
-tasks. Run 1 starts on a new file journal; the server is stopped; run 2 starts a new one on the
+tasks. `upstream-tasks`: its `DurableServer` (`mcp-durable serve`, stdio, a journal of its own),
+which serves tasks itself, as the upstream of `mcp-durable proxy` without policies: the proxy
+serves tasks of the tools the upstream declares task support for, and runs a tool the upstream
+serves only as a task (`failing_job`, `required`) as the upstream's own task
+(proxy/upstream_tasks.py). Run 1 starts on a new file journal; the server is stopped; run 2 starts a new one on the
 journal run 1 left (its finished, cancelled and failed tasks, and any it left running, in doubt at
 the restart). A run's scenarios go three at a time, each a node process of its own with its own
 connections. On `DurableServer` every check passes in every run, the four that need a task to ask
 its requestor for input (`input_required`, SEP-2322) included: its interactive tools ask
 (docs/tasks.md). Through the proxy those four fail the way the suite says: the proxy serves no
-`input_required` (its upstream's tools answer without asking). `tasks-status-notifications` is
+`input_required` (its plain upstream's tools answer without asking; the `DurableServer`
+upstream's ask, and the question reaches no client: `UPSTREAM_ASKS`). `tasks-status-notifications` is
 skipped by the suite itself (0 checks).
 """
 
@@ -57,8 +62,24 @@ INPUT_REQUIRED = {
 }
 
 
-#: The checks each target fails: none on `DurableServer`, the `input_required` ones through the proxy.
-FAILING: dict[str, dict[tuple[str, str], str]] = {"serve": {}, "proxy": INPUT_REQUIRED}
+_CANNOT_ASK = "mcp-durable proxy cannot route elicitation/create: a task's call runs in the background"
+#: Through the proxy in front of the `DurableServer` fixtures, whose tools do ask: the upstream's
+#: question reaches no client (a task's run has none; a 2026-07-28 client takes no server→client
+#: request), so the checks that need a task to ask fail with the proxy's reason, and one check of
+#: result types, which waits for `confirm_delete` to ask.
+UPSTREAM_ASKS = {
+    ("tasks-mrtr-input", "sep-2663-tasks-get-status-input-required"): _CANNOT_ASK,
+    ("tasks-mrtr-input", "tasks-mrtr-tasks-update-resumes"): _CANNOT_ASK,
+    ("tasks-mrtr-input", "tasks-mrtr-partial-fulfillment"): "multi_input did not create a task",
+    ("tasks-mrtr-composition", "sep-2663-mrtr-synchronous-before-task-creation"): "Tool 'test_tool_with_task' requires",
+    ("tasks-dispatch-and-envelope", "tasks-result-type-complete-on-non-task-responses"): (
+        "mcp-durable proxy cannot send elicitation/create to the calling client: it speaks protocol 2026-07-28"
+    ),
+}
+
+
+#: The checks each target fails: none on `DurableServer`, those that need a task to ask through the proxy.
+FAILING: dict[str, dict[tuple[str, str], str]] = {"serve": {}, "proxy": INPUT_REQUIRED, "upstream-tasks": UPSTREAM_ASKS}
 
 
 def _check(results: Results, target: str, run: str) -> None:
@@ -88,15 +109,20 @@ async def _served(target: str, journal: str, folder: Path) -> AsyncIterator[str]
         async with serve_http(FIXTURES, journal=journal) as served:
             yield served.url
         return
-    policies = folder / "policies.toml"
-    policies.write_text(PROXY_POLICIES)
-    upstream = f"{sys.executable} {FIXTURES}"
-    cli = ["proxy", "--upstream-command", upstream, "--policies", str(policies), "--journal", journal]
+    if target == "upstream-tasks":
+        upstream_journal = f"file://{folder / 'upstream-journal'}"
+        upstream = f"{sys.executable} -m mcp_durable.cli serve {FIXTURES} --journal {upstream_journal}"
+        cli = ["proxy", "--upstream-command", upstream, "--journal", journal]
+    else:
+        policies = folder / "policies.toml"
+        policies.write_text(PROXY_POLICIES)
+        upstream = f"{sys.executable} {FIXTURES}"
+        cli = ["proxy", "--upstream-command", upstream, "--policies", str(policies), "--journal", journal]
     async with serve_cli_http(cli) as served:
         yield served.url
 
 
-@pytest.mark.parametrize("target", ["serve", "proxy"])
+@pytest.mark.parametrize("target", ["serve", "proxy", "upstream-tasks"])
 async def test_the_tasks_scenarios_pass_twice_in_a_row_on_one_journal(target: str, tmp_path: Path) -> None:
     require_node_peers()
     journal = f"file://{tmp_path / 'journal'}"

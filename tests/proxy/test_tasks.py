@@ -11,6 +11,7 @@ the clients are real MCP clients, in process or over streamable HTTP.
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from mcp_durable.proxy import ProxyServer, UpstreamSpec
 from mcp_durable.proxy.upstream import QUIET_BEFORE_PING
 from mcp_durable.server.tasks import TASK_NOT_FOUND
 from tests.helpers import serve_cli_http, serve_http
+from tests.node_peers import package_bin, require_node_peers
 from tests.proxy.task_clients import ERAS, client_kwargs, create_task, task_result, tasks_client
-from tests.proxy.upstreams import plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
+from tests.proxy.upstreams import EVERYTHING, plain_http_upstream, plain_stdio_spec, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 from tests.server.task_client import create_legacy_task, poll_until_terminal, request
 
@@ -77,8 +79,11 @@ async def test_the_proxy_advertises_the_task_support_it_serves_and_keeps_what_th
             async with Client(proxy, mode="legacy") as client:
                 assert client.server_capabilities.tasks is not None
                 served = _support(await request(client, "tools/list", {}))
-                with pytest.raises(MCPError) as job:  # the upstream's own task, not forwarded
-                    await create_legacy_task(client, "job", {"name": "j"})
+                with pytest.raises(MCPError) as plain_job:  # a plain call of a task-required tool
+                    await client.call_tool("job", {"name": "j"})
+                # Run as the upstream's own task, once per key: a repeat gets the proxy's same task.
+                job_tasks = [await create_task(client, "legacy", "job", {"name": "j"}, key="job-key") for _ in range(2)]
+                job_done = await task_result(client, "legacy", job_tasks[0])
                 task_id = await create_task(client, "legacy", "refund", {"order_id": "O-1", "amount_cents": 5})
                 refunded = await task_result(client, "legacy", task_id)
         forbidden = parse_policies('[tools.refund]\ntask_support = "forbidden"\n')
@@ -88,11 +93,13 @@ async def test_the_proxy_advertises_the_task_support_it_serves_and_keeps_what_th
             with pytest.raises(MCPError) as refund:
                 await create_legacy_task(client, "refund", {"order_id": "O-1", "amount_cents": 5})
     # refund: the upstream's `optional`, kept (the proxy serves it: a plain call of it is valid
-    # upstream); echo: the policies file's; job: the upstream's `required`, which needs an upstream
-    # task the proxy does not forward, is not advertised (and said so in the log).
-    assert served["refund"] == "optional" and served["echo"] == "required" and served["job"] is None
-    assert job.value.error.code == -32601
-    assert any("'job'" in r.getMessage() and "runs only as an MCP task" in r.getMessage() for r in caplog.records)
+    # upstream); echo: the policies file's; job: the upstream's `required`, kept (the proxy's task
+    # runs it as the upstream's own task), so a plain call of it is refused as the upstream would.
+    assert served["refund"] == "optional" and served["echo"] == "required" and served["job"] == "required"
+    assert plain_job.value.error.code == -32601 and "requires task augmentation" in plain_job.value.error.message
+    assert not any("runs only as an MCP task" in r.getMessage() for r in caplog.records)
+    assert job_tasks[0] == job_tasks[1] and job_done["content"][0]["text"] == "job j done"
+    assert counter.count("job j") == 1
     # The proxy's task forwarded one plain call, which the upstream ran once.
     assert refunded["isError"] is False and refunded["structuredContent"]["order_id"] == "O-1"
     assert counter.count("pay O-1") == 1 and counter.count("done O-1") == 1
@@ -214,3 +221,44 @@ async def test_two_principals_over_http_never_see_each_others_tasks(tmp_path: Pa
     assert counter.count("charge") == 2  # one call per principal, never an answer across them
     if listed is not None:
         assert [task["taskId"] for task in listed["tasks"]] == [bobs]
+
+
+@pytest.mark.parametrize("era", ERAS)
+async def test_server_everythings_task_only_tool_runs_as_its_own_task_once_per_key(tmp_path: Path, era: str) -> None:
+    """server-everything serves `simulate-research-query` only as a task (`taskSupport:
+    required`, 2025-11-25 tasks): made durable by the policies file, the proxy lists it as such
+    and runs each of its tasks as the upstream's own task, once per key."""
+    require_node_peers()
+    policies = tmp_path / "policies.toml"
+    policies.write_text('[tools.simulate-research-query]\nkey = "required"\n')
+    upstream = ["--upstream-command", shlex.join(package_bin(EVERYTHING)), "--policies", str(policies)]
+    args = proxy_cli(upstream, f"file://{tmp_path}/journal")
+    topic = {"topic": f"ducks in {era}"}
+    async with serve_cli_http(args) as served, tasks_client(served.url, era) as client:
+        listed = _support(await request(client, "tools/list", {}))
+        first = await create_task(client, era, "simulate-research-query", topic, key="research-1")
+        report = await task_result(client, era, first)
+        again = await create_task(client, era, "simulate-research-query", topic, key="research-1")
+        other = await create_task(client, era, "simulate-research-query", topic, key="research-2")
+        await task_result(client, era, other)
+    keys = await _keys(f"file://{tmp_path}/journal")
+    assert listed["simulate-research-query"] == ("required" if era == "legacy" else None)  # 2026-07-28 lists none
+    assert report["isError"] is False and f"# Research Report: ducks in {era}" in report["content"][0]["text"]
+    assert again == first and other != first  # a repeat of the key is the same task, not a second run
+    assert keys == ["research-1", "research-2"]
+
+
+async def test_cancelling_the_proxys_task_of_a_task_only_tool_cancels_the_upstreams_own_task(tmp_path: Path) -> None:
+    (tmp_path / "gates").mkdir()
+    counter = Counter(tmp_path / "counter")
+    env = {"COUNTER_FILE": str(counter.path), "TASK_GATE": str(tmp_path / "gates")}
+    async with serve_http(TASKS_UPSTREAM, journal=f"sqlite:///{tmp_path}/upstream.db", env=env) as upstream:
+        proxy = ProxyServer(UpstreamSpec(url=upstream.url), parse_policies(""), journal="memory://")
+        async with Client(proxy, mode="legacy") as client:
+            task_id = await create_task(client, "legacy", "job", {"name": "wait-1"}, key="wait-1")
+            await _until(lambda: counter.count("job wait-1") == 1, "the upstream's task to start")
+            await request(client, "tasks/cancel", {"taskId": task_id})
+            await _until(lambda: counter.count("stopped job wait-1") == 1, "the upstream's task to be cancelled")
+            task = await request(client, "tasks/get", {"taskId": task_id})
+    assert task["status"] == "cancelled"
+    assert counter.count("job wait-1") == 1

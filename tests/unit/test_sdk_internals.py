@@ -36,6 +36,7 @@ from mcp_durable.server.sdk_internals import (
     lowlevel_server,
     registered_tool,
     request_meta,
+    send_raw_request,
     subscription_bus,
 )
 from tests.helpers import key_meta
@@ -198,3 +199,12 @@ async def test_a_served_request_gives_the_adapter_its_meta_and_its_connection(tm
     assert meta is not None and dict(meta).get(KEY_META) == "k-2", f"request_meta read {meta!r}"
     # One connection, two requests (a session object each): the same connection identity.
     assert seen["connection"] is first
+
+
+async def test_a_client_session_sends_a_raw_request_through_the_adapter(tmp_path: Path) -> None:
+    """`send_raw_request` reaches `ClientSession._dispatcher`: a `tools/call` answered unvalidated."""
+    server = _make_server(tmp_path)
+    async with Client(server, mode="legacy") as client:
+        assert hasattr(client.session, "_dispatcher"), "ClientSession._dispatcher is gone: see sdk_internals.py"
+        answered = await send_raw_request(client.session, "tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+    assert isinstance(answered, dict) and answered["content"][0]["text"] == "hi"

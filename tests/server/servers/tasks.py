@@ -7,7 +7,8 @@ exists, so a test decides when a task finishes (or kills the server while it wai
 timing anything. Every real run of a step appends `<step> <order_id>` to the counter file, and a
 wait stopped by a cancellation appends `stopped <order_id>`.
 
-`job(name)` is task-required; `echo(text)` is durable without task support (as before tasks).
+`job(name)` is task-required (a `wait-…` job waits for the gate `<gate dir>/job-<name>` and
+counts `stopped job <name>` when cancelled); `echo(text)` is durable without task support (as before tasks).
 `$TASK_IN_DOUBT` (retry, refuse, reconcile) is the refund's in-doubt policy; `$TASK_LEASE` its
 lease in seconds. Serve it with `mcp-durable serve tests/server/servers/tasks.py:make_server`
 (`$COUNTER_FILE`, `$TASK_GATE`, `$PAYMENTS_LEDGER`), or build it with `make_server(...)`.
@@ -89,8 +90,14 @@ def make_server(
 
     @server.tool(durable=ToolPolicy(task_support="required"))
     async def job(name: str) -> str:
-        """A task-required tool."""
+        """A task-required tool (a `wait-…` job waits for its gate, `<gate dir>/job-<name>`)."""
         counts.hit(f"job {name}")
+        try:
+            while name.startswith("wait-") and not (gates / f"job-{name}").exists():
+                await anyio.sleep(0.02)
+        except anyio.get_cancelled_exc_class():
+            counts.hit(f"stopped job {name}")
+            raise
         return f"job {name} done"
 
     @server.tool(durable=ToolPolicy(key="derived"))
