@@ -154,6 +154,35 @@ class TaskSession(ServerSession):
         return None
 
 
+def task_request(
+    ask: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]],
+    request: ServerRequestContext[Any, Any] | None = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    protocol_version: str = TASK_PROTOCOL_VERSION,
+) -> ServerRequestContext[Any, Any]:
+    """The low-level request context of an interactive tool run as a task (`task_context`, and a
+    FastMCP tool's in `fastmcp/tasks.py`): its session is a `TaskSession` asking through
+    `ask(call, question)` for the durable call being run (`TaskRuns.ask`).
+
+    `request`: the request that created the task (None for a task resumed from the journal), whose
+    lifespan state is kept. `params`: the `tools/call` params the run sees as its request's (a
+    FastMCP tool reads its `inputResponses` / `requestState` there). `protocol_version`: the
+    version the tool is told it speaks (a handshake version: its questions are requests)."""
+
+    async def asked(question: dict[str, Any]) -> dict[str, Any]:
+        return await ask(current_call(), question)
+
+    return ServerRequestContext[Any, Any](
+        session=TaskSession(asked, protocol_version),
+        lifespan_context=request.lifespan_context if request is not None else {},
+        protocol_version=protocol_version,
+        method="tools/call",
+        params=params,
+        request_id="task",
+    )
+
+
 def task_context(
     server: MCPServer[Any],
     ask: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]],
@@ -169,17 +198,8 @@ def task_context(
     parameters read on its first run; the context then speaks that request's protocol version.
     """
 
-    async def asked(question: dict[str, Any]) -> dict[str, Any]:
-        return await ask(current_call(), question)
-
     version = request.protocol_version if request is not None and input_params is not None else TASK_PROTOCOL_VERSION
-    context = ServerRequestContext[Any, Any](
-        session=TaskSession(asked, version),
-        lifespan_context=request.lifespan_context if request is not None else {},
-        protocol_version=version,
-        method="tools/call",
-        request_id="task",
-    )
+    context = task_request(ask, request, protocol_version=version)
     return Context(
         request_context=context, mcp_server=server, input_params=input_params, subscriptions=subscription_bus(server)
     )
