@@ -26,6 +26,13 @@ only how a FastMCP server meets them:
   result and errors classified by the durable middleware's rules (`DurableMiddleware.failed`).
   The same run resumes an in-doubt task at start and on a read (`resume`, the engine's
   `task_resumer`).
+- **A task that asks** (an `interactive` tool): its run has a request of its own whose session
+  is `DurableServer`'s `client_requests.TaskSession` (`task_request`), so `ctx.elicit` (sampling,
+  roots) is a question of the task, journaled (`TaskRuns.ask`) and served by `TaskProtocol`
+  (2026-07-28 `inputRequests` / `tasks/update`, 2025-11-25 `tasks/result`); a run answering
+  FastMCP's `InputRequiredResult` (the guard pattern) has its questions asked the same way and
+  runs again with their answers as `ctx.input_responses`; `asks_first` runs a tool's guard in the
+  creating 2026-07-28 request first (`TaskInputFirst`: no task until it is satisfied).
 
 Which tools are tasks (`task_policy`): a tool declared `task=True` (FastMCP's `TaskConfig`: its
 mode is the task support), and a tool whose policy sets `task_support`. A `task=True` tool no

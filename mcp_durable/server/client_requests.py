@@ -6,6 +6,10 @@ tool to ask its client (elicitation, sampling, roots) during it, one session's a
 replayed to another. Such a call's session refuses every request to the client
 (`ClientRequestWithoutKeyError`, released, never kept); an `interactive` tool is journaled only
 under its caller's key.
+
+An `interactive` tool run as a task asks its task's requestor instead: its session is a
+`TaskSession` (`task_request`, `task_context`), used by `DurableServer` and by FastMCP's durable
+tasks (`mcp_durable/fastmcp/tasks.py`) alike.
 """
 
 from __future__ import annotations
