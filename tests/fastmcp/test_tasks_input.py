@@ -14,6 +14,8 @@ step's real runs.
 - SIGKILL of the server process while the task waits for its user, twice: after each restart the
   task asks again under the key it had (or, past an answered question, resumes with the journaled
   answer), and no step runs twice.
+- FastMCP's guard pattern in a task (the conformance fixtures' `test_tool_with_task`, 2025-11-25):
+  its `InputRequiredResult` is asked through the task, and the run again gets the answer.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from mcp_durable.server.tasks import RELATED_TASK, TASK_NOT_FOUND
 from tests.fastmcp.servers import TOKENS  # skips (or fails under CI) without FastMCP
 from tests.fastmcp.test_tasks import _fixture
 from tests.fastmcp.test_tasks_restart import Setup
+from tests.helpers import serve_app
 from tests.server.servers.counting import Counter
 from tests.server.task_client import TasksClient, call_for_task, create_legacy_task, poll_until_terminal, request
 
@@ -176,3 +179,30 @@ async def test_a_fastmcp_task_waiting_for_its_user_survives_sigkill(tmp_path: Pa
     assert done["status"] == "completed"
     assert done["result"]["content"][0]["text"] == "refunded 250 cents for O-1, receipt to k@example.com"
     assert (counts.count("quote O-1"), counts.count("pay O-1")) == (1, 1)  # no step ran twice
+
+
+async def test_a_fastmcp_guard_run_as_a_task_asks_through_it_2025(tmp_path: Path) -> None:
+    """FastMCP's guard pattern inside a task: `test_tool_with_task` (the conformance fixtures')
+    answers `InputRequiredResult` on its first run (a 2025-11-25 task has no round before it); its
+    question is the task's, brought by `tasks/result`, and the run again gets the answer as
+    `ctx.input_responses`."""
+    from tests.conformance.servers.fastmcp_tasks_fixtures import make_app  # after FastMCP's check above
+
+    asked: list[tuple[str, Any]] = []
+
+    async def answer(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        asked.append((params.message, (params.meta or {}).get(RELATED_TASK)))
+        return ElicitResult(action="accept", content={"name": "Ada"})
+
+    async with serve_app(make_app(f"file://{tmp_path / 'journal'}").http_app()) as base:
+        async with _client(f"{base}/mcp", None, "legacy", elicitation_callback=answer) as client:
+            created = await create_legacy_task(client, "test_tool_with_task", {}, key="g-1")
+            task_id = created["task"]["taskId"]
+            result = await request(client, "tasks/result", {"taskId": task_id})
+            again = await create_legacy_task(client, "test_tool_with_task", {}, key="g-1")
+            replayed = await request(client, "tasks/result", {"taskId": task_id})
+
+    assert asked == [("What is your name?", {"taskId": task_id})]
+    assert result["content"][0]["text"] == "Hello, Ada!" and result["isError"] is False
+    assert again["task"]["taskId"] == task_id and again["task"]["status"] == "completed"
+    assert replayed["content"] == result["content"]  # asked once: the journaled task's result
