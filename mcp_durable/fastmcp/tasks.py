@@ -27,8 +27,8 @@ only how a FastMCP server meets them:
   The same run resumes an in-doubt task at start and on a read (`resume`, the engine's
   `task_resumer`).
 - **A task that asks** (an `interactive` tool): its run has a request of its own whose session
-  is `DurableServer`'s `client_requests.TaskSession` (`task_request`), so `ctx.elicit` (sampling,
-  roots) is a question of the task, journaled (`TaskRuns.ask`) and served by `TaskProtocol`
+  is `DurableServer`'s `client_requests.TaskSession` (`task_request`), so `ctx.elicit` (and
+  `ctx.session`'s sampling, roots) is a question of the task, journaled (`TaskRuns.ask`) and served by `TaskProtocol`
   (2026-07-28 `inputRequests` / `tasks/update`, 2025-11-25 `tasks/result`); a run answering
   FastMCP's `InputRequiredResult` (the guard pattern) has its questions asked the same way and
   runs again with their answers as `ctx.input_responses`; `asks_first` runs a tool's guard in the
@@ -386,7 +386,7 @@ class DurableTasks(ServerExtension):
         background (a bare FastMCP `Context`: no request), its outcome as the middleware's.
 
         An interactive tool runs in a request of its own whose session asks the task's requestor
-        (`client_requests.task_request`: `ctx.elicit`, `ctx.sample`, roots, each question and its
+        (`client_requests.task_request`: `ctx.elicit`, `ctx.session`'s sampling and roots, each question and its
         answer journaled, `TaskRuns.ask`); when it answers `input_required` (FastMCP's guard
         pattern) its questions are asked the same way and it runs again with their answers as
         `ctx.input_responses` (`answers`: those of the request that created the task, for its
@@ -513,10 +513,15 @@ async def _ask_all(
             question["params"] = data["params"]
         answers[key] = await ask(call, question)
 
-    async with anyio.create_task_group() as group:
-        for key, request in requests.items():
-            group.start_soon(one, key, request)
-            await anyio.sleep(0)  # each asked in its order: its journal key is the same on every run
+    try:
+        async with anyio.create_task_group() as group:
+            for key, request in requests.items():
+                group.start_soon(one, key, request)
+                await anyio.sleep(0)  # each asked in its order: its journal key is the same on every run
+    except BaseExceptionGroup as failed:
+        if len(failed.exceptions) == 1:  # the engine classifies what the asking raised (fenced out…)
+            raise failed.exceptions[0] from None
+        raise
     return answers
 
 
