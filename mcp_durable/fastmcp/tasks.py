@@ -28,11 +28,12 @@ only how a FastMCP server meets them:
   `task_resumer`).
 - **A task that asks** (an `interactive` tool): its run has a request of its own whose session
   is `DurableServer`'s `client_requests.TaskSession` (`task_request`), so `ctx.elicit` (and
-  `ctx.session`'s sampling, roots) is a question of the task, journaled (`TaskRuns.ask`) and served by `TaskProtocol`
-  (2026-07-28 `inputRequests` / `tasks/update`, 2025-11-25 `tasks/result`); a run answering
-  FastMCP's `InputRequiredResult` (the guard pattern) has its questions asked the same way and
-  runs again with their answers as `ctx.input_responses`; `asks_first` runs a tool's guard in the
-  creating 2026-07-28 request first (`TaskInputFirst`: no task until it is satisfied).
+  `ctx.session`'s sampling, roots) is a question of the task, journaled (`TaskRuns.ask`) and
+  served by `TaskProtocol` (2026-07-28 `inputRequests` / `tasks/update`, 2025-11-25
+  `tasks/result`); a run answering FastMCP's `InputRequiredResult` (the guard pattern) has its
+  questions asked the same way and runs again with their answers as `ctx.input_responses`;
+  `asks_first` runs a tool's guard in the creating 2026-07-28 request first (`TaskInputFirst`:
+  no task until it is satisfied).
 
 Which tools are tasks (`task_policy`): a tool declared `task=True` (FastMCP's `TaskConfig`: its
 mode is the task support), and a tool whose policy sets `task_support`. A `task=True` tool no
@@ -44,8 +45,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -70,7 +71,7 @@ from mcp_types import (
 )
 from mcp_types.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import keys, limits
 from ..engine import Engine, Runner, ToolOutcome
@@ -78,7 +79,7 @@ from ..journal import CallRecord
 from ..limits import CallLimits
 from ..policy import TaskSupport, ToolPolicy
 from ..server.calls import CallAnswers
-from ..server.client_requests import task_request
+from ..server.client_requests import question_of, task_request
 from ..server.results import refusals_as_jsonrpc
 from ..server.tasks import TASKS_EXTENSION, TaskIdParams, TaskInputFirst, TaskProtocol, TaskUpdateParams
 from ..steps import DurableCall
@@ -386,11 +387,11 @@ class DurableTasks(ServerExtension):
         background (a bare FastMCP `Context`: no request), its outcome as the middleware's.
 
         An interactive tool runs in a request of its own whose session asks the task's requestor
-        (`client_requests.task_request`: `ctx.elicit`, `ctx.session`'s sampling and roots, each question and its
-        answer journaled, `TaskRuns.ask`); when it answers `input_required` (FastMCP's guard
-        pattern) its questions are asked the same way and it runs again with their answers as
-        `ctx.input_responses` (`answers`: those of the request that created the task, for its
-        first run)."""
+        (`client_requests.task_request`: `ctx.elicit`, `ctx.session`'s sampling and roots, each
+        question and its answer journaled, `TaskRuns.ask`); when it answers `input_required`
+        (FastMCP's guard pattern) its questions are asked the same way and it runs again with
+        their answers as `ctx.input_responses` (`answers`: those of the request that created the
+        task, for its first run)."""
         durable = self.durable
         if not made.policy.interactive:
 
@@ -425,7 +426,7 @@ class DurableTasks(ServerExtension):
         durable = self.durable
         token = _CALL.set(None)  # a tool the task calls is not the request's call
         try:
-            with bind_request_context(bound) if bound is not None else _nothing():
+            with bind_request_context(bound) if bound is not None else nullcontext():
                 async with Context(fastmcp=durable.app):
                     result = await made.tool.run(dict(arguments))
         except Exception as exc:  # noqa: BLE001 - classified: a result, in doubt, or raised again
@@ -489,11 +490,6 @@ class DurableTasks(ServerExtension):
         )
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 async def _ask_all(
     ask: Callable[[DurableCall, dict[str, Any]], Awaitable[dict[str, Any]]],
     call: DurableCall | None,
@@ -506,12 +502,8 @@ async def _ask_all(
     requests = asked.input_requests or {}
     answers: dict[str, Any] = {}
 
-    async def one(key: str, request: Any) -> None:
-        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        question: dict[str, Any] = {"method": data["method"]}
-        if data.get("params"):
-            question["params"] = data["params"]
-        answers[key] = await ask(call, question)
+    async def one(key: str, request: BaseModel) -> None:
+        answers[key] = await ask(call, question_of(request))
 
     try:
         async with anyio.create_task_group() as group:

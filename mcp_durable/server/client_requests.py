@@ -25,7 +25,7 @@ from mcp.server.mcpserver.resolve import resolve_arguments
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.session import ServerSession
 from mcp_types import CallToolRequestParams, ClientCapabilities, InitializeRequestParams, InputRequiredResult
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import keys
 from ..errors import ClientRequestWithoutKeyError
@@ -105,6 +105,16 @@ Asker = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 TASK_PROTOCOL_VERSION = "2025-11-25"
 
 
+def question_of(request: BaseModel) -> dict[str, Any]:
+    """A request to the client (`ElicitRequest`, `CreateMessageRequest`, `ListRootsRequest`) as a
+    task's question is journaled and shown: `{"method", "params"}` (no `params` when empty)."""
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    question: dict[str, Any] = {"method": data["method"]}
+    if data.get("params"):
+        question["params"] = data["params"]
+    return question
+
+
 class TaskSession(ServerSession):
     """The session of an interactive tool run as a task: each request to the client
     (`elicit_form`, `create_message`, `list_roots`, `send_request`) is asked of the task's
@@ -141,11 +151,7 @@ class TaskSession(ServerSession):
         return False
 
     async def send_request(self, request: Any, result_type: Any, *args: Any, **kwargs: Any) -> Any:
-        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        question: dict[str, Any] = {"method": data["method"]}
-        if data.get("params"):
-            question["params"] = data["params"]
-        answer = await self._ask(question)
+        answer = await self._ask(question_of(request))
         return result_type.model_validate(answer, by_name=False)
 
     async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
