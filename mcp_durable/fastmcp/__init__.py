@@ -21,6 +21,6 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError("mcp_durable.fastmcp needs FastMCP 4: pip install 'mcp-durable[fastmcp]'") from exc
 
 from .middleware import DurableMiddleware, EngineLifespan, make_durable
-from .tasks import DurableTasks
+from .tasks import DurableTasks, asks_first
 
-__all__ = ["DurableMiddleware", "DurableTasks", "EngineLifespan", "make_durable"]
+__all__ = ["DurableMiddleware", "DurableTasks", "EngineLifespan", "asks_first", "make_durable"]

@@ -26,6 +26,14 @@ only how a FastMCP server meets them:
   result and errors classified by the durable middleware's rules (`DurableMiddleware.failed`).
   The same run resumes an in-doubt task at start and on a read (`resume`, the engine's
   `task_resumer`).
+- **A task that asks** (an `interactive` tool): its run has a request of its own whose session
+  is `DurableServer`'s `client_requests.TaskSession` (`task_request`), so `ctx.elicit` (and
+  `ctx.session`'s sampling, roots) is a question of the task, journaled (`TaskRuns.ask`) and
+  served by `TaskProtocol` (2026-07-28 `inputRequests` / `tasks/update`, 2025-11-25
+  `tasks/result`); a run answering FastMCP's `InputRequiredResult` (the guard pattern) has its
+  questions asked the same way and runs again with their answers as `ctx.input_responses`;
+  `asks_first` runs a tool's guard in the creating 2026-07-28 request first (`TaskInputFirst`:
+  no task until it is satisfied).
 
 Which tools are tasks (`task_policy`): a tool declared `task=True` (FastMCP's `TaskConfig`: its
 mode is the task support), and a tool whose policy sets `task_support`. A `task=True` tool no
@@ -37,24 +45,33 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
+import anyio
 import orjson
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from fastmcp.server.context import Context
+from fastmcp.server.dependencies import bind_request_context
 from fastmcp.server.extensions import MethodBinding, ServerExtension, ToolCallContinuation, ToolCallOutcome
 from fastmcp.tools import Tool, ToolResult
 from fastmcp.tools.base import InputRequiredToolResult
 from mcp import MCPError
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
-from mcp_types import CallToolRequestParams, CallToolResult, PaginatedRequestParams, TextContent
+from mcp_types import (
+    CallToolRequestParams,
+    CallToolResult,
+    InputRequiredResult,
+    PaginatedRequestParams,
+    TextContent,
+)
 from mcp_types.jsonrpc import INVALID_PARAMS, METHOD_NOT_FOUND
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import keys, limits
 from ..engine import Engine, Runner, ToolOutcome
@@ -62,8 +79,9 @@ from ..journal import CallRecord
 from ..limits import CallLimits
 from ..policy import TaskSupport, ToolPolicy
 from ..server.calls import CallAnswers
+from ..server.client_requests import question_of, task_request
 from ..server.results import refusals_as_jsonrpc
-from ..server.tasks import TASKS_EXTENSION, TaskIdParams, TaskProtocol, TaskUpdateParams
+from ..server.tasks import TASKS_EXTENSION, TaskIdParams, TaskInputFirst, TaskProtocol, TaskUpdateParams
 from ..steps import DurableCall
 from .calls import FASTMCP_TOOL_TIMEOUT_CODE, DurableTool, Failure, call_result, tool_result
 from .internals import low_level_server
@@ -72,12 +90,55 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import Context as SDKContext
 
 
-__all__ = ["DurableTasks", "TaskHost", "install_tasks", "task_policy"]
+__all__ = ["DurableTasks", "Guard", "TaskHost", "asks_first", "install_tasks", "task_policy"]
 
 logger = logging.getLogger(__name__)
 
 #: The 2025-11-25 generation, where a client asks for a task with `params.task`.
 LEGACY_VERSIONS = frozenset({"2025-11-25"})
+#: Rounds of questions (`InputRequiredResult`s) one run of a task's tool may answer at most
+#: before the task fails: a guard that never accepts its answers would otherwise ask forever.
+MAX_ROUNDS = 32
+
+#: A tool's guard (`asks_first`): its questions for the request (`ctx.input_responses`,
+#: `ctx.request_state`), or None once the answers it has satisfy it.
+Guard = Callable[[Context], Awaitable[InputRequiredResult | None]]
+_GUARD_ATTRIBUTE = "__mcp_durable_asks_first__"
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def asks_first(guard: Guard) -> Callable[[_F], _F]:
+    """Declare the guard of an interactive FastMCP tool whose questions come before its task
+    (2026-07-28 multi-round `tools/call`, SEP-2663's MRTR composition): a task-creating call of
+    it runs `guard` in the request first and, while it has questions, is answered with them
+    (`input_required`, no task); the round that satisfies it creates the task, whose first run
+    reads that round's answers as `ctx.input_responses`. Put it under `@app.tool`:
+
+        @app.tool(task=TaskConfig(mode="required"))
+        @asks_first(needs_name)
+        async def greet(ctx: Context) -> str | InputRequiredResult:
+            asked = await needs_name(ctx)  # in the task: a run resumed without the answers asks again
+            if asked is not None:
+                return asked
+            ...
+
+    The guard reads the context only (it must not act: it runs in each round's request, outside
+    the journal). A task run that answers `input_required` itself asks those questions of its
+    requestor through the task, as `ctx.elicit` does (docs/fastmcp.md, "Tasks that ask")."""
+
+    def mark(fn: _F) -> _F:
+        setattr(fn, _GUARD_ATTRIBUTE, guard)
+        return fn
+
+    return mark
+
+
+def _guard_of(tool: Tool) -> Guard | None:
+    fn = getattr(tool, "fn", None)
+    guard = getattr(fn, _GUARD_ATTRIBUTE, None) or getattr(getattr(fn, "__wrapped__", None), _GUARD_ATTRIBUTE, None)
+    return cast(Guard | None, guard)
 
 
 @dataclass(slots=True)
@@ -252,6 +313,8 @@ class DurableTasks(ServerExtension):
         answered = await self.protocol.intercept(params, call.request, rest)
         if isinstance(answered, CallToolResult):
             return tool_result(answered)  # finished within `task_after`: the plain result
+        if isinstance(answered, InputRequiredResult):
+            return InputRequiredToolResult(answered)  # its guard's questions first (`asks_first`): no task
         # `{"resultType": "task", …}` (FastMCP hands an extension's own shape to the runner as it
         # is), or the chain's result for a call that is not a task.
         return cast(ToolCallOutcome, answered)
@@ -283,40 +346,101 @@ class DurableTasks(ServerExtension):
         validated = made.arguments.validated(arguments, durable.app.strict_input_validation)
         limits.check_argument_values(name, validated, None)
         canonical = limits.checked_arguments(name, validated, durable.limits.argument_bytes)
+        answers = await self._first_round(made, request) if made.policy.interactive else None
         meta = (request.params or {}).get("_meta")
         return await durable.engine.submit(
             tool=name,
             policy=made.policy,
             arguments=validated,
             meta=meta if isinstance(meta, Mapping) else None,
-            run=self._runner(made, validated),
+            run=self._runner(made, validated, request, answers),
             encode=durable.encoder(name),
             principal=durable.principal_of(Context(fastmcp=durable.app)),
             canonical=canonical,
             fingerprint=keys.policy_fingerprint(made.policy, validated, canonical=canonical),
         )
 
+    async def _first_round(self, made: DurableTool, request: ServerRequestContext[Any, Any]) -> dict[str, Any] | None:
+        """For a 2026-07-28 task-creating call of an interactive tool with a guard (`asks_first`):
+        raise `TaskInputFirst` with the guard's questions while it has some for this request (no
+        task yet); once satisfied, the round's answers (`inputResponses`, `requestState`) for the
+        task's first run. None for any other call."""
+        guard = _guard_of(made.tool)
+        if guard is None or not _modern(request):
+            return None
+        asked = await guard(Context(fastmcp=self.durable.app))  # in the request (FastMCP bound it)
+        if asked is not None:
+            raise TaskInputFirst(asked)
+        params = request.params or {}
+        return {k: params[k] for k in ("inputResponses", "requestState") if params.get(k) is not None} or None
+
     # -- the run, and its resumption ---------------------------------------------------------------
 
-    def _runner(self, made: DurableTool, arguments: dict[str, Any]) -> Runner:
+    def _runner(
+        self,
+        made: DurableTool,
+        arguments: dict[str, Any],
+        request: ServerRequestContext[Any, Any] | None = None,
+        answers: dict[str, Any] | None = None,
+    ) -> Runner:
         """The engine's `run` of a task: the FastMCP tool with its validated `arguments`, in the
-        background (a bare FastMCP `Context`: no request), its outcome as the middleware's."""
-        durable = self.durable
+        background (a bare FastMCP `Context`: no request), its outcome as the middleware's.
 
-        async def run(call: DurableCall | None) -> ToolOutcome:
-            token = _CALL.set(None)  # a tool the task calls is not the request's call
-            try:
+        An interactive tool runs in a request of its own whose session asks the task's requestor
+        (`client_requests.task_request`: `ctx.elicit`, `ctx.session`'s sampling and roots, each
+        question and its answer journaled, `TaskRuns.ask`); when it answers `input_required`
+        (FastMCP's guard pattern) its questions are asked the same way and it runs again with
+        their answers as `ctx.input_responses` (`answers`: those of the request that created the
+        task, for its first run)."""
+        durable = self.durable
+        if not made.policy.interactive:
+
+            async def run(call: DurableCall | None) -> ToolOutcome:
+                outcome = await self._run_once(made, arguments, None)
+                assert not isinstance(outcome, InputRequiredToolResult)  # raised without a request
+                return outcome
+
+            return run
+
+        async def run_asking(call: DurableCall | None) -> ToolOutcome:
+            params: dict[str, Any] = {"name": made.name, "arguments": arguments, **(answers or {})}
+            for _ in range(MAX_ROUNDS):
+                bound = task_request(durable.engine.tasks.ask, request, params=params)
+                outcome = await self._run_once(made, arguments, bound)
+                if not isinstance(outcome, InputRequiredToolResult):
+                    return outcome
+                asked = outcome.input_required
+                responses = await _ask_all(durable.engine.tasks.ask, call, asked)
+                params = {"name": made.name, "arguments": arguments, "inputResponses": responses}
+                if asked.request_state is not None:
+                    params["requestState"] = asked.request_state
+            raise RuntimeError(f"tool {made.name!r} asked for input {MAX_ROUNDS} times in one run")
+
+        return run_asking
+
+    async def _run_once(
+        self, made: DurableTool, arguments: dict[str, Any], bound: ServerRequestContext[Any, Any] | None
+    ) -> ToolOutcome | InputRequiredToolResult:
+        """One run of the tool (in the request `bound`, when given): its outcome, or the
+        `InputRequiredToolResult` it answered (an error for a tool that cannot ask: not interactive)."""
+        durable = self.durable
+        token = _CALL.set(None)  # a tool the task calls is not the request's call
+        try:
+            with bind_request_context(bound) if bound is not None else nullcontext():
                 async with Context(fastmcp=durable.app):
                     result = await made.tool.run(dict(arguments))
-            except Exception as exc:  # noqa: BLE001 - classified: a result, in doubt, or raised again
-                return durable.failed(made, _failure(exc, made.tool))
-            finally:
-                _CALL.reset(token)
-            if isinstance(result, InputRequiredToolResult):
-                raise RuntimeError(f"tool {made.name!r} asked its client for input, which a task cannot")
-            return durable.answers.outcome(made.name, made.policy, call_result(result))
-
-        return run
+        except Exception as exc:  # noqa: BLE001 - classified: a result, in doubt, or raised again
+            return durable.failed(made, _failure(exc, made.tool))
+        finally:
+            _CALL.reset(token)
+        if isinstance(result, InputRequiredToolResult):
+            if bound is None:
+                raise RuntimeError(
+                    f"tool {made.name!r} asked its client for input: declare it interactive "
+                    "(ToolPolicy(interactive=True)) to ask through its task"
+                )
+            return result
+        return durable.answers.outcome(made.name, made.policy, call_result(result))
 
     async def resume(self, record: CallRecord) -> None:
         """The engine's `task_resumer`: drive an in-doubt task on by its tool's policy (`retry`
@@ -326,7 +450,7 @@ class DurableTasks(ServerExtension):
         if made is None or record.arguments is None:
             return
         arguments = orjson.loads(record.arguments)
-        run = self._runner(made, arguments)
+        run = self._runner(made, arguments)  # an interactive tool's first answers are asked again
         await self.durable.engine.resume(record.identity, made.policy, run, self.durable.encoder(made.name))
 
     # -- tasks/* -----------------------------------------------------------------------------------
@@ -364,6 +488,33 @@ class DurableTasks(ServerExtension):
             MethodBinding("tasks/list", PaginatedRequestParams, list_tasks, protocol_versions=LEGACY_VERSIONS),
             MethodBinding("tasks/update", TaskUpdateParams, update, protocol_versions=modern),
         )
+
+
+async def _ask_all(
+    ask: Callable[[DurableCall, dict[str, Any]], Awaitable[dict[str, Any]]],
+    call: DurableCall | None,
+    asked: InputRequiredResult,
+) -> dict[str, Any]:
+    """Ask the requestor every question of `asked` at once (each journaled, `TaskRuns.ask`, in
+    their order); their answers, by the tool's own keys."""
+    if call is None:
+        raise RuntimeError("a task's questions are asked within its durable call")
+    requests = asked.input_requests or {}
+    answers: dict[str, Any] = {}
+
+    async def one(key: str, request: BaseModel) -> None:
+        answers[key] = await ask(call, question_of(request))
+
+    try:
+        async with anyio.create_task_group() as group:
+            for key, request in requests.items():
+                group.start_soon(one, key, request)
+                await anyio.sleep(0)  # each asked in its order: its journal key is the same on every run
+    except BaseExceptionGroup as failed:
+        if len(failed.exceptions) == 1:  # the engine classifies what the asking raised (fenced out…)
+            raise failed.exceptions[0] from None
+        raise
+    return answers
 
 
 def _failure(error: Exception, tool: Tool) -> Failure:

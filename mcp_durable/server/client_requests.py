@@ -6,6 +6,10 @@ tool to ask its client (elicitation, sampling, roots) during it, one session's a
 replayed to another. Such a call's session refuses every request to the client
 (`ClientRequestWithoutKeyError`, released, never kept); an `interactive` tool is journaled only
 under its caller's key.
+
+An `interactive` tool run as a task asks its task's requestor instead: its session is a
+`TaskSession` (`task_request`, `task_context`), used by `DurableServer` and by FastMCP's durable
+tasks (`mcp_durable/fastmcp/tasks.py`) alike.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from mcp.server.mcpserver.resolve import resolve_arguments
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.session import ServerSession
 from mcp_types import CallToolRequestParams, ClientCapabilities, InitializeRequestParams, InputRequiredResult
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from .. import keys
 from ..errors import ClientRequestWithoutKeyError
@@ -101,6 +105,16 @@ Asker = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 TASK_PROTOCOL_VERSION = "2025-11-25"
 
 
+def question_of(request: BaseModel) -> dict[str, Any]:
+    """A request to the client (`ElicitRequest`, `CreateMessageRequest`, `ListRootsRequest`) as a
+    task's question is journaled and shown: `{"method", "params"}` (no `params` when empty)."""
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    question: dict[str, Any] = {"method": data["method"]}
+    if data.get("params"):
+        question["params"] = data["params"]
+    return question
+
+
 class TaskSession(ServerSession):
     """The session of an interactive tool run as a task: each request to the client
     (`elicit_form`, `create_message`, `list_roots`, `send_request`) is asked of the task's
@@ -137,11 +151,7 @@ class TaskSession(ServerSession):
         return False
 
     async def send_request(self, request: Any, result_type: Any, *args: Any, **kwargs: Any) -> Any:
-        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        question: dict[str, Any] = {"method": data["method"]}
-        if data.get("params"):
-            question["params"] = data["params"]
-        answer = await self._ask(question)
+        answer = await self._ask(question_of(request))
         return result_type.model_validate(answer, by_name=False)
 
     async def send_notification(self, notification: Any, related_request_id: Any = None) -> None:
@@ -152,6 +162,35 @@ class TaskSession(ServerSession):
 
     async def report_progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         return None
+
+
+def task_request(
+    ask: Callable[[Any, dict[str, Any]], Awaitable[dict[str, Any]]],
+    request: ServerRequestContext[Any, Any] | None = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    protocol_version: str = TASK_PROTOCOL_VERSION,
+) -> ServerRequestContext[Any, Any]:
+    """The low-level request context of an interactive tool run as a task (`task_context`, and a
+    FastMCP tool's in `fastmcp/tasks.py`): its session is a `TaskSession` asking through
+    `ask(call, question)` for the durable call being run (`TaskRuns.ask`).
+
+    `request`: the request that created the task (None for a task resumed from the journal), whose
+    lifespan state is kept. `params`: the `tools/call` params the run sees as its request's (a
+    FastMCP tool reads its `inputResponses` / `requestState` there). `protocol_version`: the
+    version the tool is told it speaks (a handshake version: its questions are requests)."""
+
+    async def asked(question: dict[str, Any]) -> dict[str, Any]:
+        return await ask(current_call(), question)
+
+    return ServerRequestContext[Any, Any](
+        session=TaskSession(asked, protocol_version),
+        lifespan_context=request.lifespan_context if request is not None else {},
+        protocol_version=protocol_version,
+        method="tools/call",
+        params=params,
+        request_id="task",
+    )
 
 
 def task_context(
@@ -169,17 +208,8 @@ def task_context(
     parameters read on its first run; the context then speaks that request's protocol version.
     """
 
-    async def asked(question: dict[str, Any]) -> dict[str, Any]:
-        return await ask(current_call(), question)
-
     version = request.protocol_version if request is not None and input_params is not None else TASK_PROTOCOL_VERSION
-    context = ServerRequestContext[Any, Any](
-        session=TaskSession(asked, version),
-        lifespan_context=request.lifespan_context if request is not None else {},
-        protocol_version=version,
-        method="tools/call",
-        request_id="task",
-    )
+    context = task_request(ask, request, protocol_version=version)
     return Context(
         request_context=context, mcp_server=server, input_params=input_params, subscriptions=subscription_bus(server)
     )

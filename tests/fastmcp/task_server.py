@@ -16,6 +16,11 @@ tests (test_tasks.py), and as a process of its own over streamable HTTP for the 
 - `job(name)`: a plain FastMCP tool made task-required by its policy (`task_support="required"`).
 - `note(text)`: `task=True` and nothing else: a task whose tool is not idempotent.
 - `echo(text)`: not durable, not a task.
+- `approve_refund(order_id, amount_cents)`: `task=True`, interactive by its policy (retried when
+  in doubt): a durable step `quote`, then it asks its requestor to approve (`ctx.elicit`, question
+  `input-0`), a durable step `pay` if approved, then asks where the receipt goes (`input-1`); each
+  real run of a step appends `<step> <order_id>` to the counter file (tests/tasks/servers/asking.py's
+  tool, for FastMCP).
 
 Settings (the subprocess reads them from the environment): `COUNTER_FILE`, `TASK_GATE` (the gate
 directory), `PAYMENTS_LEDGER`, `TASK_IN_DOUBT` (retry, refuse), `TASK_LEASE` (seconds).
@@ -33,13 +38,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import anyio  # noqa: E402
-from fastmcp import FastMCP  # noqa: E402
+from fastmcp import Context, FastMCP  # noqa: E402
 from mcp_types import ToolAnnotations  # noqa: E402
+from pydantic import BaseModel  # noqa: E402
 
 from mcp_durable import ToolPolicy, current_call  # noqa: E402
 from mcp_durable.demo.ledger import PaymentProvider  # noqa: E402
 from mcp_durable.fastmcp import DurableMiddleware, make_durable  # noqa: E402
 from tests.server.servers.counting import Counter  # noqa: E402
+
+
+class Approval(BaseModel):
+    approve: bool = False
+
+
+class Receipt(BaseModel):
+    email: str = ""
 
 
 def task_app(
@@ -100,6 +114,19 @@ def task_app(
     def echo(text: str) -> str:
         return text
 
+    @app.tool(task=True)
+    async def approve_refund(order_id: str, amount_cents: int, ctx: Context) -> str:
+        """Refund an order once its requestor approves; ask where the receipt goes."""
+        call = current_call()
+        quote = await call.step("quote", lambda: counts.hit(f"quote {order_id}") and f"{amount_cents} cents")
+        approval = await ctx.elicit(f"Refund {quote} for {order_id}?", Approval)
+        if approval.action != "accept" or not approval.data.approve:
+            return f"refund of {order_id} not approved ({approval.action})"
+        await call.step("pay", lambda: counts.hit(f"pay {order_id}"))
+        receipt = await ctx.elicit(f"Where should the receipt for {order_id} go?", Receipt)
+        email = receipt.data.email if receipt.action == "accept" else "nowhere"
+        return f"refunded {quote} for {order_id}, receipt to {email}"
+
     policies = {
         "refund": ToolPolicy(
             key_fields=("order_id",),
@@ -108,6 +135,7 @@ def task_app(
             in_doubt=in_doubt,  # type: ignore[arg-type]
         ),
         "job": ToolPolicy(task_support="required"),
+        "approve_refund": ToolPolicy(interactive=True, task_after=0.1, lease=lease, in_doubt="retry"),
     }
     durable = make_durable(app, journal=journal, policies=policies, **options)
     return app, durable

@@ -92,7 +92,13 @@ async def test_legacy_capabilities_and_each_tools_task_support_are_advertised(fx
             assert client.server_capabilities.tasks is not None
             listed = await request(client, "tools/list", {})
         support = {tool["name"]: tool.get("execution", {}).get("taskSupport") for tool in listed["tools"]}
-        assert support == {"refund": "optional", "job": "required", "note": "optional", "echo": None}
+        assert support == {
+            "refund": "optional",
+            "job": "required",
+            "note": "optional",
+            "echo": None,
+            "approve_refund": "optional",
+        }
         # FastMCP's `task=True` alone: a task of a tool that is not idempotent (in doubt: refused).
         note = fx.durable.durable_policies["note"]
         assert note.task_support == "optional" and note.idempotent is False

@@ -12,8 +12,9 @@ the wire work; this module only picks the era's way.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2
@@ -31,6 +32,18 @@ from tests.server.task_client import (
 
 #: The protocol eras a task is tested in, by the name the tests parametrize with.
 ERAS = ("legacy", "modern")
+#: What serves the tasks the other SDKs' task clients meet (test_tasks_ext_tasks.py,
+#: test_tasks_typescript.py): `mcp-durable proxy` in front of the plain upstream, and the same
+#: tools on a durable FastMCP server in process (tests/fastmcp/clients_app.py).
+TARGETS = ("proxy", "fastmcp")
+
+
+@dataclass(frozen=True)
+class ServedUrl:
+    """A served target's MCP URL, and what its server wrote to stderr so far (for messages)."""
+
+    url: str
+    stderr: Callable[[], str]
 
 
 def client_kwargs(era: str) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The `@modelcontextprotocol/ext-tasks` 0.2.2 requester (2026-07-28) against `mcp-durable proxy` over
 HTTP, in front of the plain Python upstream (over HTTP): the proxy's own tasks of proxied tools, as
-a client of the tasks extension written on another SDK meets them.
+a client of the tasks extension written on another SDK meets them; and (target `fastmcp`) against
+the same tools on a durable FastMCP server (tests/fastmcp/clients_app.py), whose tasks
+`DurableTasks` serves.
 
 The requester runs over the session port of tests/server/test_tasks_ext_tasks.py (stateless
 2026-07-28 streamable HTTP, written there once and reused here). `charge` (it honours the forwarded
@@ -9,16 +11,23 @@ with a task: a repeat of its key from another session while it runs, and again a
 gets the same task, and the upstream makes one effect. `flaky` (its first execution crashes, which
 the upstream answers with an `isError` result) is task-optional under the proxy's default
 `tool_errors = "release"`: its task is `completed` with the error result, and a repeat of its key
-runs again as a new task.
+runs again as a new task. On FastMCP `flaky` raises (released by the default
+`exceptions="release"`): its task is `failed`, and a repeat of its key runs again as a new task.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tests.helpers import serve_cli_http
+import anyio
+import pytest
+
+from tests.helpers import serve_app, serve_cli_http
 from tests.node_peers import NODE_MODULES, node_script, require_node_peers
+from tests.proxy.task_clients import TARGETS, ServedUrl
 from tests.proxy.upstreams import plain_http_upstream, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 from tests.server.test_tasks_ext_tasks import CLIENT as SERVER_CLIENT
@@ -87,24 +96,42 @@ console.log(JSON.stringify(out));
 """
 
 
-async def test_the_ext_tasks_requester_gets_the_same_task_on_a_repeat_through_the_proxy(tmp_path: Path) -> None:
+@asynccontextmanager
+async def _served(target: str, tmp_path: Path, env: dict[str, str]) -> AsyncIterator[ServedUrl]:
+    """The tools served with tasks by `target`: the proxy in front of the plain upstream (its
+    policies `POLICIES`), or the same tools on a durable FastMCP server (`clients_app`)."""
+    journal = f"file://{tmp_path}/journal"
+    if target == "fastmcp":
+        from tests.fastmcp.clients_app import clients_app
+
+        async with serve_app(clients_app(journal, env, task_after=0).http_app()) as base:
+            yield ServedUrl(f"{base}/mcp", lambda: "")
+        return
+    policies = tmp_path / "policies.toml"
+    policies.write_text(POLICIES)
+    async with plain_http_upstream(env) as upstream:
+        args = proxy_cli(["--upstream-url", upstream.url], journal, "--policies", str(policies))
+        async with serve_cli_http(args, env=env) as proxy:
+            yield ServedUrl(proxy.url, proxy.stderr)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+async def test_the_ext_tasks_requester_gets_the_same_task_on_a_repeat(target: str, tmp_path: Path) -> None:
     require_node_peers()
     env = upstream_env(tmp_path)
     counter = Counter(env["COUNTER_FILE"])
-    policies = tmp_path / "policies.toml"
-    policies.write_text(POLICIES)
     source = SERVER_CLIENT.split(PORT_ENDS)[0] + SCENARIO
-    async with plain_http_upstream(env) as upstream:
-        args = proxy_cli(["--upstream-url", upstream.url], f"file://{tmp_path}/journal", "--policies", str(policies))
-        async with serve_cli_http(args, env=env) as proxy:
-            run = node_script(
+    async with _served(target, tmp_path, env) as served:
+        run = await anyio.to_thread.run_sync(
+            lambda: node_script(
                 tmp_path / "requester.mjs",
                 source,
-                args=[proxy.url, str(tmp_path), str(counter.path)],
+                args=[served.url, str(tmp_path), str(counter.path)],
                 timeout=90,
                 env={"NODE_MODULES": str(NODE_MODULES)},
             )
-            assert run.returncode == 0, run.stderr + proxy.stderr()
+        )
+        assert run.returncode == 0, run.stderr + served.stderr()
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["capabilities"]["cancellation"] is True
     # One task per key, running or finished, and one effect upstream.
@@ -116,10 +143,16 @@ async def test_the_ext_tasks_requester_gets_the_same_task_on_a_repeat_through_th
     assert out["lateKind"] == "task" and out["lateId"] == out["ids"][0]
     assert out["lateOutcome"]["status"] == "completed" and out["lateOutcome"]["result"] == out["result"]
     assert counter.count("charge") == 1 and counter.count("charge.deduplicated") == 0
-    # The released error result is the first task's result; the repeat ran again, as a new task.
-    assert out["crashedKind"] == "task" and out["crashed"]["status"] == "completed"
-    assert out["crashed"]["result"]["isError"] is True
-    assert "Error executing tool flaky" in out["crashed"]["result"]["content"][0]["text"]
+    # The proxy: the upstream's error result, released, is the first task's result. FastMCP: the
+    # raised exception, released (`exceptions="release"`), fails the first task. Either way the
+    # repeat of the key ran again, as a new task.
+    assert out["crashedKind"] == "task"
+    if target == "proxy":
+        assert out["crashed"]["status"] == "completed" and out["crashed"]["result"]["isError"] is True
+        assert "Error executing tool flaky" in out["crashed"]["result"]["content"][0]["text"]
+    else:
+        assert out["crashed"]["status"] == "failed" and out["crashed"]["error"]["name"] == "TaskFailedError"
+        assert "flaky crashed on its first execution" in out["crashed"]["task"]["statusMessage"]
     assert out["retriedKind"] == "task" and out["retriedIds"][0] != out["retriedIds"][1]
     assert out["retried"]["status"] == "completed" and out["retried"]["result"]["isError"] is False
     assert counter.count("flaky") == 2

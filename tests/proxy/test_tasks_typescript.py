@@ -1,14 +1,22 @@
 """The TypeScript SDK 1.32 experimental tasks client (2025-11-25) against `mcp-durable proxy` over HTTP,
 in front of the plain Python upstream: the proxy's own tasks of a proxied tool, as a client written
-on another SDK meets them (`callToolStream`, `getTask`, `getTaskResult`, `listTasks`)."""
+on another SDK meets them (`callToolStream`, `getTask`, `getTaskResult`, `listTasks`); and (target
+`fastmcp`) against the same tools on a durable FastMCP server (tests/fastmcp/clients_app.py), whose
+tasks `DurableTasks` serves: one task per key, a resent task-creating call gets the same task."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-from tests.helpers import serve_cli_http
+import anyio
+import pytest
+
+from tests.helpers import serve_app, serve_cli_http
 from tests.node_peers import NODE_MODULES, node_script, require_node_peers
+from tests.proxy.task_clients import TARGETS, ServedUrl
 from tests.proxy.upstreams import plain_http_upstream, proxy_cli, upstream_env
 from tests.server.servers.counting import Counter
 
@@ -67,23 +75,41 @@ await client.close();
 """
 
 
-async def test_the_typescript_sdk_tasks_client_gets_one_task_per_key_through_the_proxy(tmp_path: Path) -> None:
-    require_node_peers()
-    env = upstream_env(tmp_path)
-    counter = Counter(env["COUNTER_FILE"])
+@asynccontextmanager
+async def _served(target: str, tmp_path: Path, env: dict[str, str]) -> AsyncIterator[ServedUrl]:
+    """`charge` served with tasks by `target`: the proxy in front of the plain upstream, or a
+    durable FastMCP server with the same tools (`clients_app`)."""
+    journal = f"file://{tmp_path}/journal"
+    if target == "fastmcp":
+        from tests.fastmcp.clients_app import clients_app
+
+        async with serve_app(clients_app(journal, env, task_after=0).http_app()) as base:
+            yield ServedUrl(f"{base}/mcp", lambda: "")
+        return
     policies = tmp_path / "policies.toml"
     policies.write_text('[tools.charge]\nkey = "required"\ntask_support = "optional"\n')
     async with plain_http_upstream(env) as upstream:
-        args = proxy_cli(["--upstream-url", upstream.url], f"file://{tmp_path}/journal", "--policies", str(policies))
+        args = proxy_cli(["--upstream-url", upstream.url], journal, "--policies", str(policies))
         async with serve_cli_http(args, env=env) as proxy:
-            run = node_script(
+            yield ServedUrl(proxy.url, proxy.stderr)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+async def test_the_typescript_sdk_tasks_client_gets_one_task_per_key(target: str, tmp_path: Path) -> None:
+    require_node_peers()
+    env = upstream_env(tmp_path)
+    counter = Counter(env["COUNTER_FILE"])
+    async with _served(target, tmp_path, env) as served:
+        run = await anyio.to_thread.run_sync(
+            lambda: node_script(
                 tmp_path / "client.mjs",
                 CLIENT,
-                args=[proxy.url, str(counter.gate)],
+                args=[served.url, str(counter.gate)],
                 timeout=60,
                 env={"NODE_MODULES": str(NODE_MODULES)},
             )
-            assert run.returncode == 0, run.stderr + proxy.stderr()
+        )
+        assert run.returncode == 0, run.stderr + served.stderr()
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["capabilities"] == {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
     assert out["support"]["charge"] == "optional" and out["support"]["record"] is None
