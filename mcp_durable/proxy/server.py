@@ -11,6 +11,16 @@ The journal resources (`journal://…`) and the admin tools are the proxy's own.
 the upstream's resources and its list changes are relayed to the clients that asked for them
 (subscriptions.py); its tools are listed again when it says they changed.
 
+A client sees what it would see talking to the upstream directly: each request of a client
+(`tools/list` and the other listings, `tools/call`, `prompts/get`, `resources/read`,
+completions) goes through the upstream session of the capabilities it declared (upstream.py's
+`Upstream.session`, router.py's `declared_by`: a 2026-07-28 client declares none), so the
+upstream lists it the tools it lists such a client, and asks it (sampling, elicitation) only
+what it could ask it directly. The policies are by tool name, applied to each session's listing
+alike; the journal and keys do not depend on the session, so a key's effect happens once
+whichever session runs it. A task's run, with no client waiting on it, goes through the
+no-capability session (first run and resume alike).
+
 MCP tasks (both generations, server/tasks.py) are the proxy's own too: a durable tool whose policy
 has `task_support` (the policies file, else the upstream's own `execution.taskSupport: optional`)
 is advertised with it, and a task of it is a journaled call whose run forwards a plain

@@ -27,9 +27,12 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CreateMessageResult, ElicitResult, TextContent
 
-from tests.helpers import REPO, first_text, serve_cli_http
+from mcp_durable.proxy import ProxyServer
+from mcp_durable.proxy.router import NO_CAPABILITIES, Capabilities
+from tests.helpers import REPO, first_text, key_meta, meta_of, serve_cli_http
 from tests.node_peers import package_bin, require_node_peers
-from tests.proxy.upstreams import EVERYTHING, PLAIN_UPSTREAM, proxy_cli, upstream_env
+from tests.proxy.upstreams import EVERYTHING, PLAIN_UPSTREAM, plain_stdio_spec, proxy_cli, upstream_env
+from tests.server.servers.counting import Counter
 
 ERAS = ("legacy", "auto")
 #: The capabilities a client declares: none, sampling, elicitation, or both (by its callbacks).
@@ -141,3 +144,27 @@ async def test_a_python_upstream_answers_a_client_without_sampling_as_it_would_d
     # The upstream's own answer to a client that declared no sampling, not a refusal of the proxy's.
     assert refused.value.error == directly.value.error
     assert first_text(answered) == "four"
+
+
+async def test_one_session_per_capability_set_shared_and_closed_and_a_key_runs_once_across_them(
+    tmp_path: Path,
+) -> None:
+    env = upstream_env(tmp_path)
+    proxy = ProxyServer(plain_stdio_spec(env), journal=f"sqlite:///{tmp_path}/proxy.db")
+    async with (
+        Client(proxy, mode="legacy") as first,
+        Client(proxy, mode="legacy") as second,
+        Client(proxy, mode="legacy", sampling_callback=_answer_sampling) as able,
+    ):
+        ran = await first.call_tool("record", {"text": "x"}, meta=key_meta("k-1"))
+        # The same key through the other session: the journal answers it, the upstream is not asked.
+        repeated = await able.call_tool("record", {"text": "x"}, meta=key_meta("k-1"))
+        passed = await second.call_tool("plain", {"text": "y"})
+        asked = await able.call_tool("ask_client", {"prompt": "2+2?"})
+        sessions = {session.capabilities: session for session in proxy.upstream.sessions()}
+        connects = {capabilities: session.connects for capabilities, session in sessions.items()}
+    assert connects == {NO_CAPABILITIES: 1, Capabilities(sampling=True): 1}  # the two plain clients share one
+    assert not any(session.connected for session in sessions.values())  # all closed with the proxy
+    assert Counter(env["COUNTER_FILE"]).count("record") == 1
+    assert meta_of(repeated)["mcp-durable/replayed"] is True and repeated.structured_content == ran.structured_content
+    assert not passed.is_error and first_text(asked) == "four"
