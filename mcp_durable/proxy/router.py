@@ -18,8 +18,9 @@ several (of different clients), a request is refused with an error to the upstre
 reach another principal's client) and a log message is logged by the proxy only. A log message
 below the level a client last set (`logging/setLevel`, kept in `level`) is dropped. Progress needs
 none of this: it is bound to its call by the progress token (see server.py). A task's call runs
-in the background with no client waiting on it (`background`): while one is in flight no request
-is routed to any client, since it may be that call's.
+in the background with no client waiting on it (`background`, on the no-capability session):
+while one is in flight no request or log message of its session is routed to any client, since it
+may be that call's.
 
 A request the calling client still cannot answer (a URL elicitation to a client that declared
 only form mode: the SDK's client declares both modes upstream: `unanswerable`) is refused to the

@@ -455,8 +455,9 @@ class ProxyServer(MCPServer[Any]):
 
         Always through the no-capability session, for the first run and a resume after a restart
         alike: no client waits on the run to answer the upstream's requests, so the upstream is
-        shown a client that declares none, and does what it does for one (the requests it sends
-        all the same are refused meanwhile: `Router.background`)."""
+        shown a client that declares none, and does what it does for one (a request it sends all
+        the same gets the SDK client's answer for a capability it lacks, and its log messages
+        meanwhile reach no client: `Router.background`)."""
         session = self.upstream.session(NO_CAPABILITIES)
         return self._upstream_run(session, name, policy, arguments, lambda: dict(meta), session.router.background, None)
 
