@@ -562,7 +562,8 @@ class UpstreamSession:
 
 class Upstream:
     """The proxy's sessions with its upstream, one per set of client capabilities met (`session`),
-    each opened when first needed and shared by every client that declared that set.
+    each opened when first needed and shared by every client that declared that set (at most ten
+    sets: sampling absent or with any of its two parts, times elicitation or not).
 
     `supervise` runs them all (each in a task of its own), `stop` closes them all. A call, a
     listing or a request of a client goes through `session(declared_by(its session))`; the

@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -168,3 +169,34 @@ async def test_one_session_per_capability_set_shared_and_closed_and_a_key_runs_o
     assert Counter(env["COUNTER_FILE"]).count("record") == 1
     assert meta_of(repeated)["mcp-durable/replayed"] is True and repeated.structured_content == ran.structured_content
     assert not passed.is_error and first_text(asked) == "four"
+
+
+async def test_a_request_of_the_upstream_reaches_its_client_while_a_client_of_another_set_has_a_call_in_flight(
+    tmp_path: Path,
+) -> None:
+    """Each session routes its own requests: another client's call in flight on another session
+    does not make the upstream's sampling request unroutable (it did with one shared session)."""
+    env = upstream_env(tmp_path)
+    counter = Counter(env["COUNTER_FILE"])
+    proxy = ProxyServer(plain_stdio_spec(env), journal=f"sqlite:///{tmp_path}/proxy.db")
+    stalled: list[Any] = []
+    async with (
+        Client(proxy, mode="legacy") as plain,
+        Client(proxy, mode="legacy", sampling_callback=_answer_sampling) as able,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def stall() -> None:
+            stalled.append(await plain.call_tool("stall", {"text": "hold"}))
+
+        tg.start_soon(stall)
+        try:
+            with anyio.fail_after(30):  # (a bound on a hang, not a timing)
+                while counter.count("stall") != 1:
+                    await anyio.sleep(0.02)
+            asked = await able.call_tool("ask_client", {"prompt": "2+2?"})  # while `stall` is in flight
+        finally:
+            counter.open_gate()
+    assert first_text(asked) == "four"
+    [held] = stalled
+    assert not held.is_error
