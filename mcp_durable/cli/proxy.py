@@ -133,23 +133,26 @@ async def _render_config(spec: Any, policies: Any) -> str:
     import anyio
 
     from ..policy_file import render_policies
-    from ..proxy.router import Router
+    from ..proxy.router import ALL_CAPABILITIES
     from ..proxy.upstream import Upstream
 
-    upstream = Upstream(spec, Router())
+    upstream = Upstream(spec)
+    # Every capability declared: the upstream lists the tools it lists only to a client that can
+    # be asked (sampling, elicitation) too, so the policies can name them.
+    session = upstream.session(ALL_CAPABILITIES)
     unavailable: UpstreamUnavailableError | None = None
     async with anyio.create_task_group() as tg:
         await tg.start(upstream.supervise)
         try:
-            await upstream.client()
+            await session.client()
         except UpstreamUnavailableError as exc:
             unavailable = exc  # raised below, outside the task group: one line, not an exception group
         finally:
             upstream.stop()
     if unavailable is not None:
-        raise ConfigError(f"upstream {spec.describe()} cannot be reached: {upstream.failure}") from unavailable
-    tools = [(tool.name, _hints(tool), tool.description) for tool in upstream.tools.values()]
-    unknown = policies.unknown(upstream.tools)
+        raise ConfigError(f"upstream {spec.describe()} cannot be reached: {session.failure}") from unavailable
+    tools = [(tool.name, _hints(tool), tool.description) for tool in session.tools.values()]
+    unknown = policies.unknown(session.tools)
     if unknown:
         print(f"mcp-durable: the policies name tools the upstream does not have: {', '.join(unknown)}", file=sys.stderr)
     text: str = render_policies(tools, policies)

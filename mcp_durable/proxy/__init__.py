@@ -5,9 +5,10 @@
     proxy.run()                                    # or proxy.streamable_http_app(...)
 
 `make_durable(server, policies)` is the same for a plain `MCPServer` object in this process.
-Modules: `upstream.py` (the one session with the upstream, reconnected when it dies),
-`router.py` (upstream requests and logs to the calling client), `server.py` (`ProxyServer`),
-`inprocess.py` (`make_durable`).
+Modules: `upstream.py` (the sessions with the upstream, one per set of client capabilities,
+reconnected when they die), `router.py` (the capability sets; upstream requests and logs to the
+calling client), `subscriptions.py` (resource subscriptions and list changes relayed),
+`server.py` (`ProxyServer`), `inprocess.py` (`make_durable`).
 """
 
 from typing import TYPE_CHECKING

@@ -1,21 +1,31 @@
-"""Routing the upstream's requests and log messages to the downstream client whose call caused them.
+"""Which upstream session a downstream client's requests go through, and routing the upstream's
+requests and log messages to the downstream call that caused them.
 
-The proxy holds one upstream session for all its clients. A server→client request from the
-upstream (sampling, elicitation) or a log message does not say which of the proxy's tool calls
-it belongs to, so the router sends it to the one downstream call in flight. With none in flight,
-or several (of different clients), a request is refused with an error to the upstream (it must
-never reach another principal's client) and a log message is logged by the proxy only. A log
-message below the level a client last set (`logging/setLevel`, kept in `level`) is dropped.
-Progress needs none of this: it is bound to its call by the progress token (see server.py).
-A task's call runs in the background with no client waiting on it (`background`): while one
-is in flight no request is routed to any client, since it may be that call's.
+The proxy holds one upstream session per set of client capabilities it has met (`Capabilities`:
+sampling, with its `context` and `tools` parts, and elicitation), shared by every client that
+declared that set (upstream.py's `Upstream`). A client's capabilities are what it can be sent
+(`declared_by`): a 2026-07-28 client (that era has no server→client requests) or a connection
+without a back-channel (stateless HTTP) counts as declaring none. So the upstream sees, for each
+client, a client that can answer what this one can, and lists and does for it what it would
+directly: server-everything lists `trigger-sampling-request` only through a sampling session.
+Roots are not a part of the key: they are one client's own, which a shared session cannot speak
+for, so the proxy declares none upstream.
 
-Sampling and elicitation reach the client only on the 2025-11-25 (legacy) protocol era: the
-2026-07-28 era has no server→client requests. The proxy declares both capabilities to its
-upstream for all its clients, so a request the calling client cannot answer (its era, a
-connection without a back-channel, a capability it did not declare: `unanswerable`) is refused
-to the upstream with a JSON-RPC error that says why, never sent to the client; the upstream's
-answer to the call then carries that reason.
+Each session has its own `Router`. A server→client request from the upstream (sampling,
+elicitation) or a log message does not say which of the proxy's tool calls it belongs to, so the
+router sends it to the one downstream call in flight on that session. With none in flight, or
+several (of different clients), a request is refused with an error to the upstream (it must never
+reach another principal's client) and a log message is logged by the proxy only. A log message
+below the level a client last set (`logging/setLevel`, kept in `level`) is dropped. Progress needs
+none of this: it is bound to its call by the progress token (see server.py). A task's call runs
+in the background with no client waiting on it (`background`, on the no-capability session):
+while one is in flight no request or log message of its session is routed to any client, since it
+may be that call's.
+
+A request the calling client still cannot answer (a URL elicitation to a client that declared
+only form mode: the SDK's client declares both modes upstream: `unanswerable`) is refused to the
+upstream with a JSON-RPC error that says why, never sent to the client; the upstream's answer to
+the call then carries that reason.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from mcp.shared.message import ServerMessageMetadata
@@ -37,6 +48,9 @@ from mcp_types import (
     ErrorData,
     LoggingLevel,
     LoggingMessageNotificationParams,
+    SamplingCapability,
+    SamplingContextCapability,
+    SamplingToolsCapability,
 )
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -46,13 +60,69 @@ _R = TypeVar("_R", CreateMessageResult, ElicitResult)
 LEVELS: tuple[LoggingLevel, ...] = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
-class Router:
-    """Tracks the downstream calls in flight; routes upstream requests and logs to the only one."""
+@dataclass(frozen=True)
+class Capabilities:
+    """The client capabilities an upstream session declares, and the key of that session: what
+    its clients declared of sampling (and its `context`, `tools` parts) and elicitation."""
 
-    def __init__(self) -> None:
+    sampling: bool = False
+    sampling_context: bool = False
+    sampling_tools: bool = False
+    elicitation: bool = False
+
+    def describe(self) -> str:
+        """A name for logs: `no capabilities`, `sampling+elicitation`, `sampling(context,tools)`…"""
+        parts: list[str] = []
+        if self.sampling:
+            extra = [name for name, on in (("context", self.sampling_context), ("tools", self.sampling_tools)) if on]
+            parts.append("sampling" + (f"({','.join(extra)})" if extra else ""))
+        if self.elicitation:
+            parts.append("elicitation")
+        return "+".join(parts) or "no capabilities"
+
+    def sampling_capability(self) -> SamplingCapability | None:
+        """The sub-capabilities declared with sampling upstream (the SDK client's `sampling_capabilities`)."""
+        if not self.sampling:
+            return None
+        return SamplingCapability(
+            context=SamplingContextCapability() if self.sampling_context else None,
+            tools=SamplingToolsCapability() if self.sampling_tools else None,
+        )
+
+
+#: The session of clients that can be sent no request: a 2026-07-28 client, one that declared
+#: nothing, a stateless HTTP connection; and of background task runs (no client waits on them).
+NO_CAPABILITIES = Capabilities()
+#: Every capability the proxy can declare upstream (`proxy --print-config` lists the tools through it).
+ALL_CAPABILITIES = Capabilities(sampling=True, sampling_context=True, sampling_tools=True, elicitation=True)
+
+
+def declared_by(session: Any) -> Capabilities:
+    """The capabilities of the client of `session` (a downstream `ServerSession`, or None for no
+    client) that the upstream may use: none for the 2026-07-28 era, nor on a connection that
+    carries no requests from the server."""
+    if session is None or session.protocol_version in MODERN_PROTOCOL_VERSIONS or not session.can_send_request:
+        return NO_CAPABILITIES
+    declared = session.client_capabilities
+    if declared is None:
+        return NO_CAPABILITIES
+    sampling = declared.sampling
+    return Capabilities(
+        sampling=sampling is not None,
+        sampling_context=sampling is not None and sampling.context is not None,
+        sampling_tools=sampling is not None and sampling.tools is not None,
+        elicitation=declared.elicitation is not None,
+    )
+
+
+class Router:
+    """Tracks the downstream calls in flight on one upstream session; routes its requests and logs
+    to the only one."""
+
+    def __init__(self, level: LoggingLevel | None = None) -> None:
         self._in_flight: dict[int, Any] = {}
         #: The least severe log level forwarded (None: every message, as the upstream sends them).
-        self.level: LoggingLevel | None = None
+        self.level: LoggingLevel | None = level
 
     @contextmanager
     def call(self, request_context: Any) -> Iterator[None]:

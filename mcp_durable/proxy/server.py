@@ -11,6 +11,16 @@ The journal resources (`journal://…`) and the admin tools are the proxy's own.
 the upstream's resources and its list changes are relayed to the clients that asked for them
 (subscriptions.py); its tools are listed again when it says they changed.
 
+A client sees what it would see talking to the upstream directly: each request of a client
+(`tools/list` and the other listings, `tools/call`, `prompts/get`, `resources/read`,
+completions) goes through the upstream session of the capabilities it declared (upstream.py's
+`Upstream.session`, router.py's `declared_by`: a 2026-07-28 client declares none), so the
+upstream lists it the tools it lists such a client, and asks it (sampling, elicitation) only
+what it could ask it directly. The policies are by tool name, applied to each session's listing
+alike; the journal and keys do not depend on the session, so a key's effect happens once
+whichever session runs it. A task's run, with no client waiting on it, goes through the
+no-capability session (first run and resume alike).
+
 MCP tasks (both generations, server/tasks.py) are the proxy's own too: a durable tool whose policy
 has `task_support` (the policies file, else the upstream's own `execution.taskSupport`) is
 advertised with it, and a task of it is a journaled call whose run forwards a plain `tools/call`
@@ -45,7 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import replace
 from typing import Any
@@ -64,6 +74,10 @@ from mcp_types import (
     EmptyResult,
     GetPromptResult,
     InputRequiredResult,
+    ListPromptsResult,
+    ListResourcesResult,
+    ListResourceTemplatesResult,
+    ListToolsResult,
     Prompt,
     ReadResourceRequestParams,
     ReadResourceResult,
@@ -92,9 +106,9 @@ from ..steps import DurableCall
 from ..tasks import in_doubt_refused
 from ..uris import SCHEME
 from . import upstream_tasks
-from .router import Router
+from .router import NO_CAPABILITIES, Capabilities, declared_by
 from .subscriptions import UpstreamSubscriptions
-from .upstream import Upstream, UpstreamLost, UpstreamSpec, UpstreamTimedOut
+from .upstream import Upstream, UpstreamLost, UpstreamSession, UpstreamSpec, UpstreamTimedOut
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +125,7 @@ class ProxyServer(MCPServer[Any]):
     def __init__(
         self, upstream: UpstreamSpec, policies: Policies | None = None, name: str | None = None, **kwargs: Any
     ) -> None:
-        self.router = Router()
-        self.upstream = Upstream(upstream, self.router)
+        self.upstream = Upstream(upstream)
         self.tool_policies = policies or Policies()
         #: Tools whose `tool_errors` the policies chose; the others get the proxy's default.
         self._tool_errors_chosen = _tool_errors_chosen(self.tool_policies)
@@ -121,8 +134,9 @@ class ProxyServer(MCPServer[Any]):
         self._upstream_tasks = True
         #: Connections inside `_lifespan` now; the upstream is served while any is.
         self._upstream_users = Occupancy()
-        #: The upstream's listing of its tools the policies were last applied to (`Upstream.listings`).
-        self._applied_listing = -1
+        #: Per upstream session, its listing of the tools the policies were last applied to
+        #: (`UpstreamSession.listings`).
+        self._applied_listing: dict[Capabilities, int] = {}
         #: The task running the upstream's supervisor, from the first connection to the last.
         self._supervisor: asyncio.Task[None] | None = None
         #: Set while the supervisor runs (a new event for each time it is started).
@@ -216,11 +230,13 @@ class ProxyServer(MCPServer[Any]):
             with anyio.CancelScope(shield=True):  # the last connection leaving may itself be cancelled
                 await asyncio.gather(running, return_exceptions=True)
 
-    async def refresh(self) -> list[Tool]:
-        """Connect if needed and apply the policies to the upstream's tools as last listed."""
-        self._upstream_tasks = upstream_tasks.supported(await self.upstream.client())
-        self._applied_listing = self.upstream.listings
-        tools = list(self.upstream.tools.values())
+    async def refresh(self, capabilities: Capabilities = NO_CAPABILITIES) -> list[Tool]:
+        """Connect the session of `capabilities` if needed and apply the policies to the tools it
+        last listed (the policies are by tool name, for every session alike)."""
+        session = self.upstream.session(capabilities)
+        self._upstream_tasks = upstream_tasks.supported(await session.client())
+        self._applied_listing[capabilities] = session.listings
+        tools = list(session.tools.values())
         for tool in tools:
             policy = self.tool_policies.for_tool(tool.name, _annotations(tool))
             if policy is not None and tool.name not in self._tool_errors_chosen:
@@ -233,15 +249,20 @@ class ProxyServer(MCPServer[Any]):
                 self.policies.pop(tool.name, None)
             else:
                 self.policies[tool.name] = policy
-        unknown = self.tool_policies.unknown(self.upstream.tools)
+        unknown = self.tool_policies.unknown(session.tools)
         if unknown:
-            logger.warning("policies name tools the upstream does not have: %s", ", ".join(unknown))
+            logger.warning(
+                "policies name tools the upstream does not list to a client declaring %s: %s",
+                capabilities.describe(),
+                ", ".join(unknown),
+            )
         return tools
 
     def _with_task_support(self, tool: Tool, policy: ToolPolicy | None) -> ToolPolicy | None:
         """`policy` with the task support the proxy serves for `tool`: the policies' own, else the
         upstream's declaration where the proxy can serve it (`optional`: a plain call of the tool
-        is valid upstream, which is what a task's run forwards)."""
+        is valid upstream, which is what a task's run forwards; `required`: a task's run is the
+        upstream's own task, on a 2025-11-25 session)."""
         declared = _declared_task_support(tool)
         if declared == "required" and (policy is None or not self._upstream_tasks):
             # A plain call of it is refused upstream, and there is no task of it to run it as.
@@ -251,6 +272,7 @@ class ProxyServer(MCPServer[Any]):
                 tool.name,
                 "it is not durable here" if policy is None else "the upstream session speaks 2026-07-28",
             )
+            declared = None
         if policy is None or declared is None or self.tool_policies.chose(tool.name, "task_support"):
             return policy
         # `optional`: a task's run is a plain call upstream; `required`: the upstream's own task.
@@ -259,15 +281,21 @@ class ProxyServer(MCPServer[Any]):
     # -- tools -------------------------------------------------------------------------------------
 
     async def list_tools(self) -> list[Tool]:
+        """The tools a client declaring no capabilities is listed (`tools_for`)."""
+        return await self.tools_for(NO_CAPABILITIES)
+
+    async def tools_for(self, capabilities: Capabilities) -> list[Tool]:
+        """The tools listed to a client declaring `capabilities`: the upstream's as it lists them
+        to such a client (through that session), and the proxy's own."""
         local = await MCPServer.list_tools(self)
         mine = {tool.name for tool in local}
-        await self._client_or_mcp_error()
-        advertised = [self._advertised(tool) for tool in self.upstream.tools.values() if tool.name not in mine]
+        session = await self._session_or_mcp_error(capabilities)
+        advertised = [self._advertised(tool) for tool in session.tools.values() if tool.name not in mine]
         return advertised + local
 
     def output_schema_of(self, tool: str) -> dict[str, Any] | None:
         """An upstream tool's output schema as the upstream declares it (refusals must fit it)."""
-        upstream = self.upstream.tools.get(tool)
+        upstream = self.upstream.tool(tool)
         if upstream is not None and registered_tool(self, tool) is None:
             return upstream.output_schema
         registered = registered_tool(self, tool)
@@ -291,15 +319,17 @@ class ProxyServer(MCPServer[Any]):
     ) -> CallToolResult | InputRequiredResult:
         if registered_tool(self, name) is not None:  # an admin tool of ours
             return await self.calls.plain(MCPServer.call_tool(self, name, arguments, context), name)
+        # Through the session of the caller's capabilities: the upstream does what it would for it.
+        session = self.upstream.session(_capabilities(context))
         policy = self.policies.get(name)
         if policy is None:  # pass-through, or not listed yet: the upstream is needed either way
             try:
-                await self._client()  # before any claim: an unreachable upstream journals nothing
+                await self._client(session)  # before any claim: an unreachable upstream journals nothing
             except UpstreamUnavailableError as exc:
                 return self.calls.refuse(name, exc)
             policy = self.policies.get(name)  # listed now
             if policy is None:
-                return await self._pass_through(name, arguments, context)
+                return await self._pass_through(session, name, arguments, context)
         try:
             # The upstream validates the arguments; what the journal cannot hold faithfully (NaN,
             # ±Infinity, too deep, too large) is refused here, before any claim, as in serve.
@@ -307,15 +337,15 @@ class ProxyServer(MCPServer[Any]):
             canonical = limits.checked_arguments(name, arguments, self.calls.limits.argument_bytes)
         except DurableError as exc:
             return self.calls.refuse(name, exc)
-        return await self._durable_call(name, policy, arguments, canonical, context)
+        return await self._durable_call(session, name, policy, arguments, canonical, context)
 
     async def _pass_through(
-        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None
+        self, session: UpstreamSession, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None
     ) -> CallToolResult | InputRequiredResult:
         request = _request_context(context)
-        with self.router.call(request):
+        with session.router.call(request):
             try:
-                return await self.upstream.call_tool(
+                return await session.call_tool(
                     name, arguments, _forwarded_meta(request), _progress(context), self.upstream.spec.call_timeout
                 )
             except UpstreamTimedOut as exc:  # this call only: the session and the other calls go on
@@ -325,6 +355,7 @@ class ProxyServer(MCPServer[Any]):
 
     async def _durable_call(
         self,
+        session: UpstreamSession,
         name: str,
         policy: ToolPolicy,
         arguments: dict[str, Any],
@@ -339,23 +370,24 @@ class ProxyServer(MCPServer[Any]):
         attempt); with one, the upstream is checked first (`ready`) and the journal asked only
         if that fails, so a miss on a healthy upstream costs no read more than before.
         """
-        asked = not self.upstream.connected
+        asked = not session.connected
         if asked and await self._journaled(name, policy, arguments, canonical, context):
-            return await self._run_durable_call(name, policy, arguments, canonical, context)
+            return await self._run_durable_call(session, name, policy, arguments, canonical, context)
         try:
-            await self._client()
-            await self.upstream.ready()
+            await self._client(session)
+            await session.ready()
         except UpstreamUnavailableError as exc:
             if not asked and await self._journaled(name, policy, arguments, canonical, context):
-                return await self._run_durable_call(name, policy, arguments, canonical, context)
+                return await self._run_durable_call(session, name, policy, arguments, canonical, context)
             return self.calls.refuse(name, exc)
         refreshed = self.policies.get(name)  # the upstream may have been reconnected, and relisted
         if refreshed is None:
-            return await self._pass_through(name, arguments, context)
-        return await self._run_durable_call(name, refreshed, arguments, canonical, context)
+            return await self._pass_through(session, name, arguments, context)
+        return await self._run_durable_call(session, name, refreshed, arguments, canonical, context)
 
     async def _run_durable_call(
         self,
+        session: UpstreamSession,
         name: str,
         policy: ToolPolicy,
         arguments: dict[str, Any],
@@ -363,9 +395,8 @@ class ProxyServer(MCPServer[Any]):
         context: Context[Any, Any] | None,
     ) -> CallToolResult | InputRequiredResult:
         request = _request_context(context)
-        return await self.calls.run(
-            name, policy, arguments, canonical, context, self._forwarder(name, policy, arguments, request, context)
-        )
+        run = self._forwarder(session, name, policy, arguments, request, context)
+        return await self.calls.run(name, policy, arguments, canonical, context, run)
 
     async def _journaled(
         self,
@@ -407,24 +438,47 @@ class ProxyServer(MCPServer[Any]):
         return None if record is None or record.is_expired(self.engine.clock()) else record
 
     def _forwarder(
-        self, name: str, policy: ToolPolicy, arguments: dict[str, Any], request: Any, context: Context[Any, Any] | None
+        self,
+        session: UpstreamSession,
+        name: str,
+        policy: ToolPolicy,
+        arguments: dict[str, Any],
+        request: Any,
+        context: Context[Any, Any] | None,
     ) -> Runner:
-        """The engine's `run` of a durable call made in `request`: forwarded upstream with the
-        request's `_meta`, its progress relayed and the upstream's requests routed to its client."""
+        """The engine's `run` of a durable call made in `request`: forwarded upstream through the
+        `session` of its client's capabilities with the request's `_meta`, its progress relayed
+        and the upstream's requests routed to its client."""
         return self._upstream_run(
-            name, policy, arguments, lambda: _forwarded_meta(request), lambda: self.router.call(request), context
+            session,
+            name,
+            policy,
+            arguments,
+            lambda: _forwarded_meta(request),
+            lambda: session.router.call(request),
+            context,
         )
 
     def _task_forwarder(self, name: str, policy: ToolPolicy, arguments: dict[str, Any], meta: dict[str, Any]) -> Runner:
         """The engine's `run` of a task, in the background: forwarded upstream as a plain call with
-        `meta` (the creating request's, forwarded), no request context to relay progress to, and
-        the upstream's requests meanwhile routed to no client (`Router.background`)."""
-        tool = self.upstream.tools.get(name)
+        `meta` (the creating request's, forwarded), no request context to relay progress to; for a
+        tool the upstream serves only as a task, as the upstream's own task (`upstream_tasks`).
+
+        Always through the no-capability session, for the first run and a resume after a restart
+        alike: no client waits on the run to answer the upstream's requests, so the upstream is
+        shown a client that declares none, and does what it does for one (a request it sends all
+        the same gets the SDK client's answer for a capability it lacks, and its log messages
+        meanwhile reach no client: `Router.background`)."""
+        session = self.upstream.session(NO_CAPABILITIES)
+        tool = session.tools.get(name)
         as_task = tool is not None and _declared_task_support(tool) == "required"
-        return self._upstream_run(name, policy, arguments, lambda: dict(meta), self.router.background, None, as_task)
+        return self._upstream_run(
+            session, name, policy, arguments, lambda: dict(meta), session.router.background, None, as_task
+        )
 
     def _upstream_run(
         self,
+        session: UpstreamSession,
         name: str,
         policy: ToolPolicy,
         arguments: dict[str, Any],
@@ -446,10 +500,10 @@ class ProxyServer(MCPServer[Any]):
                     # upstream), which leaves the call in doubt and the shared session up.
                     result: CallToolResult | InputRequiredResult
                     if as_task:
-                        client = await self.upstream.client()
-                        result = await upstream_tasks.call_tool_as_task(self.upstream, client, name, arguments, meta)
+                        client = await session.client()
+                        result = await upstream_tasks.call_tool_as_task(session, client, name, arguments, meta)
                     else:
-                        result = await self.upstream.call_tool(name, arguments, meta, _progress(context))
+                        result = await session.call_tool(name, arguments, meta, _progress(context))
                 except UpstreamLost as exc:
                     raise OutcomeUnknownError(str(exc)) from exc
                 except MCPError as exc:  # the upstream answered a JSON-RPC error: as a tool raising it
@@ -458,19 +512,24 @@ class ProxyServer(MCPServer[Any]):
 
         return run
 
-    async def _client(self) -> Any:
-        client = await self.upstream.client()
-        if self._applied_listing != self.upstream.listings:
-            await self.refresh()  # a new session, or the upstream said they changed: listed again
+    async def _client(self, session: UpstreamSession | None = None) -> Any:
+        """`session`'s client (the no-capability session's by default), the policies applied to
+        its tools as last listed."""
+        session = session or self.upstream.session()
+        client = await session.client()
+        if self._applied_listing.get(session.capabilities) != session.listings:
+            await self.refresh(session.capabilities)  # a new session, or it said they changed: listed again
         return client
 
     async def _tools_changed(self) -> None:
-        """The upstream said its tools changed: list them and apply the policies now, before
-        the clients listening for the change are told."""
-        try:
-            await self._client()
-        except UpstreamUnavailableError:
-            pass  # the next session lists them when it connects
+        """The upstream said its tools changed: list them on every session up and apply the
+        policies now, before the clients listening for the change are told."""
+        for session in self.upstream.sessions():
+            if session.connected:
+                try:
+                    await self._client(session)
+                except UpstreamUnavailableError:
+                    pass  # the next session lists them when it connects
 
     # -- tasks --------------------------------------------------------------------------------------
 
@@ -508,12 +567,13 @@ class ProxyServer(MCPServer[Any]):
         journal answers the call without it; `UpstreamUnavailableError` otherwise (nothing
         claimed). The same order of checks as `_durable_call`'s."""
         policy = self._task_policy(name)
-        asked = not self.upstream.connected
+        session = self.upstream.session()  # where a task's run goes (`_task_forwarder`)
+        asked = not session.connected
         if asked and await self._task_answered(name, policy, arguments, canonical, context):
             return policy
         try:
-            await self._client()
-            await self.upstream.ready()
+            await self._client(session)
+            await session.ready()
         except UpstreamUnavailableError:
             if not asked and await self._task_answered(name, policy, arguments, canonical, context):
                 return policy
@@ -558,7 +618,7 @@ class ProxyServer(MCPServer[Any]):
                 await self._supervising.wait()  # at start the engine resumes before the upstream is up
             try:
                 await self._client()
-                await self.upstream.ready()
+                await self.upstream.session().ready()
             except UpstreamUnavailableError as exc:
                 logger.info("task %s of tool %r stays in doubt: %s", record.task_id, identity.tool, exc)
                 return
@@ -583,12 +643,21 @@ class ProxyServer(MCPServer[Any]):
     # -- resources, prompts, completions -----------------------------------------------------------
 
     async def list_resources(self) -> list[Resource]:
-        client = await self._client_or_mcp_error()
+        return await self.resources_for(NO_CAPABILITIES)
+
+    async def resources_for(self, capabilities: Capabilities) -> list[Resource]:
+        """The resources listed to a client declaring `capabilities`: the upstream's through that
+        session, and the proxy's own."""
+        client = await self._client_or_mcp_error(capabilities)
         upstream = await _all_pages(client.list_resources, "resources") if _serves(client, "resources") else []
         return list(upstream) + await MCPServer.list_resources(self)
 
     async def list_resource_templates(self) -> list[ResourceTemplate]:
-        client = await self._client_or_mcp_error()
+        return await self.resource_templates_for(NO_CAPABILITIES)
+
+    async def resource_templates_for(self, capabilities: Capabilities) -> list[ResourceTemplate]:
+        """The resource templates listed to a client declaring `capabilities`, as `resources_for`."""
+        client = await self._client_or_mcp_error(capabilities)
         upstream = (
             await _all_pages(client.list_resource_templates, "resource_templates")
             if _serves(client, "resources")
@@ -597,23 +666,32 @@ class ProxyServer(MCPServer[Any]):
         return list(upstream) + await MCPServer.list_resource_templates(self)
 
     async def list_prompts(self) -> list[Prompt]:
-        client = await self._client_or_mcp_error()
+        return await self.prompts_for(NO_CAPABILITIES)
+
+    async def prompts_for(self, capabilities: Capabilities) -> list[Prompt]:
+        """The prompts listed to a client declaring `capabilities`, as `resources_for`."""
+        client = await self._client_or_mcp_error(capabilities)
         upstream = await _all_pages(client.list_prompts, "prompts") if _serves(client, "prompts") else []
         return list(upstream) + await MCPServer.list_prompts(self)
 
     async def get_prompt(
         self, name: str, arguments: dict[str, Any] | None = None, context: Context[Any, Any] | None = None
     ) -> GetPromptResult | InputRequiredResult:
-        client = await self._client_or_mcp_error()
-        with self.router.call(_request_context(context)):
-            result: GetPromptResult = await client.session.get_prompt(
-                name, arguments, meta=_forwarded_meta(_request_context(context))
-            )
+        request = _request_context(context)
+        session = self.upstream.session(_capabilities(context))
+        client = await self._client_or_mcp_error(session.capabilities)
+        with session.router.call(request):
+            result: GetPromptResult = await client.session.get_prompt(name, arguments, meta=_forwarded_meta(request))
         return result
 
-    async def _client_or_mcp_error(self) -> Any:
+    async def _session_or_mcp_error(self, capabilities: Capabilities) -> UpstreamSession:
+        session = self.upstream.session(capabilities)
+        await self._client_or_mcp_error(capabilities)
+        return session
+
+    async def _client_or_mcp_error(self, capabilities: Capabilities = NO_CAPABILITIES) -> Any:
         try:
-            return await self._client()
+            return await self._client(self.upstream.session(capabilities))
         except UpstreamUnavailableError as exc:
             raise refusal_error(exc) from exc
 
@@ -625,15 +703,16 @@ class ProxyServer(MCPServer[Any]):
         async def read(ctx: ServerRequestContext[Any, Any], params: ReadResourceRequestParams) -> Any:
             if str(params.uri).startswith(LOCAL_SCHEME):
                 return await local_read.handler(ctx, params)
-            client = await self._client_or_mcp_error()
-            with self.router.call(ctx):
+            session = self.upstream.session(declared_by(ctx.session))
+            client = await self._client_or_mcp_error(session.capabilities)
+            with session.router.call(ctx):
                 result: ReadResourceResult = await client.session.read_resource(
                     str(params.uri), meta=_forwarded_meta(ctx)
                 )
             return result
 
         async def complete(ctx: ServerRequestContext[Any, Any], params: CompleteRequestParams) -> CompleteResult:
-            client = await self._client_or_mcp_error()
+            client = await self._client_or_mcp_error(declared_by(ctx.session))
             context = params.context.arguments if params.context is not None else None
             result: CompleteResult = await client.session.complete(
                 params.ref, {"name": params.argument.name, "value": params.argument.value}, context
@@ -641,9 +720,8 @@ class ProxyServer(MCPServer[Any]):
             return result
 
         async def set_level(ctx: ServerRequestContext[Any, Any], params: SetLevelRequestParams) -> EmptyResult:
-            # One upstream session for every client: the level last set is the upstream's (sent
-            # again on every new session) and the proxy's filter on what it forwards.
-            self.router.level = params.level
+            # Shared upstream sessions: the level last set is every session's (sent again on every
+            # new one) and each session router's filter on what it forwards.
             try:
                 await self.upstream.set_log_level(params.level)
             except (MCPError, UpstreamLost, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
@@ -655,6 +733,33 @@ class ProxyServer(MCPServer[Any]):
         lowlevel.add_request_handler("completion/complete", CompleteRequestParams, complete)
         # Declares the `logging` capability: the upstream's log messages are forwarded.
         lowlevel.add_request_handler("logging/setLevel", SetLevelRequestParams, set_level)
+        self._install_listings(lowlevel)
+
+    def _install_listings(self, lowlevel: Any) -> None:
+        """`tools/list`, `resources/list`, `resources/templates/list` and `prompts/list` answered
+        for the caller's capabilities (`MCPServer` asks its `list_*` methods without the request)."""
+        listings: dict[str, tuple[Callable[[Capabilities], Awaitable[Any]], Callable[[Any], Any]]] = {
+            "tools/list": (self.tools_for, lambda items: ListToolsResult(tools=items)),
+            "resources/list": (self.resources_for, lambda items: ListResourcesResult(resources=items)),
+            "resources/templates/list": (
+                self.resource_templates_for,
+                lambda items: ListResourceTemplatesResult(resource_templates=items),
+            ),
+            "prompts/list": (self.prompts_for, lambda items: ListPromptsResult(prompts=items)),
+        }
+        for method, (listing, result) in listings.items():
+            entry = lowlevel.get_request_handler(method)
+            assert entry is not None  # MCPServer serves every listing
+
+            async def handler(
+                ctx: ServerRequestContext[Any, Any],
+                params: Any,
+                listing: Callable[[Capabilities], Awaitable[Any]] = listing,
+                result: Callable[[Any], Any] = result,
+            ) -> Any:
+                return result(await listing(declared_by(ctx.session)))
+
+            lowlevel.add_request_handler(method, entry.params_type, handler)
 
 
 #: What an upstream's `isError` result is for a proxied tool unless its policy says otherwise.
@@ -697,6 +802,12 @@ async def _all_pages(fetch: Any, attribute: str) -> Iterable[Any]:
         cursor = page.next_cursor
         if not cursor:
             return items
+
+
+def _capabilities(context: Context[Any, Any] | None) -> Capabilities:
+    """The capabilities of the client making the request of `context` (none without one)."""
+    request = _request_context(context)
+    return declared_by(request.session) if request is not None else NO_CAPABILITIES
 
 
 def _request_context(context: Context[Any, Any] | None) -> Any:

@@ -1,8 +1,8 @@
 """The upstream's resource subscriptions and change notifications, relayed to the proxy's clients.
 
-The proxy holds one session with the upstream for all its clients. So it subscribes the upstream
-to a resource once, while any client holds a subscription to it, and relays each update of it to
-the clients holding one, and to no other:
+The proxy subscribes the upstream to a resource once, for all its clients, on its no-capability
+upstream session (`Upstream.subscribe`), while any client holds a subscription to it, and relays
+each update of it to the clients holding one, and to no other:
 
 - 2025-11-25: a `resources/subscribe` of a URI that is not `journal://…` is held per client
   connection; the first holder of a URI subscribes the upstream to it, the last one leaving
@@ -22,8 +22,8 @@ the clients holding one, and to no other:
   no `listChanged`, so clients of that era are not sent them: their next listing shows the change.
 - Updates of `journal://…` URIs from the upstream are dropped: those URIs are the proxy's own.
 
-The upstream's notifications are relayed in the order received, by one worker, never inside the
-upstream session's read loop, so a slow client delays no call.
+The upstream's notifications (of every upstream session) are relayed in the order received, by
+one worker, never inside an upstream session's read loop, so a slow client delays no call.
 """
 
 from __future__ import annotations

@@ -1,10 +1,17 @@
-"""The proxy's connection to its upstream MCP server: one shared session, reconnected when it dies.
+"""The proxy's connections to its upstream MCP server: one shared session per set of client
+capabilities (`Upstream`, a small pool of `UpstreamSession`s), each reconnected when it dies.
 
-    upstream = Upstream(UpstreamSpec(command=["npx", "-y", "@modelcontextprotocol/server-memory"]), router)
+    upstream = Upstream(UpstreamSpec(command=["npx", "-y", "@modelcontextprotocol/server-memory"]))
     async with anyio.create_task_group() as tg:
         await tg.start(upstream.supervise)
-        client = await upstream.client()          # connects (or reconnects) on demand
-        result = await upstream.call_tool(...)    # `UpstreamLost` if the connection died mid-call
+        session = upstream.session(declared_by(ctx.session))  # the calling client's capabilities
+        client = await session.client()           # connects (or reconnects) on demand
+        result = await session.call_tool(...)     # `UpstreamLost` if the connection died mid-call
+
+A session declares to the upstream exactly the capabilities its key names (router.py's
+`Capabilities`: sampling and its parts, elicitation), so the upstream lists and does for each
+client what it would for that client directly. Sessions are opened lazily, at their first
+`client()`, and closed together by `stop()`.
 
 Contracts:
 - `client()` returns a live session or raises `UpstreamUnavailableError` before anything was
@@ -19,12 +26,14 @@ Contracts:
 - The upstream URL is shown masked (`UpstreamSpec.describe`, `UpstreamSpec.masked`:
   `journal.masked_urls.display_url`, user info included) in every message and log line,
   the HTTP client's own log lines too (`mask_http_client_logs`).
-- Only one task (`supervise`) enters and leaves the SDK `Client`, as anyio's cancel scopes require.
-- What a client asked of the upstream lives past its session: the log level and the resources
-  subscribed to (`subscribe`) are sent again on every new session.
-- The tools are listed on every connect and again after the upstream's
-  `notifications/tools/list_changed`, at the next `client()`; `listings` counts the listings.
-  Every notification of the upstream (but log messages, which go to the router) is handed to
+- Only one task (each session's `supervise`) enters and leaves its SDK `Client`, as anyio's
+  cancel scopes require.
+- What a client asked of the upstream lives past its session: the log level (sent to every
+  session) and the resources subscribed to (`subscribe`, on the no-capability session only) are
+  sent again on every new session.
+- Each session's tools are listed on its every connect and again after the upstream's
+  `notifications/tools/list_changed` on it, at its next `client()`; `listings` counts them.
+  Every notification of every session (but log messages, which go to its router) is handed to
   `on_notification`, in the order received.
 """
 
@@ -40,7 +49,7 @@ from types import TracebackType
 from typing import Any
 
 import anyio
-from anyio.abc import ObjectReceiveStream, TaskStatus
+from anyio.abc import ObjectReceiveStream, TaskGroup, TaskStatus
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
@@ -64,7 +73,7 @@ from .. import config
 from ..errors import ConfigError, UpstreamUnavailableError
 from ..journal.masked_urls import display_url
 from ..policy import DEFAULT_TIMEOUT
-from .router import Router
+from .router import NO_CAPABILITIES, Capabilities, Router
 
 logger = logging.getLogger(__name__)
 
@@ -246,14 +255,15 @@ NotificationHandler = Callable[[ServerNotification], Awaitable[None]]
 _BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 
 
-class Upstream:
-    """One shared session with the upstream, (re)connected on demand by `supervise`."""
+class UpstreamSession:
+    """One session with the upstream, declaring `capabilities`, (re)connected on demand by
+    `supervise`; its requests and log messages go to its own `router`. Made by `Upstream.session`."""
 
-    def __init__(self, spec: UpstreamSpec, router: Router, on_notification: NotificationHandler | None = None) -> None:
-        self.spec = spec
-        self.router = router
-        #: Receives every notification of the upstream but its log messages, in the order received.
-        self.on_notification = on_notification
+    def __init__(self, pool: Upstream, capabilities: Capabilities) -> None:
+        self.pool = pool
+        self.capabilities = capabilities
+        #: Routes this session's server→client requests and log messages (router.py).
+        self.router = Router(pool.log_level)
         self._live: _Connection | None = None
         self._wanted = anyio.Event()  # set: someone needs a connection
         self._changed = anyio.Event()  # replaced after every connect attempt
@@ -262,15 +272,26 @@ class Upstream:
         self._stop = anyio.Event()
         self.connects = 0
         self._last_ok = -math.inf  # when the upstream last answered (anyio clock)
-        #: The upstream's tools as last listed (refreshed on every connect).
+        #: The upstream's tools as last listed to this session (refreshed on every connect).
         self.tools: dict[str, Tool] = {}
-        #: The log level a client last set (`set_log_level`), sent again on every new session.
-        self.log_level: LoggingLevel | None = None
         #: The resources subscribed to (`subscribe`), subscribed again on every new session.
         self.subscribed: set[str] = set()
         #: How many times the tools were listed (each connect, each relisting after a change).
         self.listings = 0
         self._tools_stale = False
+
+    @property
+    def spec(self) -> UpstreamSpec:
+        return self.pool.spec
+
+    @property
+    def log_level(self) -> LoggingLevel | None:
+        """The log level a client last set, sent again on every new session."""
+        return self.pool.log_level
+
+    def describe(self) -> str:
+        """The upstream and this session's capabilities, for messages and logs (masked)."""
+        return f"{self.spec.describe()} ({self.capabilities.describe()})"
 
     @property
     def failure(self) -> str | None:
@@ -285,9 +306,12 @@ class Upstream:
 
     # -- the supervisor ----------------------------------------------------------------------------
 
+    def restart(self) -> None:
+        """Before `supervise` runs again after a `stop()` (a server served again)."""
+        self._stop = anyio.Event()
+
     async def supervise(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Connect whenever asked, hold the session until it dies or `stop()`; loop."""
-        self._stop = anyio.Event()  # a server may be served again after a stop (a new connection)
         task_status.started()
         while not self._stop.is_set():
             await self._wanted.wait()
@@ -298,7 +322,7 @@ class Upstream:
                 await self._hold_one()
             except Exception as exc:  # noqa: BLE001 - reported to every waiting caller
                 self._error = _leaf(exc)
-                logger.warning("upstream %s: %s", self.spec.describe(), self.failure)
+                logger.warning("upstream %s: %s", self.describe(), self.failure)
             finally:
                 self._live = None
                 self._announce()
@@ -314,8 +338,11 @@ class Upstream:
                     Client(
                         transport,
                         mode=self.spec.mode,
-                        sampling_callback=self.router.sampling,
-                        elicitation_callback=self.router.elicitation,
+                        # What its clients declared, and nothing more: the upstream lists and does
+                        # for this session what it would for them directly.
+                        sampling_callback=self.router.sampling if self.capabilities.sampling else None,
+                        sampling_capabilities=self.capabilities.sampling_capability(),
+                        elicitation_callback=self.router.elicitation if self.capabilities.elicitation else None,
                         logging_callback=self.router.logging,
                         message_handler=self._on_message,
                         cache=None,
@@ -340,7 +367,7 @@ class Upstream:
         self._announce()
         await ended.wait()
         if not self._stop.is_set():
-            logger.warning("upstream %s: connection closed; the next call reconnects", self.spec.describe())
+            logger.warning("upstream %s: connection closed; the next call reconnects", self.describe())
 
     async def _apply_log_level(self, client: Client) -> None:
         """A new session starts at the upstream's own level: send the one a client asked for."""
@@ -366,8 +393,8 @@ class Upstream:
         if isinstance(message, ToolListChangedNotification):
             # Marked here, before any await, so a request after the one that changed them lists again.
             self._tools_stale = True
-        if self.on_notification is not None:
-            await self.on_notification(message)
+        if self.pool.on_notification is not None:
+            await self.pool.on_notification(message)
 
     def _announce(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -399,7 +426,7 @@ class Upstream:
             live = self._live
             if live is not None and not live.ended.is_set():
                 return live.client
-            if self._stop.is_set():
+            if self._stop.is_set() or self.pool.stopping:
                 raise UpstreamUnavailableError(self.spec.describe(), "the proxy is stopping")
             while live is not None:  # a dead session still being torn down
                 changed = self._changed
@@ -483,7 +510,7 @@ class Upstream:
             tools = await _all_tools(client)
         except (MCPError, *_BROKEN) as exc:
             self._tools_stale = True
-            logger.warning("upstream %s: could not list its changed tools: %s", self.spec.describe(), exc)
+            logger.warning("upstream %s: could not list its changed tools: %s", self.describe(), exc)
             return
         self.tools = {tool.name: tool for tool in tools}
         self.listings += 1
@@ -525,12 +552,118 @@ class Upstream:
     def _broke(self, detail: str) -> str:
         return self.spec.masked(f"the upstream connection broke during the call ({detail})")
 
-    async def set_log_level(self, level: LoggingLevel) -> None:
-        """Set the upstream's log level (when it serves logging), now and on every new session."""
-        self.log_level = level
+    async def apply_log_level(self, level: LoggingLevel) -> None:
+        """Set the upstream's log level on this session now, if it is up and serves logging."""
+        self.router.level = level
         live = self._live
         if live is not None and not live.ended.is_set() and serves_logging(live.client):
             await live.client.set_logging_level(level)
+
+
+class Upstream:
+    """The proxy's sessions with its upstream, one per set of client capabilities met (`session`),
+    each opened when first needed and shared by every client that declared that set (at most ten
+    sets: sampling absent or with any of its two parts, times elicitation or not).
+
+    `supervise` runs them all (each in a task of its own), `stop` closes them all. A call, a
+    listing or a request of a client goes through `session(declared_by(its session))`; the
+    methods here without a `capabilities` argument use the no-capability session
+    (`NO_CAPABILITIES`), which also holds the resource subscriptions (one subscription upstream
+    for all clients) and runs background task calls (no client waits on them to be asked).
+    The journal and the keys do not depend on the session: a key's effect happens once,
+    whichever session runs it.
+    """
+
+    def __init__(self, spec: UpstreamSpec, on_notification: NotificationHandler | None = None) -> None:
+        self.spec = spec
+        #: Receives every notification of every session but its log messages, in the order received.
+        self.on_notification = on_notification
+        #: The log level a client last set (`set_log_level`), sent again on every new session.
+        self.log_level: LoggingLevel | None = None
+        self._sessions: dict[Capabilities, UpstreamSession] = {}
+        self._group: TaskGroup | None = None
+        self._stopped = anyio.Event()
+        #: Set from `stop()` until `supervise` runs again: no session is started meanwhile.
+        self.stopping = False
+
+    def session(self, capabilities: Capabilities = NO_CAPABILITIES) -> UpstreamSession:
+        """The session declaring `capabilities`, made (and supervised) when first asked for;
+        it connects at its first `client()`."""
+        session = self._sessions.get(capabilities)
+        if session is None:
+            session = self._sessions[capabilities] = UpstreamSession(self, capabilities)
+            if self._group is not None and not self.stopping:
+                self._group.start_soon(session.supervise)
+        return session
+
+    def sessions(self) -> list[UpstreamSession]:
+        """The sessions made so far (connected or not)."""
+        return list(self._sessions.values())
+
+    async def supervise(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Supervise every session (those made before, and each made from now on) until `stop()`."""
+        self._stopped = anyio.Event()
+        self.stopping = False
+        async with anyio.create_task_group() as group:
+            for session in self._sessions.values():
+                session.restart()  # a server may be served again after a stop (a new connection)
+                await group.start(session.supervise)
+            self._group = group
+            task_status.started()
+            try:
+                await self._stopped.wait()
+            finally:
+                self._group = None
+                for session in self._sessions.values():
+                    session.stop()
+
+    def stop(self) -> None:
+        """End `supervise`, closing every session (and its stdio child)."""
+        self.stopping = True
+        self._stopped.set()
+        for session in self._sessions.values():
+            session.stop()
+
+    @property
+    def connects(self) -> int:
+        """How many sessions were connected, over all capability sets."""
+        return sum(session.connects for session in self._sessions.values())
+
+    @property
+    def failure(self) -> str | None:
+        """Why the no-capability session's last connect attempt failed (masked), or None."""
+        return self.session().failure
+
+    @property
+    def subscribed(self) -> set[str]:
+        """The resources subscribed to upstream (on the no-capability session)."""
+        return self.session().subscribed
+
+    def tool(self, name: str) -> Tool | None:
+        """Tool `name` as some session last listed it (the no-capability session's first)."""
+        for session in (self.session(), *self._sessions.values()):
+            if name in session.tools:
+                return session.tools[name]
+        return None
+
+    async def client(self) -> Client:
+        """The no-capability session's `client()`."""
+        return await self.session().client()
+
+    async def subscribe(self, uri: str) -> None:
+        """`UpstreamSession.subscribe` on the no-capability session."""
+        await self.session().subscribe(uri)
+
+    async def unsubscribe(self, uri: str) -> None:
+        """`UpstreamSession.unsubscribe` on the no-capability session."""
+        await self.session().unsubscribe(uri)
+
+    async def set_log_level(self, level: LoggingLevel) -> None:
+        """Set the upstream's log level (when it serves logging) on every session, now and on
+        every new one; it is also each session's router's filter."""
+        self.log_level = level
+        for session in self.sessions():
+            await session.apply_log_level(level)
 
 
 def serves_logging(client: Client) -> bool:

@@ -32,7 +32,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
 from ..server.sdk_internals import send_raw_request
-from .upstream import Upstream, UpstreamLost
+from .upstream import UpstreamLost, UpstreamSession
 
 #: The statuses after which `tasks/result` answers at once (with `input_required`, it is
 #: `tasks/result` that carries the upstream's questions, and it waits for the end itself).
@@ -52,7 +52,7 @@ def supported(client: Client) -> bool:
 
 
 async def call_tool_as_task(
-    upstream: Upstream, client: Client, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+    upstream: UpstreamSession, client: Client, name: str, arguments: dict[str, Any], meta: dict[str, Any]
 ) -> CallToolResult:
     """Run `name` with `arguments` as the upstream's task and return its result.
 
@@ -106,7 +106,7 @@ async def _request(client: Client, method: str, params: dict[str, Any]) -> dict[
 
 
 @asynccontextmanager
-async def _guarded(upstream: Upstream) -> AsyncIterator[None]:
+async def _guarded(upstream: UpstreamSession) -> AsyncIterator[None]:
     """A broken connection as `UpstreamLost` (the session dropped, to reconnect on demand)."""
     try:
         yield

@@ -13,7 +13,7 @@ from mcp_durable.policy import ToolPolicy
 from mcp_durable.policy_file import parse_policies
 from tests.helpers import REPO, free_port, key_meta, serve_command
 from tests.node_peers import package_bin
-from tests.proxy.upstreams import MEMORY
+from tests.proxy.upstreams import EVERYTHING, MEMORY
 
 
 def _proxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -34,6 +34,14 @@ def test_print_config_writes_the_policies_the_proxy_would_use_for_the_upstream(t
     printed = _proxy("--upstream-command", memory, "--policies", str(edited), "--print-config")
     again = parse_policies(printed.stdout)
     assert again.for_tool("create_entities", None) == ToolPolicy(key="required", in_doubt="refuse")
+
+
+def test_print_config_lists_the_tools_the_upstream_lists_only_to_capable_clients() -> None:
+    # server-everything lists these only to a client declaring sampling / elicitation: the
+    # policies can name them, so --print-config lists through a session declaring both.
+    printed = _proxy("--upstream-command", shlex.join(package_bin(EVERYTHING)), "--print-config")
+    assert printed.returncode == 0, printed.stderr
+    assert "trigger-sampling-request" in printed.stdout and "trigger-elicitation-request" in printed.stdout
 
 
 def test_usage_errors_exit_2_and_config_errors_exit_1(tmp_path: Path) -> None:
