@@ -67,19 +67,19 @@ INPUT_REQUIRED = {
 }
 
 
-_CANNOT_ASK = "mcp-durable proxy cannot route elicitation/create: a task's call runs in the background"
+#: What the upstream's question gets: a task's run, and a 2026-07-28 client's call, go through the
+#: proxy's upstream session that declares no capabilities (docs/proxy.md), whose SDK client answers it.
+_CANNOT_ASK = "Elicitation not supported"
 #: Through the proxy in front of the `DurableServer` fixtures, whose tools do ask: the upstream's
 #: question reaches no client (a task's run has none; a 2026-07-28 client takes no server→client
-#: request), so the checks that need a task to ask fail with the proxy's reason, and one check of
+#: request), so the checks that need a task to ask fail with that reason, and one check of
 #: result types, which waits for `confirm_delete` to ask.
 UPSTREAM_ASKS = {
     ("tasks-mrtr-input", "sep-2663-tasks-get-status-input-required"): _CANNOT_ASK,
     ("tasks-mrtr-input", "tasks-mrtr-tasks-update-resumes"): _CANNOT_ASK,
     ("tasks-mrtr-input", "tasks-mrtr-partial-fulfillment"): "multi_input did not create a task",
     ("tasks-mrtr-composition", "sep-2663-mrtr-synchronous-before-task-creation"): "Tool 'test_tool_with_task' requires",
-    ("tasks-dispatch-and-envelope", "tasks-result-type-complete-on-non-task-responses"): (
-        "mcp-durable proxy cannot send elicitation/create to the calling client: it speaks protocol 2026-07-28"
-    ),
+    ("tasks-dispatch-and-envelope", "tasks-result-type-complete-on-non-task-responses"): _CANNOT_ASK,
 }
 
 
