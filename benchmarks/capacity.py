@@ -88,7 +88,7 @@ async def run(settings: Settings) -> CaseResult:
         table.add("–", "no Postgres at " + PG_BASE, "", "", "", "", "")
         result.tables.append(table)
         return result
-    seconds = float(settings.pick(2, 10))
+    seconds = float(settings.pick(1, 10))
     for replicas in (1, 2, 4):
         url = postgres_url()
         reports, commits, cpu = await anyio.to_thread.run_sync(_run_replicas, url, replicas, seconds)

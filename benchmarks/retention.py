@@ -78,7 +78,7 @@ def _kib(size: int) -> str:
 
 async def run(settings: Settings) -> CaseResult:
     result = CaseResult("retention")
-    seconds = settings.pick(6, 30)
+    seconds = settings.pick(2, 30)  # quick: a smoke run of the case, retention passes included
     schedule = RetentionSchedule(interval=0.5, compact_garbage_ratio=0.5, compact_min_bytes=256 * 1024)
     urls = {k: v for k, v in journal_urls(settings, memory=False).items() if k in ("file", "sqlite")}
     over_time = Table(

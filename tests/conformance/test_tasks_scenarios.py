@@ -12,7 +12,7 @@ serves tasks of the tools the upstream declares task support for, and runs a too
 serves only as a task (`failing_job`, `required`) as the upstream's own task
 (proxy/upstream_tasks.py). `fastmcp`: the same tools written for FastMCP 4 (servers/fastmcp_tasks_fixtures.py), their
 tasks served by `DurableTasks`, the app served over streamable HTTP in this process on a new file
-journal (one run: the restart is `serve`'s and `proxy`'s second run, and test_tasks_restart.py's
+journal (one run: the restart is the other targets' second run, and test_tasks_restart.py's
 for FastMCP). For the others, run 1 starts on a new file journal; the server is stopped;
 run 2 starts a new one on the journal run 1 left (its finished, cancelled and failed tasks, and any
 it left running, in doubt at the restart). A run's scenarios go three at a time, each a node

@@ -225,29 +225,33 @@ async def test_two_principals_over_http_never_see_each_others_tasks(tmp_path: Pa
         assert [task["taskId"] for task in listed["tasks"]] == [bobs]
 
 
-@pytest.mark.parametrize("era", ERAS)
-async def test_server_everythings_task_only_tool_runs_as_its_own_task_once_per_key(tmp_path: Path, era: str) -> None:
+async def test_server_everythings_task_only_tool_runs_as_its_own_task_once_per_key(tmp_path: Path) -> None:
     """server-everything serves `simulate-research-query` only as a task (`taskSupport:
     required`, 2025-11-25 tasks): made durable by the policies file, the proxy lists it as such
-    and runs each of its tasks as the upstream's own task, once per key."""
+    and runs each of its tasks as the upstream's own task, once per key, for a client of either
+    era (each a key of its own; a repeat of the key is the same task)."""
     require_node_peers()
     policies = tmp_path / "policies.toml"
     policies.write_text('[tools.simulate-research-query]\nkey = "required"\n')
     upstream = ["--upstream-command", shlex.join(package_bin(EVERYTHING)), "--policies", str(policies)]
     args = proxy_cli(upstream, f"file://{tmp_path}/journal")
-    topic = {"topic": f"ducks in {era}"}
-    async with serve_cli_http(args) as served, tasks_client(served.url, era) as client:
-        listed = _support(await request(client, "tools/list", {}))
-        first = await create_task(client, era, "simulate-research-query", topic, key="research-1")
-        report = await task_result(client, era, first)
-        again = await create_task(client, era, "simulate-research-query", topic, key="research-1")
-        other = await create_task(client, era, "simulate-research-query", topic, key="research-2")
-        await task_result(client, era, other)
+    tasks: dict[str, list[str]] = {}
+    async with serve_cli_http(args) as served:
+        for era in ERAS:
+            topic = {"topic": f"ducks in {era}"}
+            async with tasks_client(served.url, era) as client:
+                listed = _support(await request(client, "tools/list", {}))
+                first = await create_task(client, era, "simulate-research-query", topic, key=f"research-{era}")
+                report = await task_result(client, era, first)
+                again = await create_task(client, era, "simulate-research-query", topic, key=f"research-{era}")
+            tasks[era] = [first, again]
+            assert listed["simulate-research-query"] == (
+                "required" if era == "legacy" else None
+            )  # 2026-07-28 lists none
+            assert report["isError"] is False and f"# Research Report: ducks in {era}" in report["content"][0]["text"]
     keys = await _keys(f"file://{tmp_path}/journal")
-    assert listed["simulate-research-query"] == ("required" if era == "legacy" else None)  # 2026-07-28 lists none
-    assert report["isError"] is False and f"# Research Report: ducks in {era}" in report["content"][0]["text"]
-    assert again == first and other != first  # a repeat of the key is the same task, not a second run
-    assert keys == ["research-1", "research-2"]
+    assert all(first == again for first, again in tasks.values())  # a repeat of the key: the same task
+    assert keys == sorted(f"research-{era}" for era in ERAS)  # one record per key, so one run upstream
 
 
 async def test_cancelling_the_proxys_task_of_a_task_only_tool_cancels_the_upstreams_own_task(tmp_path: Path) -> None:

@@ -162,20 +162,33 @@ async def test_the_inspector_cli_parses_every_refusal_on_tools_with_an_output_sc
     work = tmp_path / "inspector"
     work.mkdir()
     async with typed_servers(tmp_path) as servers:
+        # Each tool's keys are its own, so the Inspector processes of every tool run at once; only
+        # a key's reuse waits for its first call to have completed.
+        # Each process has a folder of its own for the files the Inspector keeps.
+        def folder(tool: str, what: str) -> Path:
+            made = work / f"{tool}-{what}"
+            made.mkdir()
+            return made
+
+        firsts: dict[str, subprocess.Popen[str]] = {}
+        refusals: list[tuple[subprocess.Popen[str], str, str]] = []
         for tool in TOOLS:
-
-            def run(expected: str, args: dict[str, str], key: str | None, url: str = servers.url) -> None:
-                inspector_refusal(inspector_call(url, tool, args, key, work), tool, expected)  # noqa: B023
-
-            run("missing_key", {"text": "a"}, None)
-            run("invalid_key", {"text": "a"}, " " * 256)
-            first = inspector_call(servers.url, tool, {"text": "a"}, "k-1", work)
+            firsts[tool] = inspector_call(servers.url, tool, {"text": "a"}, "k-1", folder(tool, "first"))
+            for expected, args, key, url in (
+                ("missing_key", {"text": "a"}, None, servers.url),
+                ("invalid_key", {"text": "a"}, " " * 256, servers.url),
+                ("too_large", {"text": BIG_TEXT}, "k-big", servers.url),
+                ("in_doubt", {"text": DOUBT_TEXT}, DOUBT_KEY, servers.url),
+                ("journal_unavailable", {"text": "a"}, "k-2", servers.locked_url),
+            ):
+                refusals.append((inspector_call(url, tool, args, key, folder(tool, expected)), tool, expected))
+        for tool, first in firsts.items():
             out, err = first.communicate(timeout=180)
             assert first.returncode == 0, out + err
-            run("key_reuse", {"text": "b"}, "k-1")
-            run("too_large", {"text": BIG_TEXT}, "k-big")
-            run("in_doubt", {"text": DOUBT_TEXT}, DOUBT_KEY)
-            run("journal_unavailable", {"text": "a"}, "k-2", servers.locked_url)
+            reuse = inspector_call(servers.url, tool, {"text": "b"}, "k-1", folder(tool, "key_reuse"))
+            refusals.append((reuse, tool, "key_reuse"))
+        for proc, tool, expected in refusals:
+            inspector_refusal(proc, tool, expected)
         # in_progress, on the tool whose schema is the strictest: a call held open, then its duplicate.
         held = inspector_call(servers.url, "as_model", {"text": "held", "hold": "true"}, "k-held", work)
         started = Path(f"{servers.gate}.as_model.started")
