@@ -27,8 +27,7 @@ from typing import Any
 
 import anyio
 import httpx2
-import pytest
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
@@ -38,7 +37,16 @@ from tests.fastmcp.test_tasks import _fixture
 from tests.fastmcp.test_tasks_restart import Setup
 from tests.helpers import serve_app
 from tests.server.servers.counting import Counter
-from tests.server.task_client import TasksClient, call_for_task, create_legacy_task, poll_until_terminal, request
+from tests.server.task_client import (
+    TasksClient,
+    accept,
+    call_for_task,
+    create_legacy_task,
+    poll_until_terminal,
+    refused,
+    request,
+    wait_for_question,
+)
 
 REFUND = {"order_id": "O-1", "amount_cents": 250}
 
@@ -53,27 +61,6 @@ async def _client(url: str, token: str | None, mode: str, **kwargs: Any) -> Asyn
             yield client
 
 
-async def _asking(client: Client, task_id: str, key: str) -> dict[str, Any]:
-    """`tasks/get` until the task is `input_required` with question `key`; that answer."""
-    with anyio.fail_after(30):  # a bound on a hang, not a timing assertion
-        while True:
-            task = await request(client, "tasks/get", {"taskId": task_id})
-            assert task["status"] in ("working", "input_required"), task
-            if task["status"] == "input_required" and key in task.get("inputRequests", {}):
-                return task
-            await anyio.sleep(0.05)
-
-
-async def _refused(client: Client, method: str, params: dict[str, Any]) -> MCPError:
-    with pytest.raises(MCPError) as refused:
-        await request(client, method, params)
-    return refused.value
-
-
-def _accept(**content: Any) -> dict[str, Any]:
-    return {"action": "accept", "content": content}
-
-
 async def test_a_fastmcp_task_asks_its_principal_and_no_other_2026(tmp_path: Path) -> None:
     from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
 
@@ -82,23 +69,23 @@ async def test_a_fastmcp_task_asks_its_principal_and_no_other_2026(tmp_path: Pat
     async with fx.serve() as url:
         async with _client(url, "tokA", "auto") as alice, _client(url, "tokB", "auto") as bob:
             task_id = (await call_for_task(alice, "approve_refund", REFUND, key="r-1")).task_id
-            asking = await _asking(alice, task_id, "input-0")
+            asking = await wait_for_question(alice, task_id, "input-0")
             question = asking["inputRequests"]["input-0"]
 
-            unknown = await _refused(bob, "tasks/get", {"taskId": "not-a-task-id"})
-            seen = await _refused(bob, "tasks/get", {"taskId": task_id})
-            answered = await _refused(
-                bob, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": _accept(approve=False)}}
+            unknown = await refused(bob, "tasks/get", {"taskId": "not-a-task-id"})
+            seen = await refused(bob, "tasks/get", {"taskId": task_id})
+            answered = await refused(
+                bob, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": accept(approve=False)}}
             )
             still = await request(alice, "tasks/get", {"taskId": task_id})  # Bob's answer did not land
             await request(
-                alice, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": _accept(approve=True)}}
+                alice, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": accept(approve=True)}}
             )
-            second = await _asking(alice, task_id, "input-1")
+            second = await wait_for_question(alice, task_id, "input-1")
             await request(
                 alice,
                 "tasks/update",
-                {"taskId": task_id, "inputResponses": {"input-1": _accept(email="a@example.com")}},
+                {"taskId": task_id, "inputResponses": {"input-1": accept(email="a@example.com")}},
             )
             done = await poll_until_terminal(alice, task_id)
             again = (await call_for_task(alice, "approve_refund", REFUND, key="r-1")).task_id
@@ -154,23 +141,23 @@ async def test_a_fastmcp_task_waiting_for_its_user_survives_sigkill(tmp_path: Pa
     async with setup.serve() as served:
         async with _client(served.url, None, "auto") as client:
             task_id = (await call_for_task(client, "approve_refund", REFUND, key="r-3")).task_id
-            await _asking(client, task_id, "input-0")
+            await wait_for_question(client, task_id, "input-0")
         served.kill()  # waiting for the approval: nothing answered yet
     async with setup.serve() as served:
         async with _client(served.url, None, "auto") as client:
-            asked_again = await _asking(client, task_id, "input-0")  # asked again, under its key
+            asked_again = await wait_for_question(client, task_id, "input-0")  # asked again, under its key
             await request(
-                client, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": _accept(approve=True)}}
+                client, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": accept(approve=True)}}
             )
-            await _asking(client, task_id, "input-1")
+            await wait_for_question(client, task_id, "input-1")
         served.kill()  # approved and paid, waiting for the receipt address
     async with setup.serve() as served:
         async with _client(served.url, None, "auto") as client:
-            resumed = await _asking(client, task_id, "input-1")  # the approval is the journal's
+            resumed = await wait_for_question(client, task_id, "input-1")  # the approval is the journal's
             await request(
                 client,
                 "tasks/update",
-                {"taskId": task_id, "inputResponses": {"input-1": _accept(email="k@example.com")}},
+                {"taskId": task_id, "inputResponses": {"input-1": accept(email="k@example.com")}},
             )
             done = await poll_until_terminal(client, task_id)
 

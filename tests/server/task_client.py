@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import anyio
-from mcp import Client
+import pytest
+from mcp import Client, MCPError
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp_types import CallToolResult, Request, Result
 from pydantic import ConfigDict, TypeAdapter
@@ -97,3 +98,26 @@ async def create_legacy_task(
     dispatcher = client.session._dispatcher  # the session would validate the answer as a CallToolResult
     result: dict[str, Any] = await dispatcher.send_raw_request("tools/call", params, None)
     return result
+
+
+async def wait_for_question(client: Client, task_id: str, key: str) -> dict[str, Any]:
+    """2026-07-28 `tasks/get` until the task is `input_required` with question `key`; that answer."""
+    with anyio.fail_after(30):  # a bound on a hang, not a timing assertion
+        while True:
+            task = await request(client, "tasks/get", {"taskId": task_id})
+            assert task["status"] in ("working", "input_required"), task
+            if task["status"] == "input_required" and key in task.get("inputRequests", {}):
+                return task
+            await anyio.sleep(0.05)
+
+
+async def refused(client: Client, method: str, params: dict[str, Any]) -> MCPError:
+    """The `MCPError` `method` with `params` is refused with (fails if it is answered)."""
+    with pytest.raises(MCPError) as raised:
+        await request(client, method, params)
+    return raised.value
+
+
+def accept(**content: Any) -> dict[str, Any]:
+    """An input response accepting with `content`."""
+    return {"action": "accept", "content": content}

@@ -26,15 +26,23 @@ from typing import Any
 
 import anyio
 import httpx2
-import pytest
-from mcp import Client, MCPError
+from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import ElicitRequestParams, ElicitResult
 
 from mcp_durable.server.tasks import RELATED_TASK, TASK_NOT_FOUND
 from tests.helpers import ServedHttp, serve_http
 from tests.server.servers.counting import Counter
-from tests.server.task_client import TasksClient, call_for_task, create_legacy_task, poll_until_terminal, request
+from tests.server.task_client import (
+    TasksClient,
+    accept,
+    call_for_task,
+    create_legacy_task,
+    poll_until_terminal,
+    refused,
+    request,
+    wait_for_question,
+)
 
 ASKING = "tests/tasks/servers/asking.py:make_server"
 TOKENS = "tokA=alice,tokB=bob"
@@ -58,52 +66,31 @@ async def _client(url: str, token: str, mode: str, **kwargs: Any) -> AsyncIterat
             yield client
 
 
-async def _asking(client: Client, task_id: str, key: str) -> dict[str, Any]:
-    """`tasks/get` until the task is `input_required` with question `key`; that answer."""
-    with anyio.fail_after(30):
-        while True:
-            task = await request(client, "tasks/get", {"taskId": task_id})
-            assert task["status"] in ("working", "input_required"), task
-            if task["status"] == "input_required" and key in task.get("inputRequests", {}):
-                return task
-            await anyio.sleep(0.05)
-
-
-async def _refused(client: Client, method: str, params: dict[str, Any]) -> MCPError:
-    with pytest.raises(MCPError) as refused:
-        await request(client, method, params)
-    return refused.value
-
-
-def _accept(**content: Any) -> dict[str, Any]:
-    return {"action": "accept", "content": content}
-
-
 async def test_a_task_asks_its_principal_and_no_other_2026(tmp_path: Path) -> None:
     counts = Counter(tmp_path / "counter")
     async with _server(tmp_path) as served:
         async with _client(served.url, "tokA", "auto") as alice, _client(served.url, "tokB", "auto") as bob:
             task_id = (await call_for_task(alice, "approve_refund", REFUND, key="r-1")).task_id
-            asking = await _asking(alice, task_id, "input-0")
+            asking = await wait_for_question(alice, task_id, "input-0")
             question = asking["inputRequests"]["input-0"]
 
-            unknown = await _refused(bob, "tasks/get", {"taskId": "not-a-task-id"})
-            seen = await _refused(bob, "tasks/get", {"taskId": task_id})
-            answered = await _refused(
-                bob, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": _accept(approve=False)}}
+            unknown = await refused(bob, "tasks/get", {"taskId": "not-a-task-id"})
+            seen = await refused(bob, "tasks/get", {"taskId": task_id})
+            answered = await refused(
+                bob, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": accept(approve=False)}}
             )
             bobs = (await call_for_task(bob, "approve_refund", REFUND, key="r-1")).task_id
-            await _asking(bob, bobs, "input-0")  # his own task, asking him
+            await wait_for_question(bob, bobs, "input-0")  # his own task, asking him
 
             still = await request(alice, "tasks/get", {"taskId": task_id})  # Bob's answer did not land
             ack = await request(
-                alice, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": _accept(approve=True)}}
+                alice, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": accept(approve=True)}}
             )
-            second = await _asking(alice, task_id, "input-1")
+            second = await wait_for_question(alice, task_id, "input-1")
             await request(
                 alice,
                 "tasks/update",
-                {"taskId": task_id, "inputResponses": {"input-1": _accept(email="a@example.com"), "input-9": {}}},
+                {"taskId": task_id, "inputResponses": {"input-1": accept(email="a@example.com"), "input-9": {}}},
             )
             done = await poll_until_terminal(alice, task_id)
             again = await request(alice, "tasks/get", {"taskId": task_id})
@@ -169,23 +156,23 @@ async def test_a_task_waiting_for_its_user_survives_sigkill(tmp_path: Path) -> N
     async with _server(tmp_path) as served:
         async with _client(served.url, "tokA", "auto") as alice:
             task_id = (await call_for_task(alice, "approve_refund", REFUND, key="r-3")).task_id
-            await _asking(alice, task_id, "input-0")
+            await wait_for_question(alice, task_id, "input-0")
         _kill(served)  # waiting for the approval: nothing answered yet
     async with _server(tmp_path) as served:
         async with _client(served.url, "tokA", "auto") as alice:
-            asked_again = await _asking(alice, task_id, "input-0")  # asked again, under its key
+            asked_again = await wait_for_question(alice, task_id, "input-0")  # asked again, under its key
             await request(
-                alice, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": _accept(approve=True)}}
+                alice, "tasks/update", {"taskId": task_id, "inputResponses": {"input-0": accept(approve=True)}}
             )
-            await _asking(alice, task_id, "input-1")
+            await wait_for_question(alice, task_id, "input-1")
         _kill(served)  # approved and paid, waiting for the receipt address
     async with _server(tmp_path) as served:
         async with _client(served.url, "tokA", "auto") as alice:
-            resumed = await _asking(alice, task_id, "input-1")  # the approval is the journal's
+            resumed = await wait_for_question(alice, task_id, "input-1")  # the approval is the journal's
             await request(
                 alice,
                 "tasks/update",
-                {"taskId": task_id, "inputResponses": {"input-1": _accept(email="k@example.com")}},
+                {"taskId": task_id, "inputResponses": {"input-1": accept(email="k@example.com")}},
             )
             done = await poll_until_terminal(alice, task_id)
 
