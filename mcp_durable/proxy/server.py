@@ -500,8 +500,7 @@ class ProxyServer(MCPServer[Any]):
                     # upstream), which leaves the call in doubt and the shared session up.
                     result: CallToolResult | InputRequiredResult
                     if as_task:
-                        client = await session.client()
-                        result = await upstream_tasks.call_tool_as_task(session, client, name, arguments, meta)
+                        result = await upstream_tasks.call_tool_as_task(session, name, arguments, meta)
                     else:
                         result = await session.call_tool(name, arguments, meta, _progress(context))
                 except UpstreamLost as exc:

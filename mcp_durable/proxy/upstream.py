@@ -42,8 +42,8 @@ from __future__ import annotations
 import logging
 import math
 import shlex
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -477,27 +477,23 @@ class UpstreamSession:
         if the timeout passed first (only this call is abandoned; the session stays up); an
         `MCPError` the upstream answered is re-raised as is (nothing happened there)."""
         client = await self.client()
-        try:
-            result = await client.session.call_tool(
-                name,
-                arguments,
-                read_timeout_seconds=timeout,
-                progress_callback=progress,
-                meta=meta,  # type: ignore[arg-type]
-                allow_input_required=True,
-            )
-        except MCPError as exc:
-            if exc.error.code == REQUEST_TIMEOUT:
-                # This request's own read timeout: the SDK has abandoned it (and told the upstream
-                # so); the session is healthy, and dropping it would lose every other call on it.
-                raise UpstreamTimedOut(f"the upstream did not answer {name!r} within {timeout} s") from exc
-            if exc.error.code == CONNECTION_CLOSED:
-                self.lost()
-                raise UpstreamLost(self._broke(exc.error.message)) from exc
-            raise
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
-            self.lost()
-            raise UpstreamLost(self._broke(type(exc).__name__)) from exc
+        with self.breaks_as_lost():
+            try:
+                result = await client.session.call_tool(
+                    name,
+                    arguments,
+                    read_timeout_seconds=timeout,
+                    progress_callback=progress,
+                    meta=meta,  # type: ignore[arg-type]
+                    allow_input_required=True,
+                )
+            except MCPError as exc:
+                if exc.error.code == REQUEST_TIMEOUT:
+                    # This request's own read timeout: the SDK has abandoned it (and told the
+                    # upstream so); the session is healthy, and dropping it would lose every other
+                    # call on it.
+                    raise UpstreamTimedOut(f"the upstream did not answer {name!r} within {timeout} s") from exc
+                raise
         self._last_ok = anyio.current_time()
         assert isinstance(result, CallToolResult | InputRequiredResult)
         return result
@@ -548,6 +544,22 @@ class UpstreamSession:
             await live.client.session.send_request(request, EmptyResult)
         except (MCPError, *_BROKEN) as exc:
             logger.debug("upstream %s: could not unsubscribe from %s: %s", self.spec.describe(), uri, exc)
+
+    @contextmanager
+    def breaks_as_lost(self) -> Iterator[None]:
+        """A connection that breaks in the block, with a request of it out, as `UpstreamLost` (its
+        outcome unknown; the session dropped, to reconnect on demand); any other `MCPError` the
+        upstream answered passes as it is."""
+        try:
+            yield
+        except MCPError as exc:
+            if exc.error.code != CONNECTION_CLOSED:
+                raise
+            self.lost()
+            raise UpstreamLost(self._broke(exc.error.message)) from exc
+        except _BROKEN as exc:
+            self.lost()
+            raise UpstreamLost(self._broke(type(exc).__name__)) from exc
 
     def _broke(self, detail: str) -> str:
         return self.spec.masked(f"the upstream connection broke during the call ({detail})")

@@ -20,14 +20,13 @@ upstream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import suppress
 from typing import Any
 
 import anyio
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, CallToolResult, Request
+from mcp_types import CallToolResult, Request
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import TypeAdapter
 
@@ -42,7 +41,6 @@ POLL_MIN_S = 0.02
 POLL_MAX_S = 1.0
 #: How long a cancelled run waits for the upstream to take its `tasks/cancel`.
 CANCEL_WAIT_S = 5.0
-_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
 _RAW = TypeAdapter(dict[str, Any])
 
 
@@ -52,17 +50,18 @@ def supported(client: Client) -> bool:
 
 
 async def call_tool_as_task(
-    upstream: UpstreamSession, client: Client, name: str, arguments: dict[str, Any], meta: dict[str, Any]
+    session: UpstreamSession, name: str, arguments: dict[str, Any], meta: dict[str, Any]
 ) -> CallToolResult:
     """Run `name` with `arguments` as the upstream's task and return its result.
 
     Raises an `MCPError` the upstream answered to the task-augmented call (nothing ran) or to
     `tasks/result` (the task failed with it); `UpstreamLost` when the outcome is unknown: the
     connection broke, or the upstream could not say how its task went."""
+    client = await session.client()
     params: dict[str, Any] = {"name": name, "arguments": arguments, "task": {}}
     if meta:
         params["_meta"] = meta
-    async with _guarded(upstream):
+    with session.breaks_as_lost():
         # The session would validate a `CreateTaskResult` as a `CallToolResult`: sent raw.
         created = await send_raw_request(client.session, "tools/call", params)
     task = created.get("task")
@@ -73,20 +72,19 @@ async def call_tool_as_task(
         while task.get("status") not in ANSWERABLE:
             await anyio.sleep(_poll_interval(task))
             try:
-                async with _guarded(upstream):
+                with session.breaks_as_lost():
                     task = await _request(client, "tasks/get", {"taskId": task_id})
             except MCPError as exc:  # created, maybe run: its outcome is not known
                 raise UpstreamLost(
-                    upstream.spec.masked(f"the upstream's task {task_id} could not be read: {exc}")
+                    session.spec.masked(f"the upstream's task {task_id} could not be read: {exc}")
                 ) from exc
-        async with _guarded(upstream):
+        with session.breaks_as_lost():
             answered = await _request(client, "tasks/result", {"taskId": task_id})
     except anyio.get_cancelled_exc_class():
+        # The run is in doubt whatever the upstream answers: the engine records it so.
         with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_WAIT_S):
-            try:
+            with suppress(MCPError, UpstreamLost), session.breaks_as_lost():
                 await _request(client, "tasks/cancel", {"taskId": task_id})
-            except (MCPError, *_BROKEN):
-                pass  # the run is in doubt either way: the engine records it so
         raise
     return CallToolResult.model_validate(answered, by_name=False)
 
@@ -103,18 +101,3 @@ async def _request(client: Client, method: str, params: dict[str, Any]) -> dict[
         Request[Any, Any](method=method, params=params), _RAW
     )
     return answered
-
-
-@asynccontextmanager
-async def _guarded(upstream: UpstreamSession) -> AsyncIterator[None]:
-    """A broken connection as `UpstreamLost` (the session dropped, to reconnect on demand)."""
-    try:
-        yield
-    except MCPError as exc:
-        if exc.error.code != CONNECTION_CLOSED:
-            raise
-        upstream.lost()
-        raise UpstreamLost(upstream.spec.masked(f"the upstream connection broke ({exc.error.message})")) from exc
-    except _BROKEN as exc:
-        upstream.lost()
-        raise UpstreamLost(upstream.spec.masked(f"the upstream connection broke ({type(exc).__name__})")) from exc
