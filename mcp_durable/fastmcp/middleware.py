@@ -261,7 +261,7 @@ class DurableMiddleware(Middleware):
         except DurableError as exc:
             return self._refuse(durable, exc)
         principal = self.principal_of(context.fastmcp_context)
-        if self.telemetry is None:
+        if self.telemetry is None or not self.telemetry.observing():
             return await self._execute(durable, context, call_next, validated, canonical, principal, None)
         # Observed as DurableServer's calls are (server/calls.py): on the span current here,
         # FastMCP's `tools/call` span, which it opens around the whole middleware chain.

@@ -49,7 +49,7 @@ class MemoryJournal:
         self._audits: dict[CallIdentity, list[JournalEntry]] = {}
         # Counts, records by creation time and by expiry: what the file journal keeps too, so
         # counting and purging here cost what they cost there (`tally.py`).
-        self._tally: RecordTally[CallIdentity] = RecordTally(self._facts, list, (_name, _name, _name))
+        self._tally: RecordTally[CallIdentity] = RecordTally(self._facts, list, (_name, _name, _state_name))
         #: The PENDING and IN_DOUBT records (`OPEN_STATES`) by state and whether each is a task:
         #: what a listing of those states reads instead of every record (`list_calls`).
         self._open: dict[tuple[CallState, bool], set[CallIdentity]] = {
@@ -262,11 +262,17 @@ _DROPPED = JournalEntry("", "dropped", {}, 0.0, 0)
 
 def _facts_of(record: CallRecord) -> Facts:
     i = record.identity
-    return (i.principal, i.tool, record.state.value, record.created_at, record.expires_at)
+    # The state member itself is the key (a `str` enum hashes and compares as its value):
+    # reading `.value` is a Python-level descriptor call, and this runs on every change.
+    return (i.principal, i.tool, record.state, record.created_at, record.expires_at)
 
 
 def _name(key: Hashable) -> str:
     return str(key)
+
+
+def _state_name(key: Hashable) -> str:
+    return key.value if isinstance(key, CallState) else str(key)
 
 
 def _with_lease(record: CallRecord, lease_until: float) -> CallRecord:

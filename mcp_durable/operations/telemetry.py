@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import Token
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from ..engine import CallOutcome, Engine
 
 PREFIX = "mcp_durable."
+#: How long a server without OpenTelemetry configured goes without asking again (`Instruments.observing`).
+QUIET_RECHECK_S = 1.0
 _NO_SPAN: AbstractContextManager[Any] = nullcontext()
 
 
@@ -96,6 +99,7 @@ class Instruments:
         except ImportError as exc:  # pragma: no cover - the MCP SDK depends on opentelemetry-api
             raise ConfigError("telemetry needs OpenTelemetry: pip install 'mcp-durable[otel]'") from exc
         self.trace: ModuleType = trace
+        self.metrics: ModuleType = metrics
         # On the global providers these are the API's proxies until the application sets its
         # own, and follow it from then on: a server built before OpenTelemetry is set up reports.
         self.tracer = trace.get_tracer("mcp-durable", __version__, tracer_provider=tracer_provider)
@@ -116,6 +120,11 @@ class Instruments:
             unit="{call}",
             description="calls in doubt this instance knows of",
         )
+        #: Whether these instruments report anywhere whatever the application does: given
+        #: providers, or both global ones set (a global provider, once set, stays: `observing`).
+        self._reporting = tracer_provider is not None or meter_provider is not None
+        #: Until when (`time.monotonic()`) `observing` answers no without asking the API.
+        self._quiet_until = 0.0
         #: The started servers' telemetry. Replaced whole, never changed in place: the gauge reads
         #: it from the metric reader's thread.
         self.servers: tuple[Telemetry, ...] = ()
@@ -129,6 +138,35 @@ class Instruments:
             if cls._shared is None:
                 cls._shared = cls(None, None)
             return cls._shared
+
+    def observing(self) -> bool:
+        """Whether a call observed now could be seen by anyone: False only for the global
+        providers while the application has set neither (the OpenTelemetry API's own stand-ins
+        answer, and drop every span and measurement), so a server without OpenTelemetry
+        configured skips the per-call work.
+
+        Asking the API costs more than the rest of a call's telemetry (it looks up two
+        environment variables each time until a provider is set), so a "no" holds for
+        `QUIET_RECHECK_S`, or until `recheck` (a server built or started): providers set
+        before a server starts are seen from its first call, providers set while it runs
+        within that time."""
+        if self._reporting:
+            return True
+        now = time.monotonic()
+        if now < self._quiet_until:
+            return False
+        tracing = self.trace.get_tracer_provider()
+        meters = self.metrics.get_meter_provider()
+        if not (api_stand_in(tracing) and api_stand_in(meters)):
+            # Each provider can be set once; with both set this stays true for good.
+            self._reporting = not (api_stand_in(tracing) or api_stand_in(meters))
+            return True
+        self._quiet_until = now + QUIET_RECHECK_S
+        return False
+
+    def recheck(self) -> None:
+        """Ask the API again at the next call (`observing`)."""
+        self._quiet_until = 0.0
 
     def started(self, telemetry: Telemetry) -> None:
         """Count `telemetry`'s calls in doubt; observe journal commits and leases while any server runs."""
@@ -160,6 +198,13 @@ class Instruments:
         self.lease_failures.add(1, {"backend": backend})
 
 
+def api_stand_in(provider: object) -> bool:
+    """Whether `provider` is one of the OpenTelemetry API's own (its no-op providers, or the
+    stand-in it answers with until the application sets one): those emit nothing. An SDK's
+    providers live in packages of their own (`opentelemetry.sdk`, a vendor's)."""
+    return type(provider).__module__.startswith(("opentelemetry.trace", "opentelemetry.metrics"))
+
+
 class Telemetry:
     """OpenTelemetry for one server (see the module docstring for what is emitted).
 
@@ -177,6 +222,7 @@ class Telemetry:
     ) -> None:
         if tracer_provider is None and meter_provider is None:
             self.instruments = Instruments.shared()
+            self.instruments.recheck()  # providers the application set before building this server
         else:
             self.instruments = Instruments(tracer_provider, meter_provider)
         self.record_keys = record_keys
@@ -195,6 +241,7 @@ class Telemetry:
         """Load the calls in doubt; counted by the gauge, and journal commits and leases observed
         (process-wide), until `stop`."""
         await self.refresh(journal)
+        self.instruments.recheck()  # providers the application set before starting this server
         if not self._started:
             self._started = True
             self.instruments.started(self)
@@ -216,10 +263,15 @@ class Telemetry:
     def _record_changed(self, record: CallRecord) -> None:
         if record.state == CallState.IN_DOUBT:
             self.in_doubt.add(record.identity)
-        else:
+        elif self.in_doubt:  # (an identity's hash is a Python call: not taken when none is in doubt)
             self.in_doubt.discard(record.identity)
 
     # -- calls --------------------------------------------------------------------------------------
+
+    def observing(self) -> bool:
+        """Whether a call observed now could be seen by anyone (`Instruments.observing`): a face
+        skips `call` when not."""
+        return self.instruments.observing()
 
     def call(self, tool: str, principal: str) -> ObservedCall:
         """Observe one durable call: `with telemetry.call(tool, principal) as observed:`."""

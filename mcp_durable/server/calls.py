@@ -167,7 +167,7 @@ class DurableCalls(CallAnswers):
         error) is passed on, never kept.
         """
         principal = self.principal_of(context)
-        if self.telemetry is None:
+        if self.telemetry is None or not self.telemetry.observing():
             return await self._run(
                 name, policy, arguments, canonical, context, run, encode, principal, None, fingerprint
             )

@@ -35,7 +35,7 @@ caller's own tasks. A task's questions are read and answered only through it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -236,7 +236,12 @@ class TaskProtocol:
         if _modern(ctx):
             return await self._modern_request(ctx, call_next)
         if ctx.method == "tools/call":
-            return await self._legacy_tools_call(ctx, call_next)
+            # (Decided here, not in a coroutine of its own: this is on every call's path.)
+            params = ctx.params or {}
+            if params.get("task") is not None and ctx.protocol_version in LEGACY_VERSIONS:
+                return await self._legacy_task_call(ctx, params)
+            self._refuse_task_required(params.get("name"))
+            return await call_next(ctx)
         result = await call_next(ctx)
         self._advertise_legacy_tasks(ctx, result)
         return result
@@ -251,30 +256,29 @@ class TaskProtocol:
                     return await self.listen(ctx, wanted)
         return await call_next(ctx)
 
-    async def _legacy_tools_call(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        """A pre-2026-07-28 `tools/call`: with `params.task` on 2025-11-25 it creates a task and
-        answers `{"task": …}` (-32601 for a tool whose task support is "forbidden", -32602 for
-        arguments that are not an object); without it, a task-required tool is refused (-32601)
-        and any other call goes on unchanged."""
-        params = ctx.params or {}
+    async def _legacy_task_call(self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]) -> HandlerResult:
+        """A 2025-11-25 `tools/call` with `params.task`: creates the task and answers `{"task": …}`
+        (-32601 for a tool whose task support is "forbidden", -32602 for arguments that are not
+        an object)."""
         name = params.get("name")
-        support = self.task_support(name)
-        if params.get("task") is not None and ctx.protocol_version in LEGACY_VERSIONS:
-            if support == "forbidden":
-                raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task augmentation")
-            arguments = params.get("arguments") or {}
-            if not isinstance(arguments, dict):
-                raise MCPError(code=INVALID_PARAMS, message="arguments must be an object")
-            assert isinstance(name, str)
-            record = await self._create(ctx, name, arguments)
-            self._watch(ctx, record)
-            return {"task": self.legacy_task(record)}
-        if support == "required":
+        if self.task_support(name) == "forbidden":
+            raise MCPError(code=METHOD_NOT_FOUND, message=f"Tool {name!r} does not support task augmentation")
+        arguments = params.get("arguments") or {}
+        if not isinstance(arguments, dict):
+            raise MCPError(code=INVALID_PARAMS, message="arguments must be an object")
+        assert isinstance(name, str)
+        record = await self._create(ctx, name, arguments)
+        self._watch(ctx, record)
+        return {"task": self.legacy_task(record)}
+
+    def _refuse_task_required(self, name: Any) -> None:
+        """A pre-2026-07-28 `tools/call` without `params.task` of a task-required tool is refused
+        (-32601); any other goes on unchanged."""
+        if self.task_support(name) == "required":
             raise MCPError(
                 code=METHOD_NOT_FOUND,
                 message=f"Tool {name!r} requires task augmentation (taskSupport: 'required')",
             )
-        return await call_next(ctx)
 
     def _advertise_legacy_tasks(self, ctx: ServerRequestContext[Any, Any], result: HandlerResult) -> None:
         """Add the legacy task surface to a pre-2026-07-28 answer, in place: `capabilities.tasks`
