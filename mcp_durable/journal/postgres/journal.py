@@ -143,6 +143,13 @@ BATCH_MAX_ITEMS = 32
 FULL_BATCH_SLOTS = 1
 #: How each batcher of the journal batches (above).
 _BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
+#: At most this many appends share a statement. More than the other kinds: append statements
+#: take turns on the entries' lock up to their commit (`seq` order is commit order), so one
+#: batch's commit, and the statement's fixed costs on both sides, are shared only by its own
+#: items. A wave of 64 writers in step then commits once instead of twice, one after the other:
+#: fewer appends per commit cost more than two statements side by side gain
+#: (docs/benchmarks.md, "Postgres appends: batches of 64").
+APPEND_BATCH_MAX_ITEMS = 64
 #: The columns of an append batch's rows (`_append_batch`): its place in the batch, the entry,
 #: and the step index it may be stored as.
 _APPEND_RECORDSET = "n integer, p text, t text, d json, ts float8, s bigint"
@@ -363,11 +370,9 @@ class PostgresJournal:
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
             self._get_batch, **_BATCHING, run_one=self._get_one
         )
-        # Appends batch as the others do. Measured at 64 writers in step (benchmark case 3,
-        # interleaved, 7 runs): two statements of 32 side by side 45k appends/s (median), one of 64
-        # at a time 34k: the first half's callers run while the second half's statement commits.
+        # Appends batch as the others do, in larger batches (`APPEND_BATCH_MAX_ITEMS`).
         self._appends: Batcher[_Append, int | _Alone] = Batcher(
-            self._append_batch, **_BATCHING, run_one=self._append_one
+            self._append_batch, **{**_BATCHING, "max_items": APPEND_BATCH_MAX_ITEMS}, run_one=self._append_one
         )
 
     @classmethod
