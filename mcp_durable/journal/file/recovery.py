@@ -65,7 +65,7 @@ def apply(
         identity, version, state, created, expires, task_id = index_fields(d["r"])
         h = identity_hash(hash_key, identity)
         calls.put_fields(
-            h, version, STATE_CODES[state], created, expires, identity.tool, identity.principal, position, size, seq
+            h, version, STATE_CODES[state], created, expires, identity.tool, identity.principal, position, size
         )
         calls.put_task(task_id, h, identity.principal, identity.tool, identity.key)
     elif kind == "call":  # an earlier release's frame: the record as an object, its hash beside it
@@ -80,7 +80,6 @@ def apply(
             r["principal"],
             position,
             size,
-            seq,
         )
         calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
     elif kind == "entry":
