@@ -199,12 +199,13 @@ class CallIndex(Columns):
         self.principals = Interned()
         #: Dead slots, the next one to use last (popped).
         self.free = array("I")
-        #: (principal, task id) → (identity hash, tool, key) of the record that is that task. Tasks
-        #: are few next to calls, so a dict; saved in the snapshot header. Entries of purged
-        #: records are dropped by `prune_tasks`; a stale one is harmless (reads compare the task id).
-        self.tasks: dict[tuple[str, str], tuple[int, str, str]] = {}
-        #: The identity hashes among `tasks`' values: a record whose hash is not here is no task
-        #: (one that is here may be no task any more: readers compare the record's task id).
+        #: principal → task id → the index's hash (`HASH_MASK` bits) of the record that is that
+        #: task: the record is found by its hash, read, and its principal and task id compared.
+        #: Tasks are few next to calls, so dicts (saved in the snapshot as sections). Entries of
+        #: purged records are dropped by `prune_tasks`; a stale one is harmless (reads compare).
+        self.tasks: dict[str, dict[str, int]] = {}
+        #: The hashes among `tasks`' values (the same int objects): a record whose hash is not
+        #: here is no task (one that is here may be no task any more: readers compare its task id).
         self.task_hashes: set[int] = set()
         #: The slots of the records in each open state (`OPEN_CODES`), kept by `put_fields` and
         #: `delete`; not saved in snapshots (`after_load` finds them in `state`).
@@ -355,16 +356,30 @@ class CallIndex(Columns):
             return {s for h in self.task_hashes if (s := self.find(h)) is not None}
         return range(len(self.state))
 
-    def put_task(self, task_id: str | None, h: int, principal: str, tool: str, key: str) -> None:
+    def put_task(self, task_id: str | None, h: int, principal: str) -> None:
+        """Note that the record of identity hash `h` (of `principal`) is task `task_id` (None: none)."""
         if task_id is not None:
-            self.tasks[(self.principals.shared(principal), task_id)] = (h, self.tools.shared(tool), key)
-            self.task_hashes.add(h & HASH_MASK)
+            tasks = self.tasks.get(principal)
+            if tasks is None:
+                tasks = self.tasks[self.principals.shared(principal)] = {}
+            tasks[task_id] = kept = h & HASH_MASK
+            self.task_hashes.add(kept)
+
+    def task_hash(self, principal: str, task_id: str) -> int | None:
+        """The index's hash of the record that is (or was) task `task_id` of `principal`."""
+        tasks = self.tasks.get(principal)
+        return None if tasks is None else tasks.get(task_id)
 
     def prune_tasks(self) -> None:
         """Forget tasks whose record is gone (after a purge)."""
         if self.tasks:
-            self.tasks = {k: v for k, v in self.tasks.items() if self.find(v[0]) is not None}
-            self.task_hashes = {h & HASH_MASK for h, _, _ in self.tasks.values()}
+            find = self.find
+            pruned = {p: {t: h for t, h in tasks.items() if find(h) is not None} for p, tasks in self.tasks.items()}
+            self.tasks = {p: tasks for p, tasks in pruned.items() if tasks}
+            self.task_hashes = self._hashes_of_tasks()
+
+    def _hashes_of_tasks(self) -> set[int]:
+        return {h for tasks in self.tasks.values() for h in tasks.values()}
 
     def hash_of(self, slot: int) -> int:
         """The hash the index keeps of `slot`'s identity: its full hash's `HASH_MASK` bits (as
@@ -455,7 +470,7 @@ class CallIndex(Columns):
             while i >= 0:
                 slots.add(i)
                 i = self.state.find(code, i + 1)
-        self.task_hashes = {h & HASH_MASK for h, _, _ in self.tasks.values()}
+        self.task_hashes = self._hashes_of_tasks()
         self.queued = {}
         # The dead slots by runs (the spare slots of the last growth are one run), in C: a
         # Python step per dead slot cost a second at ten million records.

@@ -374,8 +374,9 @@ class FileJournal:
             raise JournalCorruptError(str(path), offset, f"the frame's payload is not JSON: {exc}") from exc
         return result
 
-    async def _load_call(self, identity: CallIdentity, h: int) -> tuple[int, CallRecord] | None:
-        """The durable latest record of `identity` with its frame's position, or None."""
+    async def _load_call(self, identity: CallIdentity | None, h: int) -> tuple[int, CallRecord] | None:
+        """The durable latest record of `identity` with its frame's position, or None (`identity`
+        None: of whatever identity has the index's hash `h`; the caller compares)."""
         if not self.read_only:
             try:
                 self._heal()
@@ -398,7 +399,7 @@ class FileJournal:
                 continue
             position = self._calls.position(slot)
             record = record_from_dict(self._read(position, self._calls.size[slot])["r"])
-            if record.identity != identity:
+            if identity is not None and record.identity != identity:
                 raise JournalError(f"index hash collision between {identity} and {record.identity}")
             return position, record
 
@@ -406,8 +407,7 @@ class FileJournal:
         seq, position, size, batch = self._submit(call_payload(record))
         slot = self._calls.put(h, record, position, size)
         self._calls.queue(slot, seq, self._opened().durable_seq)
-        i = record.identity
-        self._calls.put_task(record.task_id, h, i.principal, i.tool, i.key)
+        self._calls.put_task(record.task_id, h, record.identity.principal)
         self._signals.notify(record.identity)
         return batch
 
@@ -446,11 +446,11 @@ class FileJournal:
         return sorted(found, key=sort_key, reverse=True)
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
-        where = self._calls.tasks.get((principal, task_id))
-        if where is None:
+        h = self._calls.task_hash(principal, task_id)
+        found = None if h is None else await self._load_call(None, h)
+        if found is None or found[1].identity.principal != principal or found[1].task_id != task_id:
             return None
-        found = await self.get(CallIdentity(principal, where[1], where[2]))
-        return found if found is not None and found.task_id == task_id else None
+        return found[1]
 
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         self._writable()

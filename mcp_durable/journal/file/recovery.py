@@ -67,7 +67,7 @@ def apply(
         calls.put_fields(
             h, version, STATE_CODES[state], created, expires, identity.tool, identity.principal, position, size
         )
-        calls.put_task(task_id, h, identity.principal, identity.tool, identity.key)
+        calls.put_task(task_id, h, identity.principal)
     elif kind == "call":  # an earlier release's frame: the record as an object, its hash beside it
         r = d["r"]
         calls.put_fields(
@@ -81,7 +81,7 @@ def apply(
             position,
             size,
         )
-        calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
+        calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"])
     elif kind == "entry":
         entry_type = d["entry_type"]
         entries.add(

@@ -129,28 +129,24 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
 
 
 def _task_sections(calls: CallIndex) -> list[tuple[str, str, bytes]]:
-    """`CallIndex.tasks` as sections: per task its principal and tool (their numbers), its
-    record's hash in two halves, and its task id and key (lengths, then every one's text one
-    after another), so a load builds the dict without a parsed row per task."""
-    principals, tools, los, his = array("I"), array("I"), array("Q"), array("Q")
+    """`CallIndex.tasks` as sections: per task its principal (its number), its record's hash in
+    two halves, and its task id (the lengths, then every one's text one after another), so a
+    load builds the dicts without a parsed row per task."""
+    principals, los, his = array("I"), array("Q"), array("Q")
     task_ids: list[str] = []
-    keys: list[str] = []
-    for (principal, task_id), (h, tool, key) in calls.tasks.items():
-        principals.append(calls.principals.ids[principal])
-        tools.append(calls.tools.ids[tool])
-        los.append(h & MASK64)
-        his.append(h >> 64)
-        task_ids.append(task_id)
-        keys.append(key)
+    for principal, tasks in calls.tasks.items():
+        number = calls.principals.ids[principal]
+        for task_id, h in tasks.items():
+            principals.append(number)
+            los.append(h & MASK64)
+            his.append(h >> 64)
+            task_ids.append(task_id)
     return [
         ("call.tasks.principals", "I", principals.tobytes()),
-        ("call.tasks.tools", "I", tools.tobytes()),
         ("call.tasks.lo", "Q", los.tobytes()),
         ("call.tasks.hi", "Q", his.tobytes()),
         ("call.tasks.id_lengths", "I", array("I", map(len, task_ids)).tobytes()),
         ("call.tasks.ids", "B", "".join(task_ids).encode("utf-8", "surrogatepass")),
-        ("call.tasks.key_lengths", "I", array("I", map(len, keys)).tobytes()),
-        ("call.tasks.keys", "B", "".join(keys).encode("utf-8", "surrogatepass")),
     ]
 
 
@@ -384,19 +380,18 @@ def _rebuild_calls(header: dict[str, Any], blobs: dict[str, Section]) -> tuple[C
     return calls, _load_tally(calls, header, blobs) or narrowed
 
 
-def _tasks(blobs: dict[str, Section], calls: CallIndex) -> dict[tuple[str, str], tuple[int, str, str]]:
+def _tasks(blobs: dict[str, Section], calls: CallIndex) -> dict[str, dict[str, int]]:
     """`CallIndex.tasks` from its sections (`_task_sections`); `ValueError` or `IndexError`
     when they do not fit together."""
-    principals, tools, los, his, id_lengths, key_lengths = (
-        _array(blobs, f"call.tasks.{n}") for n in ("principals", "tools", "lo", "hi", "id_lengths", "key_lengths")
+    principals, los, his, id_lengths = (
+        _array(blobs, f"call.tasks.{n}") for n in ("principals", "lo", "hi", "id_lengths")
     )
     task_ids = _texts(_array(blobs, "call.tasks.ids"), id_lengths)
-    keys = _texts(_array(blobs, "call.tasks.keys"), key_lengths)
-    principal_names, tool_names = calls.principals.names, calls.tools.names
-    return {
-        (principal_names[p], task_id): (hi << 64 | lo, tool_names[t], key)
-        for p, t, lo, hi, task_id, key in zip(principals, tools, los, his, task_ids, keys, strict=True)
-    }
+    names = calls.principals.names
+    tasks: dict[str, dict[str, int]] = {}
+    for p, lo, hi, task_id in zip(principals, los, his, task_ids, strict=True):
+        tasks.setdefault(names[p], {})[task_id] = hi << 64 | lo
+    return tasks
 
 
 def _texts(blob: array[Any], lengths: array[Any]) -> Iterator[str]:
@@ -410,17 +405,14 @@ def _texts(blob: array[Any], lengths: array[Any]) -> Iterator[str]:
         at += length
 
 
-def _header_tasks(rows: list[list[str]], calls: CallIndex) -> dict[tuple[str, str], tuple[int, str, str]]:
-    """`CallIndex.tasks` from the header's rows `[principal, task id, hash hex, tool, key]`,
-    which are consumed (each freed once it is in the dict: never both whole in memory), with the
-    principal and tool names shared with the index's."""
-    tasks: dict[tuple[str, str], tuple[int, str, str]] = {}
-    principals, tools = calls.principals, calls.tools
+def _header_tasks(rows: list[list[str]], calls: CallIndex) -> dict[str, dict[str, int]]:
+    """`CallIndex.tasks` from an earlier format's header rows `[principal, task id, hash hex,
+    tool, key]`, which are consumed (each freed once it is in the dicts)."""
     rows.reverse()
     while rows:
-        principal, task_id, h, tool, key = rows.pop()
-        tasks[(principals.shared(principal), task_id)] = (int(h, 16), tools.shared(tool), key)
-    return tasks
+        principal, task_id, h, _, _ = rows.pop()
+        calls.put_task(task_id, int(h, 16), principal)
+    return calls.tasks
 
 
 def _column(name: str, code: str, column: array[Any], earlier: bool) -> tuple[array[Any], bool]:
