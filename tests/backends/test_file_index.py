@@ -143,3 +143,31 @@ async def test_widened_columns_and_versions_past_32_bits_survive_a_snapshot_and_
         assert await again.swap(2**40 + 7, replace(records[1], version=2**40 + 9)) is False
     finally:
         await again.aclose()
+
+
+async def test_tasks_are_found_by_principal_and_id_after_a_snapshot_whatever_their_text(tmp_path: Path) -> None:
+    journal = FileJournal(tmp_path / "j", durability="relaxed")
+    await journal.open()
+    task_ids = ["t-1", "tâche-é-\U0001f642", "t-1"]  # the same id under another principal is another task
+    records = [
+        replace(completed(f"k{i}", None), identity=CallIdentity(f"p{i}", "refund", f"k{i}"), task_id=task_id)
+        for i, task_id in enumerate(task_ids)
+    ]
+    try:
+        for record in records:
+            assert (await journal.claim(record, T0))[0]
+        await journal.snapshot()
+    finally:
+        await journal.aclose()
+    again = FileJournal(tmp_path / "j", durability="relaxed")
+    await again.open()
+    try:
+        assert again.recovery is not None and again.recovery.snapshot_used is not None
+        assert again.recovery.entries_replayed == 0
+        for record in records:
+            assert record.task_id is not None
+            assert await again.get_task(record.identity.principal, record.task_id) == record
+        assert await again.get_task("p0", "tâche-é-\U0001f642") is None  # p1's task, not p0's
+        assert await again.get_task("p1", "t-1") is None
+    finally:
+        await again.aclose()

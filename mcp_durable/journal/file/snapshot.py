@@ -130,23 +130,23 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
 
 def _task_sections(calls: CallIndex) -> list[tuple[str, str, bytes]]:
     """`CallIndex.tasks` as sections: per task its principal (its number), its record's hash in
-    two halves, and its task id (the lengths, then every one's text one after another), so a
-    load builds the dicts without a parsed row per task."""
+    two halves, and its task id (their UTF-8 lengths, then every one's bytes one after another),
+    so a load builds the dicts without a parsed row per task."""
     principals, los, his = array("I"), array("Q"), array("Q")
-    task_ids: list[str] = []
+    task_ids: list[bytes] = []
     for principal, tasks in calls.tasks.items():
         number = calls.principals.ids[principal]
         for task_id, h in tasks.items():
             principals.append(number)
             los.append(h & MASK64)
             his.append(h >> 64)
-            task_ids.append(task_id)
+            task_ids.append(task_id.encode("utf-8", "surrogatepass"))
     return [
         ("call.tasks.principals", "I", principals.tobytes()),
         ("call.tasks.lo", "Q", los.tobytes()),
         ("call.tasks.hi", "Q", his.tobytes()),
         ("call.tasks.id_lengths", "I", array("I", map(len, task_ids)).tobytes()),
-        ("call.tasks.ids", "B", "".join(task_ids).encode("utf-8", "surrogatepass")),
+        ("call.tasks.ids", "B", b"".join(task_ids)),
     ]
 
 
@@ -395,13 +395,13 @@ def _tasks(blobs: dict[str, Section], calls: CallIndex) -> dict[str, dict[str, i
 
 
 def _texts(blob: array[Any], lengths: array[Any]) -> Iterator[str]:
-    """The strings of `lengths` characters each that `blob` (UTF-8) holds one after another."""
-    text = str(memoryview(blob), "utf-8", "surrogatepass")
-    if sum(lengths) != len(text):
+    """The strings of `lengths` UTF-8 bytes each that `blob` holds one after another (each
+    decoded from its own bytes: no copy of the whole)."""
+    if sum(lengths) != len(blob):
         raise ValueError("a section of texts does not hold the lengths before it")
-    at = 0
+    data, at = memoryview(blob), 0
     for length in lengths:
-        yield text[at : at + length]
+        yield str(data[at : at + length], "utf-8", "surrogatepass")
         at += length
 
 
