@@ -98,11 +98,11 @@ def test_a_narrow_column_widens_when_a_value_does_not_fit_and_refuses_one_no_wid
     index = CallIndex()
     h = 12345 << 64 | 678
     slot = index.put_fields(h, 1, 2, 1.0, None, "refund", "local", 0, 10)
-    assert index.version.typecode == "B" and index.size.typecode == "H"
+    assert _widths(index) == ("B", "H")
     for version in (255, 256, 2**16, 2**32 - 1, 2**32, 2**64 - 1):
         assert index.put_fields(h, version, 2, 1.0, None, "refund", "local", 0, 70_000) == slot
         assert index.version[slot] == version and index.size[slot] == 70_000
-    assert index.version.typecode == "Q" and index.size.typecode == "I"
+    assert _widths(index) == ("Q", "I")
     with pytest.raises(OverflowError):
         index.put_narrow("version", slot, 2**64)
     with pytest.raises(OverflowError):
@@ -111,7 +111,14 @@ def test_a_narrow_column_widens_when_a_value_does_not_fit_and_refuses_one_no_wid
     for n in range(300):  # a 256th tool and principal widen their columns too
         index.put_fields(n, 1, 2, 1.0, None, f"tool-{n}", f"user-{n}", 0, 10)
     assert index.tool.typecode == index.principal.typecode == "H"
-    assert all(index.tools.names[index.tool[index.find(n)]] == f"tool-{n}" for n in range(300))  # type: ignore[index]
+    for n in range(300):
+        found = index.find(n)
+        assert found is not None and index.tools.names[index.tool[found]] == f"tool-{n}"
+
+
+def _widths(index: CallIndex) -> tuple[str, str]:
+    """The typecodes of `index`'s version and size columns."""
+    return index.version.typecode, index.size.typecode
 
 
 async def test_widened_columns_and_versions_past_32_bits_survive_a_snapshot_and_a_replay(tmp_path: Path) -> None:
@@ -136,7 +143,7 @@ async def test_widened_columns_and_versions_past_32_bits_survive_a_snapshot_and_
     try:
         assert again.recovery is not None and again.recovery.snapshot_used is not None
         assert again.recovery.entries_replayed == 1
-        assert again._calls.version.typecode == "Q" and again._calls.size.typecode == "I"
+        assert _widths(again._calls) == ("Q", "I")
         for record in records:
             assert await again.get(record.identity) == record
         assert await again.swap(2**64 - 1, replace(records[2], state=CallState.FAILED)) is True

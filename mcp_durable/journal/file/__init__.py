@@ -41,7 +41,7 @@ size: a segment may end in zero bytes, which are free space, not damage (its dat
 last non-zero byte; a frame ends with a newline). Sealed segments and a cleanly closed journal
 are trimmed to their data.
 
-Index (index.py): per call record ~36 bytes of flat arrays (80 bits of the hash, segment,
+Index (index.py): per call record ~38 bytes of flat arrays (80 bits of the hash, segment,
 offset and size of the latest frame, version, state, times, tool, principal; the narrow ones
 widened when a value does not fit) plus an open-addressing hash table (an int array) keyed by a
 128-bit BLAKE2b of `(principal, tool, key)` keyed with the journal's random `hash_key`; every

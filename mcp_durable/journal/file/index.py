@@ -3,7 +3,7 @@
 Memory is the constraint (ten million records must open in 600 MB), so nothing here is an
 object per record. A call record is a *slot*: one position in parallel `array`s (its hash, frame
 position (segment and offset) and size, version, state, times, interned tool and principal),
-36 bytes while its narrow columns' values stay small (`NARROW`: segment numbers below 65,536,
+38 bytes while its narrow columns' values stay small (`NARROW`: segment numbers below 65,536,
 frames below 64 KiB, versions and the numbers of tools and principals below 256), plus 4 to 12 bytes of an
 open-addressing table from the identity's hash to its slot (an array too, saved in snapshots as
 it is). Results and arguments stay on disk: a `get()` reads the frame back.
