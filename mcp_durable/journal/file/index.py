@@ -400,7 +400,10 @@ class CallIndex(Columns):
     def _grow(self) -> None:
         """Add spare (dead) slots to every array at once: one extend each, not one append per record."""
         n = len(self.state)
-        extra = max(1024, n // 8)
+        # A fixed step, not a share of `n`: each array over-allocates on its own (a sixteenth,
+        # and pages not yet written are not resident), so growing is still cheap, and the slots
+        # a journal adds after its snapshot's (which leaves the spare ones out) cost what they hold.
+        extra = GROW_SLOTS
         for name, _ in self.ARRAYS[:-1]:
             column: array[Any] = getattr(self, name)
             column.frombytes(bytes(extra * column.itemsize))
@@ -482,6 +485,8 @@ class CallIndex(Columns):
 
 
 _DEAD_RUNS = re.compile(rb"\x00+")
+#: Slots added to every array at once when none is free (`CallIndex._grow`).
+GROW_SLOTS = 1024
 #: `CallIndex.queued` is swept of frames on disk when it reaches this many slots (or twice what
 #: the last sweep kept).
 QUEUED_MIN = 1024
