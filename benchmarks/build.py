@@ -68,9 +68,11 @@ def format_tag(backend: str) -> str:
     tag = f"b{BUILD_FORMAT}"
     if backend == "file":
         try:
-            from mcp_durable.journal.file import segments
+            from mcp_durable.journal.file import segments, snapshot
 
-            tag += f"-f{segments.FORMAT}"
+            # The snapshot's format too: a journal cached with an earlier one would be measured
+            # converting it (its first open), not opening.
+            tag += f"-f{segments.FORMAT}-s{snapshot.FORMAT}"
         except (ImportError, AttributeError):
             pass
     return tag

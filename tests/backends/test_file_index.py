@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,96 @@ def test_the_hash_table_agrees_with_a_dict_through_inserts_deletes_and_rebuilds(
         if slot is not None:
             assert index.version[slot] == model[h]
         if roll < 0.6:
-            index.put_fields(h, step, 2, 1.0, None, "refund", "local", step, 10, step)
+            index.put_fields(h, step, 2, 1.0, None, "refund", "local", step, 10)
             model[h] = step
         elif roll < 0.8 and slot is not None:
             index.delete(slot)
             del model[h]
     assert len(index) == len(model) == len(index.state) - index.state.count(0)
     assert all(index.version[index.find(h)] == v for h, v in model.items())  # type: ignore[index]
+
+
+def test_a_narrow_column_widens_when_a_value_does_not_fit_and_refuses_one_no_width_holds() -> None:
+    index = CallIndex()
+    h = 12345 << 64 | 678
+    slot = index.put_fields(h, 1, 2, 1.0, None, "refund", "local", 0, 10)
+    assert _widths(index) == ("B", "H")
+    for version in (255, 256, 2**16, 2**32 - 1, 2**32, 2**64 - 1):
+        assert index.put_fields(h, version, 2, 1.0, None, "refund", "local", 0, 70_000) == slot
+        assert index.version[slot] == version and index.size[slot] == 70_000
+    assert _widths(index) == ("Q", "I")
+    with pytest.raises(OverflowError):
+        index.put_narrow("version", slot, 2**64)
+    with pytest.raises(OverflowError):
+        index.put_narrow("version", slot, -1)
+    assert index.version[slot] == 2**64 - 1
+    for n in range(300):  # a 256th tool and principal widen their columns too
+        index.put_fields(n, 1, 2, 1.0, None, f"tool-{n}", f"user-{n}", 0, 10)
+    assert index.tool.typecode == index.principal.typecode == "H"
+    for n in range(300):
+        found = index.find(n)
+        assert found is not None and index.tools.names[index.tool[found]] == f"tool-{n}"
+
+
+def _widths(index: CallIndex) -> tuple[str, str]:
+    """The typecodes of `index`'s version and size columns."""
+    return index.version.typecode, index.size.typecode
+
+
+async def test_widened_columns_and_versions_past_32_bits_survive_a_snapshot_and_a_replay(tmp_path: Path) -> None:
+    journal = FileJournal(tmp_path / "j", durability="relaxed")
+    await journal.open()
+    records = [completed(f"k{i}", None) for i in range(3)]
+    records[1] = replace(records[1], version=2**40 + 7, arguments=b'{"pad":"' + b"x" * 70_000 + b'"}')
+    records[2] = replace(records[2], version=2**64 - 1)
+    try:
+        for record in records:
+            assert (await journal.claim(record, T0))[0]
+        records[1] = replace(records[1], version=2**40 + 8)
+        assert await journal.swap(2**40 + 7, records[1])
+        await journal.snapshot()
+        late = replace(completed("after", None), version=2**33)  # replayed after the snapshot
+        assert (await journal.claim(late, T0))[0]
+        records.append(late)
+    finally:
+        await journal.aclose()
+    again = FileJournal(tmp_path / "j", durability="relaxed")
+    await again.open()
+    try:
+        assert again.recovery is not None and again.recovery.snapshot_used is not None
+        assert again.recovery.entries_replayed == 1
+        assert _widths(again._calls) == ("Q", "I")
+        for record in records:
+            assert await again.get(record.identity) == record
+        assert await again.swap(2**64 - 1, replace(records[2], state=CallState.FAILED)) is True
+        assert await again.swap(2**40 + 7, replace(records[1], version=2**40 + 9)) is False
+    finally:
+        await again.aclose()
+
+
+async def test_tasks_are_found_by_principal_and_id_after_a_snapshot_whatever_their_text(tmp_path: Path) -> None:
+    journal = FileJournal(tmp_path / "j", durability="relaxed")
+    await journal.open()
+    task_ids = ["t-1", "tâche-é-\U0001f642", "t-1"]  # the same id under another principal is another task
+    records = [
+        replace(completed(f"k{i}", None), identity=CallIdentity(f"p{i}", "refund", f"k{i}"), task_id=task_id)
+        for i, task_id in enumerate(task_ids)
+    ]
+    try:
+        for record in records:
+            assert (await journal.claim(record, T0))[0]
+        await journal.snapshot()
+    finally:
+        await journal.aclose()
+    again = FileJournal(tmp_path / "j", durability="relaxed")
+    await again.open()
+    try:
+        assert again.recovery is not None and again.recovery.snapshot_used is not None
+        assert again.recovery.entries_replayed == 0
+        for record in records:
+            assert record.task_id is not None
+            assert await again.get_task(record.identity.principal, record.task_id) == record
+        assert await again.get_task("p0", "tâche-é-\U0001f642") is None  # p1's task, not p0's
+        assert await again.get_task("p1", "t-1") is None
+    finally:
+        await again.aclose()

@@ -4,7 +4,8 @@ record) through claims, state changes, claims over expired records, purges and r
 snapshot, and replaying the frames after one), with runs small enough that every listing
 crosses many of them, and with the tasks listed both from their slot set and from the runs;
 and a journal whose snapshot is of format 2 (the tally in minute buckets, fixture
-`fixtures/file-journal-snapshot-v2/`) lists the same after its open.
+`fixtures/file-journal-snapshot-v2/`) or 3 (wide call columns, a per-slot seq, fixture
+`fixtures/file-journal-snapshot-v3/`) reads and lists the same after its open.
 
 Real journals on real files; the reference is a dict of what was written.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -24,7 +26,7 @@ from mcp_durable.journal import tally as tally_module
 from mcp_durable.journal.base import CallCursor, each_call
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.file import journal as file_journal_module
-from mcp_durable.journal.file.snapshot import list_snapshots
+from mcp_durable.journal.file.snapshot import FORMAT, list_snapshots
 
 T0 = 1_700_000_000.0
 PRINCIPALS = ("alice", "bob", "carol")
@@ -160,21 +162,56 @@ def fixture_record(n: int) -> CallRecord:
     )
 
 
-async def test_a_format_2_snapshot_is_used_and_its_tally_rebuilt_for_listings(tmp_path: Path) -> None:
-    shutil.copytree(SNAPSHOT_V2, tmp_path / "j")
+#: A journal of `fixture_v3_record(0..599)` with a snapshot of format 3 (every call column wide,
+#: a seq per slot, 1,024 slots), written by the release before the narrow columns.
+SNAPSHOT_V3 = Path(__file__).parent / "fixtures" / "file-journal-snapshot-v3"
+
+
+def fixture_v3_record(n: int) -> CallRecord:
+    """Record `n` of the `SNAPSHOT_V3` fixture: `fixture_record(n)` at version `n * 1000 + 1`
+    (up to 599,001: a 4-byte column), record 0 with 70 KB of arguments (a 4-byte size)."""
+    arguments = b'{"pad":"' + b"x" * 70_000 + b'"}' if n == 0 else None
+    return dataclasses.replace(fixture_record(n), version=n * 1000 + 1, arguments=arguments)
+
+
+@pytest.mark.parametrize(
+    ("fixture", "earlier_format", "record_of"),
+    [(SNAPSHOT_V2, 2, fixture_record), (SNAPSHOT_V3, 3, fixture_v3_record)],
+    ids=["format-2", "format-3"],
+)
+async def test_an_earlier_snapshot_is_used_and_read_and_listed_the_same(
+    tmp_path: Path, fixture: Path, earlier_format: int, record_of: Callable[[int], CallRecord]
+) -> None:
+    shutil.copytree(fixture, tmp_path / "j")
     (snapshot,) = list_snapshots(tmp_path / "j")
-    assert orjson.loads(snapshot.read_bytes().split(b"\n", 1)[0])["format"] == 2
-    model = {r.identity: r for r in map(fixture_record, range(600))}
+    assert orjson.loads(snapshot.read_bytes().split(b"\n", 1)[0])["format"] == earlier_format
+    model = {r.identity: r for r in map(record_of, range(600))}
     rng = random.Random(5)
-    for reopen in range(2):  # from the format 2 snapshot, then from the one written after it
+    for reopen in range(2):  # from the earlier snapshot, then from the one written after it
         journal = FileJournal(tmp_path / "j", durability="relaxed")
         await journal.open()
         try:
             assert journal.recovery is not None and journal.recovery.snapshot_used is not None
             assert journal.recovery.entries_replayed == 0
-            # The open replaced the outdated snapshot at once: its rebuild is paid once.
+            # The open replaced the outdated snapshot at once: its conversion is paid once.
             (snapshot,) = list_snapshots(tmp_path / "j")
-            assert orjson.loads(snapshot.read_bytes().split(b"\n", 1)[0])["format"] == 3
+            assert orjson.loads(snapshot.read_bytes().split(b"\n", 1)[0])["format"] == FORMAT
+            # The wide columns narrowed to what their values need.
+            calls = journal._calls
+            names = ("hi", "segment", "offset", "size", "version", "tool", "principal")
+            widths = {name: getattr(calls, name).typecode for name in names}
+            big = earlier_format == 3  # versions up to 599,001 and one 70 KB frame
+            assert widths == {
+                "hi": "H",
+                "segment": "H",
+                "offset": "I",
+                "size": "I" if big else "H",
+                "version": "I" if big else "B",
+                "tool": "B",
+                "principal": "B",
+            }
+            for record in model.values():
+                assert await journal.get(record.identity) == record
             await _check(journal, model, rng)
             assert await journal.count_calls() == CountQuery().count(model.values())
             if reopen == 0:
@@ -189,4 +226,4 @@ async def test_a_format_2_snapshot_is_used_and_its_tally_rebuilt_for_listings(tm
         finally:
             await journal.aclose()
     (snapshot,) = list_snapshots(tmp_path / "j")
-    assert orjson.loads(snapshot.read_bytes().split(b"\n", 1)[0])["format"] == 3
+    assert orjson.loads(snapshot.read_bytes().split(b"\n", 1)[0])["format"] == FORMAT

@@ -41,16 +41,17 @@ size: a segment may end in zero bytes, which are free space, not damage (its dat
 last non-zero byte; a frame ends with a newline). Sealed segments and a cleanly closed journal
 are trimmed to their data.
 
-Index (index.py): per call record ~65 bytes of flat arrays (hash, position, version, state,
-times, tool, principal) plus an open-addressing hash table (an int array) keyed by a 128-bit
-BLAKE2b of `(principal, tool, key)` keyed with the journal's random `hash_key`; every read also
-compares the full identity. Results stay on disk and `get()` preads the frame. Process entries:
+Index (index.py): per call record ~38 bytes of flat arrays (80 bits of the hash, segment,
+offset and size of the latest frame, version, state, times, tool, principal; the narrow ones
+widened when a value does not fit) plus an open-addressing hash table (an int array) keyed by a
+128-bit BLAKE2b of `(principal, tool, key)` keyed with the journal's random `hash_key`; every
+read also compares the full identity. Results stay on disk and `get()` preads the frame. Process entries:
 arrays chained per process (a 64-bit process hash; entries are checked on read), and a count of
 the durable steps per (process hash, step index), so `append_step` knows a step is new in one
 dict lookup (and reads that process's entries only when the count says it may exist).
 
 Recovery (recovery.py): the newest usable snapshot, then every frame after its end, reading
-segments in 8 MiB windows. Snapshots (snapshot.py, format 2: one JSON header line with the
+segments in 8 MiB windows. Snapshots (snapshot.py, format 4: one JSON header line with the
 covered segments, end offset, seq, CRC-32 and section list, then the index arrays raw, hash
 table included, so loading builds nothing) are written every 100,000 frames (by the writer
 that crossed the mark) and at close: temp file, fsync, rename, fsync directory; older ones are

@@ -79,7 +79,8 @@ EMBED_MAX = 16 * 1024
 
 
 def identity_hash(key: bytes, identity: CallIdentity) -> int:
-    """The 128-bit keyed BLAKE2b of an identity: what the in-memory index is keyed by.
+    """The 128-bit keyed BLAKE2b of an identity: what the in-memory index is keyed by (it keeps
+    80 bits of it, `index.HASH_MASK`).
 
     Keyed with the journal's own random key (in the manifest), so nobody can craft keys that
     collide; 128 bits make an accidental collision far rarer than a disk error, and every read

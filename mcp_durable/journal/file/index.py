@@ -1,11 +1,12 @@
 """The in-memory index: where the latest frame of every record is, in a few flat arrays.
 
-Memory is the constraint (a million records must load in well under 300 MB), so nothing here is
-an object per record. A call record is a *slot*: one position in parallel `array`s (its hash,
-frame position and size, sequence number, version, state, times, interned tool and principal),
-about 65 bytes, plus 4 to 12 bytes of an open-addressing table from the identity's 128-bit hash
-to its slot (an array too, saved in snapshots as it is). Results and arguments stay on disk: a
-`get()` reads the frame back.
+Memory is the constraint (ten million records must open in 600 MB), so nothing here is an
+object per record. A call record is a *slot*: one position in parallel `array`s (its hash, frame
+position (segment and offset) and size, version, state, times, interned tool and principal),
+38 bytes while its narrow columns' values stay small (`NARROW`: segment numbers below 65,536,
+frames below 64 KiB, versions and the numbers of tools and principals below 256), plus 4 to 12 bytes of an
+open-addressing table from the identity's hash to its slot (an array too, saved in snapshots as
+it is). Results and arguments stay on disk: a `get()` reads the frame back.
 
 Counts by (principal, tool, state) and the slots by creation time (per principal) and by expiry
 time are kept beside the arrays (`tally.RecordTally`, about 4 bytes per record and time), so
@@ -34,7 +35,16 @@ from ..model import CallRecord, CallState
 from ..tally import Facts, RecordTally
 
 MASK64 = (1 << 64) - 1
+HI_BITS = 16
+HI_MASK = (1 << HI_BITS) - 1
+#: The bits of an identity's 128-bit hash the index keeps (`lo` and `hi`): 80. Two identities of
+#: ten million share them with a chance of about 4 in 10^11, and a read compares the whole
+#: identity (a clash is reported as one, never answered with the other record).
+HASH_MASK = (1 << (64 + HI_BITS)) - 1
+#: The type codes a narrow column goes through as its values grow, narrowest first.
+WIDTHS = ("B", "H", "I", "Q")
 SEGMENT_SHIFT = 40  # a position is segment number << 40 | byte offset (segments stay < 1 TiB)
+OFFSET_MASK = (1 << SEGMENT_SHIFT) - 1
 NO_EXPIRY = float("inf")
 DEAD = 0
 EMPTY = -1
@@ -58,7 +68,15 @@ def pack(segment: int, offset: int) -> int:
 
 
 def unpack(position: int) -> tuple[int, int]:
-    return position >> SEGMENT_SHIFT, position & ((1 << SEGMENT_SHIFT) - 1)
+    return position >> SEGMENT_SHIFT, position & OFFSET_MASK
+
+
+def split_positions(positions: array[int]) -> tuple[array[int], array[int]]:
+    """Packed positions (`pack`) as their segment numbers and offsets, each in the narrowest
+    of `WIDTHS` that holds them (from "H" and "I", the columns' own)."""
+    segments = narrowest(array("Q", (p >> SEGMENT_SHIFT for p in positions)), "H")
+    offsets = narrowest(array("Q", (p & OFFSET_MASK for p in positions)), "I")
+    return segments, offsets
 
 
 class Interned:
@@ -75,17 +93,62 @@ class Interned:
             self.names.append(name)
         return found
 
+    def shared(self, name: str) -> str:
+        """`name` as the string object held here (one copy in memory however many hold it), or
+        `name` itself when it is not here."""
+        found = self.ids.get(name)
+        return name if found is None else self.names[found]
+
 
 class Columns:
     """A struct of arrays: one `array` attribute per `(name, typecode)` of `ARRAYS`, created
     empty. `ARRAYS` is also what the snapshot saves and loads, so a column's typecode is
-    stated once."""
+    stated once. A column named in `NARROW` starts at that (narrow, unsigned) typecode and is
+    widened through `WIDTHS` by `put_narrow` when a value does not fit: its typecode is then the
+    array's own, which is what a snapshot saves."""
 
     ARRAYS: ClassVar[tuple[tuple[str, str], ...]] = ()
+    NARROW: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self) -> None:
         for name, code in self.ARRAYS:
             setattr(self, name, array(code))
+
+    def put_narrow(self, name: str, slot: int, value: int) -> None:
+        """Set `value` in slot `slot` of the narrow column `name`, widening the column first if
+        it does not fit (a copy of the column, once per width it passes). `OverflowError` for a
+        value no width holds (negative, or 2^64 and above), as a plain 'Q' column raised."""
+        column: array[int] = getattr(self, name)
+        try:
+            column[slot] = value
+        except OverflowError:
+            column = widened(column, value)
+            setattr(self, name, column)
+            column[slot] = value
+
+
+def fits(code: str, value: int) -> bool:
+    """Whether `value` is an unsigned integer that an array of `code` holds."""
+    return 0 <= value < 1 << (8 * array(code).itemsize)
+
+
+def widened(column: array[int], value: int) -> array[int]:
+    """A copy of `column` in the narrowest of `WIDTHS` wider than its own that holds `value`;
+    `OverflowError` when none does."""
+    for code in WIDTHS[WIDTHS.index(column.typecode) + 1 :]:
+        if fits(code, value):
+            return array(code, column)
+    raise OverflowError(f"{value} does not fit an unsigned 64-bit column")
+
+
+def narrowest(column: array[int], start: str) -> array[int]:
+    """`column` in the narrowest of `WIDTHS`, from `start` on, that holds all its values (itself
+    when that is its own typecode): a snapshot of an earlier format saved these columns wide."""
+    top = max(column, default=0)
+    for code in WIDTHS[WIDTHS.index(start) :]:
+        if fits(code, top):
+            return column if code == column.typecode else array(code, column)
+    raise OverflowError(f"{top} does not fit an unsigned 64-bit column")
 
 
 class CallIndex(Columns):
@@ -93,29 +156,34 @@ class CallIndex(Columns):
 
     `table` (an `array("i")`, a power of two long, at most 70 % used) maps a hash to its slot by
     linear probing from its low bits; `-1` is an empty bucket, `-2` one whose slot was deleted.
-    Probes compare the whole 128-bit hash (`lo`, `hi`), so there is no collision to handle, and
-    the table is saved in the snapshot as it is: loading a million records builds nothing.
+    Probes compare the 80 bits of the hash the index keeps (`lo`, `hi`: `HASH_MASK`), so a
+    clash is left to the reader's identity check, and the table is saved in the snapshot as it
+    is: loading ten million records builds nothing.
+
+    No sequence number is kept per slot: a slot whose latest frame may not be on disk yet is in
+    `queued` (its frame's seq), the others' frames are on disk.
     """
 
     ARRAYS = (
         ("lo", "Q"),
-        ("hi", "Q"),
-        ("pos", "Q"),
-        ("size", "I"),
-        ("seq", "Q"),
-        ("version", "Q"),
+        ("hi", "H"),
+        ("segment", "H"),
+        ("offset", "I"),
+        ("size", "H"),
+        ("version", "B"),
         ("created", "d"),
         ("expires", "d"),
-        ("tool", "I"),
-        ("principal", "I"),
+        ("tool", "B"),
+        ("principal", "B"),
         ("table", "i"),
     )
+    NARROW = frozenset({"segment", "offset", "size", "version", "tool", "principal"})
 
     lo: array[int]
     hi: array[int]
-    pos: array[int]
+    segment: array[int]
+    offset: array[int]
     size: array[int]
-    seq: array[int]
     version: array[int]
     created: array[float]
     expires: array[float]
@@ -131,16 +199,21 @@ class CallIndex(Columns):
         self.principals = Interned()
         #: Dead slots, the next one to use last (popped).
         self.free = array("I")
-        #: (principal, task id) → (identity hash, tool, key) of the record that is that task. Tasks
-        #: are few next to calls, so a dict; saved in the snapshot header. Entries of purged
-        #: records are dropped by `prune_tasks`; a stale one is harmless (reads compare the task id).
-        self.tasks: dict[tuple[str, str], tuple[int, str, str]] = {}
-        #: The identity hashes among `tasks`' values: a record whose hash is not here is no task
-        #: (one that is here may be no task any more: readers compare the record's task id).
+        #: principal → task id → the index's hash (`HASH_MASK` bits) of the record that is that
+        #: task: the record is found by its hash, read, and its principal and task id compared.
+        #: Tasks are few next to calls, so dicts (saved in the snapshot as sections). Entries of
+        #: purged records are dropped by `prune_tasks`; a stale one is harmless (reads compare).
+        self.tasks: dict[str, dict[str, int]] = {}
+        #: The hashes among `tasks`' values (the same int objects): a record whose hash is not
+        #: here is no task (one that is here may be no task any more: readers compare its task id).
         self.task_hashes: set[int] = set()
         #: The slots of the records in each open state (`OPEN_CODES`), kept by `put_fields` and
         #: `delete`; not saved in snapshots (`after_load` finds them in `state`).
         self.open: dict[int, set[int]] = {code: set() for code in OPEN_CODES}
+        #: Slot → seq of its latest frame, for frames that may not be on disk yet (`queue`);
+        #: a slot not here has its latest frame on disk. Not saved: a snapshot's are on disk.
+        self.queued: dict[int, int] = {}
+        self._queued_limit = QUEUED_MIN
         self.live = 0
         self.used = 0  # buckets not EMPTY (live and deleted)
         self._live_size: int | None = 0  # bytes of the live records' frames (None: to be summed)
@@ -183,10 +256,33 @@ class CallIndex(Columns):
             i = (i + 1) & mask
 
     def find(self, h: int) -> int | None:
-        bucket = self._bucket(h & MASK64, h >> 64)
+        bucket = self._bucket(h & MASK64, h >> 64 & HI_MASK)
         return self.table[bucket] if bucket >= 0 else None
 
-    def put(self, h: int, record: CallRecord, position: int, size: int, seq: int) -> int:
+    def queue(self, slot: int, seq: int, durable: int) -> None:
+        """Note that `slot`'s latest frame is `seq`, maybe not on disk yet; `durable` is the
+        highest seq known to be on disk. Slots whose frame is on disk by then are forgotten in
+        one pass each time `queued` doubles, so it stays about the frames in flight."""
+        queued = self.queued
+        queued[slot] = seq
+        if len(queued) >= self._queued_limit:
+            self.queued = {s: q for s, q in queued.items() if q > durable}
+            self._queued_limit = max(QUEUED_MIN, 2 * len(self.queued))
+
+    def position(self, slot: int) -> int:
+        """Where `slot`'s latest frame is (`pack(segment, offset)`)."""
+        return self.segment[slot] << SEGMENT_SHIFT | self.offset[slot]
+
+    def set_position(self, slot: int, position: int) -> None:
+        segment, offset = unpack(position)
+        self.put_narrow("segment", slot, segment)
+        self.put_narrow("offset", slot, offset)
+
+    def queued_seq(self, slot: int) -> int:
+        """The seq of `slot`'s latest frame if it may not be on disk yet, else 0."""
+        return self.queued.get(slot, 0)
+
+    def put(self, h: int, record: CallRecord, position: int, size: int) -> int:
         """Point the identity `h` at its latest frame; returns its slot."""
         return self.put_fields(
             h,
@@ -198,7 +294,6 @@ class CallIndex(Columns):
             record.identity.principal,
             position,
             size,
-            seq,
         )
 
     def put_fields(
@@ -212,9 +307,10 @@ class CallIndex(Columns):
         principal: str,
         position: int,
         size: int,
-        seq: int,
     ) -> int:
-        lo, hi = h & MASK64, h >> 64
+        """Point the identity hash `h` at its latest frame (`position`, `size`) with these
+        fields; returns its slot."""
+        lo, hi = h & MASK64, h >> 64 & HI_MASK
         bucket = self._bucket(lo, hi)
         if bucket < 0 and (self.used + 1) * 10 > len(self.table) * 7:
             self.rehash()  # before the new slot exists, so the rebuilt table has room for it
@@ -223,15 +319,14 @@ class CallIndex(Columns):
         before = self.facts(slot) if bucket >= 0 else None
         if self._live_size is not None:
             self._live_size += size - (self.size[slot] if bucket >= 0 else 0)
-        self.pos[slot] = position
-        self.size[slot] = size
-        self.seq[slot] = seq
-        self.version[slot] = version
+        self.set_position(slot, position)
+        self.put_narrow("size", slot, size)
+        self.put_narrow("version", slot, version)
         self.state[slot] = state
         self.created[slot] = created
         self.expires[slot] = NO_EXPIRY if expires is None else expires
-        self.tool[slot] = self.tools.id(tool)
-        self.principal[slot] = self.principals.id(principal)
+        self.put_narrow("tool", slot, self.tools.id(tool))
+        self.put_narrow("principal", slot, self.principals.id(principal))
         self.tally.changed(slot, before, self.facts(slot))
         was = DEAD if before is None else cast(int, before[2])
         if was != state:
@@ -261,18 +356,34 @@ class CallIndex(Columns):
             return {s for h in self.task_hashes if (s := self.find(h)) is not None}
         return range(len(self.state))
 
-    def put_task(self, task_id: str | None, h: int, principal: str, tool: str, key: str) -> None:
+    def put_task(self, task_id: str | None, h: int, principal: str) -> None:
+        """Note that the record of identity hash `h` (of `principal`) is task `task_id` (None: none)."""
         if task_id is not None:
-            self.tasks[(principal, task_id)] = (h, tool, key)
-            self.task_hashes.add(h)
+            tasks = self.tasks.get(principal)
+            if tasks is None:
+                tasks = self.tasks[self.principals.shared(principal)] = {}
+            tasks[task_id] = kept = h & HASH_MASK
+            self.task_hashes.add(kept)
+
+    def task_hash(self, principal: str, task_id: str) -> int | None:
+        """The index's hash of the record that is (or was) task `task_id` of `principal`."""
+        tasks = self.tasks.get(principal)
+        return None if tasks is None else tasks.get(task_id)
 
     def prune_tasks(self) -> None:
         """Forget tasks whose record is gone (after a purge)."""
         if self.tasks:
-            self.tasks = {k: v for k, v in self.tasks.items() if self.find(v[0]) is not None}
-            self.task_hashes = {h for h, _, _ in self.tasks.values()}
+            find = self.find
+            pruned = {p: {t: h for t, h in tasks.items() if find(h) is not None} for p, tasks in self.tasks.items()}
+            self.tasks = {p: tasks for p, tasks in pruned.items() if tasks}
+            self.task_hashes = self._hashes_of_tasks()
+
+    def _hashes_of_tasks(self) -> set[int]:
+        return {h for tasks in self.tasks.values() for h in tasks.values()}
 
     def hash_of(self, slot: int) -> int:
+        """The hash the index keeps of `slot`'s identity: its full hash's `HASH_MASK` bits (as
+        `task_hashes` holds them)."""
         return self.hi[slot] << 64 | self.lo[slot]
 
     def _new_slot(self, lo: int, hi: int, bucket: int) -> int:
@@ -289,7 +400,10 @@ class CallIndex(Columns):
     def _grow(self) -> None:
         """Add spare (dead) slots to every array at once: one extend each, not one append per record."""
         n = len(self.state)
-        extra = max(1024, n // 8)
+        # A fixed step, not a share of `n`: each array over-allocates on its own (a sixteenth,
+        # and pages not yet written are not resident), so growing is still cheap, and the slots
+        # a journal adds after its snapshot's (which leaves the spare ones out) cost what they hold.
+        extra = GROW_SLOTS
         for name, _ in self.ARRAYS[:-1]:
             column: array[Any] = getattr(self, name)
             column.frombytes(bytes(extra * column.itemsize))
@@ -299,6 +413,7 @@ class CallIndex(Columns):
     def delete(self, slot: int) -> None:
         self.tally.changed(slot, self.facts(slot), None)
         self._reopen(slot, self.state[slot], DEAD)
+        self.queued.pop(slot, None)
         if self._live_size is not None:
             self._live_size -= self.size[slot]
         bucket = self._bucket(self.lo[slot], self.hi[slot])
@@ -358,7 +473,8 @@ class CallIndex(Columns):
             while i >= 0:
                 slots.add(i)
                 i = self.state.find(code, i + 1)
-        self.task_hashes = {h for h, _, _ in self.tasks.values()}
+        self.task_hashes = self._hashes_of_tasks()
+        self.queued = {}
         # The dead slots by runs (the spare slots of the last growth are one run), in C: a
         # Python step per dead slot cost a second at ten million records.
         free = array("I")
@@ -369,6 +485,11 @@ class CallIndex(Columns):
 
 
 _DEAD_RUNS = re.compile(rb"\x00+")
+#: Slots added to every array at once when none is free (`CallIndex._grow`).
+GROW_SLOTS = 1024
+#: `CallIndex.queued` is swept of frames on disk when it reaches this many slots (or twice what
+#: the last sweep kept).
+QUEUED_MIN = 1024
 
 
 def _slots() -> array[int]:

@@ -374,8 +374,9 @@ class FileJournal:
             raise JournalCorruptError(str(path), offset, f"the frame's payload is not JSON: {exc}") from exc
         return result
 
-    async def _load_call(self, identity: CallIdentity, h: int) -> tuple[int, CallRecord] | None:
-        """The durable latest record of `identity` with its seq, or None."""
+    async def _load_call(self, identity: CallIdentity | None, h: int) -> tuple[int, CallRecord] | None:
+        """The durable latest record of `identity` with its frame's position, or None (`identity`
+        None: of whatever identity has the index's hash `h`; the caller compares)."""
         if not self.read_only:
             try:
                 self._heal()
@@ -392,20 +393,21 @@ class FileJournal:
             slot = self._calls.find(h)
             if slot is None:
                 return None
-            seq = self._calls.seq[slot]
+            seq = self._calls.queued_seq(slot)
             if seq > commit.durable_seq:  # never answer with a record that is not on disk yet
                 await commit.wait_seq(seq)
                 continue
-            record = record_from_dict(self._read(self._calls.pos[slot], self._calls.size[slot])["r"])
-            if record.identity != identity:
+            position = self._calls.position(slot)
+            record = record_from_dict(self._read(position, self._calls.size[slot])["r"])
+            if identity is not None and record.identity != identity:
                 raise JournalError(f"index hash collision between {identity} and {record.identity}")
-            return seq, record
+            return position, record
 
     def _put(self, h: int, record: CallRecord) -> Batch:
         seq, position, size, batch = self._submit(call_payload(record))
-        self._calls.put(h, record, position, size, seq)
-        i = record.identity
-        self._calls.put_task(record.task_id, h, i.principal, i.tool, i.key)
+        slot = self._calls.put(h, record, position, size)
+        self._calls.queue(slot, seq, self._opened().durable_seq)
+        self._calls.put_task(record.task_id, h, record.identity.principal)
         self._signals.notify(record.identity)
         return batch
 
@@ -444,11 +446,11 @@ class FileJournal:
         return sorted(found, key=sort_key, reverse=True)
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
-        where = self._calls.tasks.get((principal, task_id))
-        if where is None:
+        h = self._calls.task_hash(principal, task_id)
+        found = None if h is None else await self._load_call(None, h)
+        if found is None or found[1].identity.principal != principal or found[1].task_id != task_id:
             return None
-        found = await self.get(CallIdentity(principal, where[1], where[2]))
-        return found if found is not None and found.task_id == task_id else None
+        return found[1]
 
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         self._writable()
@@ -497,7 +499,8 @@ class FileJournal:
             if found is None or not found[1].held_by(fence):
                 return None
             slot = self._calls.find(h)
-            if slot is not None and self._calls.seq[slot] == found[0]:  # unchanged while we read it
+            # Unchanged while we read it: a new frame is never where an earlier one was.
+            if slot is not None and self._calls.position(slot) == found[0]:
                 return found[1]
 
     def _has_step(self, phash: int, process_id: str, index: int) -> bool:
@@ -574,7 +577,7 @@ class FileJournal:
         """Read the records in `slots` (one creation time), add those `query` selects to `out`
         in listing order."""
         idx = self._calls
-        group = [record_from_dict(self._read(idx.pos[s], idx.size[s])["r"]) for s in slots]
+        group = [record_from_dict(self._read(idx.position(s), idx.size[s])["r"]) for s in slots]
         out.extend(sorted(filter(query.matches, group), key=sort_key, reverse=True))
 
     async def purge_expired(self, now: float) -> int:
@@ -607,7 +610,9 @@ class FileJournal:
             gone = []
             tasks = False
             for slot in slots:
-                r = record_from_dict(self._read(idx.pos[slot], idx.size[slot], queued=idx.seq[slot] > durable)["r"])
+                r = record_from_dict(
+                    self._read(idx.position(slot), idx.size[slot], queued=idx.queued_seq(slot) > durable)["r"]
+                )
                 gone.append((r.identity, r.run_id))
                 tasks = tasks or r.task_id is not None
         except BaseException:
@@ -834,8 +839,8 @@ class FileJournal:
         calls, entries = self._calls, self._entries
         items: list[tuple[int, int, int]] = []
         for slot in range(len(calls.state)):
-            if calls.state[slot] != DEAD and unpack(calls.pos[slot])[0] in order:
-                items.append((calls.pos[slot], calls.size[slot], slot))
+            if calls.state[slot] != DEAD and calls.segment[slot] in order:
+                items.append((calls.position(slot), calls.size[slot], slot))
         dropped = set(self._dropped)
         for i in range(len(entries)):
             if i not in dropped and unpack(entries.pos[i])[0] in order:
@@ -859,8 +864,8 @@ class FileJournal:
         kept_records = kept_entries = 0
         for (position, _, ref), offset in zip(items, offsets, strict=True):
             if ref >= 0:
-                if calls.pos[ref] == position:  # unchanged during the copy
-                    calls.pos[ref] = pack(target, offset)
+                if calls.position(ref) == position:  # unchanged during the copy
+                    calls.set_position(ref, pack(target, offset))
                 kept_records += 1
             else:
                 entries.pos[~ref] = pack(target, offset)

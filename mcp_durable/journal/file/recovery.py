@@ -65,9 +65,9 @@ def apply(
         identity, version, state, created, expires, task_id = index_fields(d["r"])
         h = identity_hash(hash_key, identity)
         calls.put_fields(
-            h, version, STATE_CODES[state], created, expires, identity.tool, identity.principal, position, size, seq
+            h, version, STATE_CODES[state], created, expires, identity.tool, identity.principal, position, size
         )
-        calls.put_task(task_id, h, identity.principal, identity.tool, identity.key)
+        calls.put_task(task_id, h, identity.principal)
     elif kind == "call":  # an earlier release's frame: the record as an object, its hash beside it
         r = d["r"]
         calls.put_fields(
@@ -80,9 +80,8 @@ def apply(
             r["principal"],
             position,
             size,
-            seq,
         )
-        calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"], r["tool"], r["key"])
+        calls.put_task(r.get("task_id"), int(d["h"], 16), r["principal"])
     elif kind == "entry":
         entry_type = d["entry_type"]
         entries.add(

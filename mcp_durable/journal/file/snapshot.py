@@ -2,7 +2,7 @@
 
 A snapshot (`snapshot-<seq hex>.snap`) is one JSON header line, then the index arrays raw:
 
-    {"format":3,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
+    {"format":4,"seq":…,"segments":["seg-…",…],"end":…,"byteorder":"little","crc":…,
      "sections":[["call.lo","Q",nbytes],…],"tools":[…],"principals":[…]}\\n<sections…>
 
 Sections `tally.*` and the header's `counts` (the call index's `RecordTally`: counts by
@@ -10,7 +10,13 @@ principal, tool and state, slots by creation and by expiry time) came with `coun
 snapshot without them is used, and the tally is rebuilt from its arrays in one pass. Format 3
 saves the tally's runs (`tally.runs.*`, `tally.expiry_runs.*`: a start, a length and the slots
 of each run); a format 2 snapshot (minute buckets per principal, `tally.created.*`) is read, and
-its tally rebuilt from the arrays.
+its tally rebuilt from the arrays. Format 4 saves the call index's narrow columns at the
+typecode they have (`CallIndex.NARROW`), each frame's position as a segment number and an
+offset, a 2-byte `call.hi` (the 80 bits of the hash the index keeps), no `call.seq` (saved
+frames are on disk), only the slots up to the last live one, and the tasks as sections
+(`call.tasks.*`) rather than in the header; a format 2 or 3 snapshot is converted as it is
+loaded, and the journal writes a format 4 one at its open (`outdated`). An earlier release
+refuses a format 4 snapshot (an unknown format) and reads the segments instead.
 
 Sections `entry.steps.*` (the step counts, `EntryIndex.steps`) came with durable steps: a
 snapshot without them (an earlier release's) is not damaged, but recovery does not use it and
@@ -30,19 +36,36 @@ import os
 import sys
 import zlib
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import orjson
 
 from ..tally import RecordTally
-from .index import CallIndex, EntryIndex, Interned, split_step_key, step_key
+from .index import (
+    MASK64,
+    WIDTHS,
+    CallIndex,
+    EntryIndex,
+    Interned,
+    narrowest,
+    split_positions,
+    split_step_key,
+    step_key,
+)
 from .segments import fsync_dir, segment_name, segment_number, write_synced
 
-FORMAT = 3  # 2: the call index's hash table is saved too; 3: the tally's runs (`tally.TimeRuns`)
-#: Formats read: a format 2 snapshot's tally (minute buckets) is rebuilt from its arrays.
-READ_FORMATS = (2, 3)
+#: 2: the call index's hash table is saved too; 3: the tally's runs (`tally.TimeRuns`); 4: the
+#: call index's narrow columns, a 4-byte `hi`, no `seq`.
+FORMAT = 4
+#: Formats read: a format 2 snapshot's tally (minute buckets) is rebuilt from its arrays, a
+#: format 2 or 3 snapshot's call columns narrowed (`_narrowed`).
+READ_FORMATS = (2, 3, 4)
+#: A section of slots per run, read into one array per run (its lengths come before it), so the
+#: runs are loaded without a second copy of all their slots.
+RUN_SECTIONS = {"tally.runs.refs": "tally.runs.lengths", "tally.expiry_runs.refs": "tally.expiry_runs.lengths"}
 PREFIX = "snapshot-"
 SUFFIX = ".snap"
 
@@ -67,17 +90,22 @@ class SnapshotData:
     sections: list[tuple[str, str, bytes]]
     tools: list[str]
     principals: list[str]
-    tasks: list[list[str]]
     counts: list[tuple[Any, ...]]
     used: int
 
 
 def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int) -> SnapshotData:
-    """Copy the index (array copies: fast, and consistent because the loop does not yield)."""
+    """Copy the index (array copies: fast, and consistent because the loop does not yield).
+
+    The call index's slots after the last live one (the spare ones of its last growth) are left
+    out: no bucket names them, and a load is that much smaller."""
+    slots = len(calls.state.rstrip(b"\x00"))  # DEAD is 0
     sections: list[tuple[str, str, bytes]] = []
-    for name, code in CallIndex.ARRAYS:
-        sections.append((f"call.{name}", code, getattr(calls, name).tobytes()))
-    sections.append(("call.state", "B", bytes(calls.state)))
+    for name, _ in CallIndex.ARRAYS:
+        column: array[Any] = getattr(calls, name)
+        kept = column if name == "table" else memoryview(column)[:slots]
+        sections.append((f"call.{name}", column.typecode, kept.tobytes()))
+    sections.append(("call.state", "B", bytes(memoryview(calls.state)[:slots])))
     for name, code in EntryIndex.ARRAYS:
         sections.append((f"entry.{name}", code, getattr(entries, name).tobytes()))
     for name in ("last", "checkpoint"):
@@ -93,13 +121,33 @@ def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int
     sections.append(("entry.steps.hashes", "Q", hashes.tobytes()))
     sections.append(("entry.steps.indexes", "q", indexes.tobytes()))
     sections.append(("entry.steps.counts", "Q", array("Q", entries.steps.values()).tobytes()))
-    tasks = [
-        [principal, task_id, f"{h:032x}", tool, key] for (principal, task_id), (h, tool, key) in calls.tasks.items()
-    ]
+    sections.extend(_task_sections(calls))
     sections.extend(_tally_sections(calls.tally))
     counts = list(calls.tally.counts.items())
     names = list(calls.tools.names), list(calls.principals.names)
-    return SnapshotData(seq, segments, end, sections, *names, tasks, counts, calls.used)
+    return SnapshotData(seq, segments, end, sections, *names, counts, calls.used)
+
+
+def _task_sections(calls: CallIndex) -> list[tuple[str, str, bytes]]:
+    """`CallIndex.tasks` as sections: per task its principal (its number), its record's hash in
+    two halves, and its task id (their UTF-8 lengths, then every one's bytes one after another),
+    so a load builds the dicts without a parsed row per task."""
+    principals, los, his = array("I"), array("Q"), array("Q")
+    task_ids: list[bytes] = []
+    for principal, tasks in calls.tasks.items():
+        number = calls.principals.ids[principal]
+        for task_id, h in tasks.items():
+            principals.append(number)
+            los.append(h & MASK64)
+            his.append(h >> 64)
+            task_ids.append(task_id.encode("utf-8", "surrogatepass"))
+    return [
+        ("call.tasks.principals", "I", principals.tobytes()),
+        ("call.tasks.lo", "Q", los.tobytes()),
+        ("call.tasks.hi", "Q", his.tobytes()),
+        ("call.tasks.id_lengths", "I", array("I", map(len, task_ids)).tobytes()),
+        ("call.tasks.ids", "B", b"".join(task_ids)),
+    ]
 
 
 def _tally_sections(tally: RecordTally[int]) -> list[tuple[str, str, bytes]]:
@@ -131,7 +179,14 @@ def _tally_sections(tally: RecordTally[int]) -> list[tuple[str, str, bytes]]:
     ]
 
 
-def _load_tally(calls: CallIndex, header: dict[str, Any], blobs: dict[str, array[Any] | bytearray]) -> bool:
+#: The section read as a bytearray (the call index's state); every other one is an array.
+BYTES_SECTION = "call.state"
+#: A section as read: `BYTES_SECTION` as bytes, `RUN_SECTIONS` as one array per run, the others
+#: as an array.
+Section: TypeAlias = "array[Any] | bytearray | list[array[Any]]"
+
+
+def _load_tally(calls: CallIndex, header: dict[str, Any], blobs: dict[str, Section]) -> bool:
     """Put the tally a snapshot holds into `calls`, or rebuild it from the arrays when the
     snapshot is of a release without it, or with its minute buckets (format 2): True then."""
     if "counts" not in header or "tally.expiry_runs.refs" not in blobs:
@@ -140,27 +195,31 @@ def _load_tally(calls: CallIndex, header: dict[str, Any], blobs: dict[str, array
     tally = calls.tally
     for principal, tool, state, n in header["counts"]:
         tally.counts.add(principal, tool, state, n)
-    principals, tools, starts, lengths, refs = (
-        _array(blobs, f"tally.runs.{n}") for n in ("principals", "tools", "starts", "lengths", "refs")
-    )
-    # A slice per run (a run is a few hundred slots): the load costs the runs, not the slots.
-    at = 0
-    for principal, tool, start, length in zip(principals, tools, starts, lengths, strict=True):
-        tally.stream(principal, tool).put_run(start, refs[at : at + length])
-        at += length
-    starts, lengths, refs = (_array(blobs, f"tally.expiry_runs.{n}") for n in ("starts", "lengths", "refs"))
-    at = 0
-    for start, length in zip(starts, lengths, strict=True):
-        tally.expiry.put_run(start, refs[at : at + length])
-        at += length
+    principals, tools, starts = (_array(blobs, f"tally.runs.{n}") for n in ("principals", "tools", "starts"))
+    # The runs were read one array each (`RUN_SECTIONS`): the load costs the runs, not the slots.
+    runs = _runs(blobs, "tally.runs.refs")
+    for principal, tool, start, run in zip(principals, tools, starts, runs, strict=True):
+        tally.stream(principal, tool).put_run(start, run)
+    for start, run in zip(
+        _array(blobs, "tally.expiry_runs.starts"), _runs(blobs, "tally.expiry_runs.refs"), strict=True
+    ):
+        tally.expiry.put_run(start, run)
     return False
 
 
-def _array(blobs: dict[str, array[Any] | bytearray], name: str) -> array[Any]:
+def _array(blobs: dict[str, Section], name: str) -> array[Any]:
     """Section `name` as an array (`TypeError`, which `load` reports, when it is not one)."""
     value = blobs[name]
     if not isinstance(value, array):
         raise TypeError(f"section {name} is not an array")
+    return value
+
+
+def _runs(blobs: dict[str, Section], name: str) -> list[array[Any]]:
+    """Section `name` read as one array per run (`TypeError`, which `load` reports, when not)."""
+    value = blobs[name]
+    if not isinstance(value, list):
+        raise TypeError(f"section {name} is not read by runs")
     return value
 
 
@@ -179,7 +238,6 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
         "tools": data.tools,
         "principals": data.principals,
-        "tasks": data.tasks,
         "counts": data.counts,
         "used": data.used,
     }
@@ -224,7 +282,7 @@ def load(path: Path) -> LoadedSnapshot:
     try:
         calls, outdated = _rebuild_calls(header, blobs)
         entries, has_steps = _rebuild_entries(blobs)
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError, IndexError) as exc:
         raise SnapshotError(f"snapshot lacks a section: {exc}") from exc
     found = [segment_number(n) for n in header["segments"]]
     numbers = tuple(n for n in found if n is not None)
@@ -242,24 +300,27 @@ def load(path: Path) -> LoadedSnapshot:
     )
 
 
-def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, array[Any] | bytearray]]:
-    """The header and every section by name (code "B" as bytes, the others as arrays), their
-    checksum verified; raises `SnapshotError` for an unknown format, a short file, a checksum
-    mismatch or an unreadable file or header."""
+def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, Section]]:
+    """The header and every section by name (`BYTES_SECTION` as bytes, those of `RUN_SECTIONS` as a
+    list of arrays, one per run, the others as arrays), their checksum verified; raises
+    `SnapshotError` for an unknown format, a short file, a checksum mismatch or an unreadable
+    file or header."""
     try:
         with open(path, "rb") as f:
             header: dict[str, Any] = orjson.loads(f.readline())
             if header.get("format") not in READ_FORMATS or header.get("byteorder") != sys.byteorder:
                 raise SnapshotError("unknown snapshot format")
-            blobs: dict[str, array[Any] | bytearray] = {}
+            blobs: dict[str, Section] = {}
             crc = 0
             for name, code, nbytes in header["sections"]:
-                value = _section(code, nbytes)
-                # Read straight into the section's memory: no copy, no second buffer.
-                if f.readinto(memoryview(value).cast("B")) != nbytes:
-                    raise SnapshotError("snapshot is shorter than its header says")
-                crc = zlib.crc32(value, crc)
-                blobs[name] = value
+                lengths = blobs.get(RUN_SECTIONS.get(name, ""))
+                pieces = _section(name, code, nbytes) if lengths is None else _run_arrays(code, nbytes, lengths)
+                for piece in pieces if isinstance(pieces, list) else (pieces,):
+                    # Read straight into the section's memory: no copy, no second buffer.
+                    if f.readinto(memoryview(piece).cast("B")) != len(piece) * _itemsize(piece):
+                        raise SnapshotError("snapshot is shorter than its header says")
+                    crc = zlib.crc32(piece, crc)
+                blobs[name] = pieces
             if crc != header["crc"]:
                 raise SnapshotError("snapshot checksum mismatch")
     except (OSError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
@@ -267,10 +328,22 @@ def _read_sections(path: Path) -> tuple[dict[str, Any], dict[str, array[Any] | b
     return header, blobs
 
 
-def _section(code: str, nbytes: int) -> array[Any] | bytearray:
-    """Room for one section of `nbytes`: a bytearray for code "B", else an array of that type
-    code (`ValueError` when `nbytes` is not a whole number of its items)."""
-    if code == "B":
+def _itemsize(value: array[Any] | bytearray) -> int:
+    return value.itemsize if isinstance(value, array) else 1
+
+
+def _run_arrays(code: str, nbytes: int, lengths: Section) -> list[array[Any]]:
+    """Room for a section of runs: one array of `code` per length of `lengths` (`ValueError`
+    when they do not add up to `nbytes`)."""
+    if not isinstance(lengths, array) or nbytes != sum(lengths) * array(code).itemsize:
+        raise ValueError(f"section of {nbytes} bytes does not hold runs of the lengths before it")
+    return [array(code, [0]) * length for length in lengths]
+
+
+def _section(name: str, code: str, nbytes: int) -> array[Any] | bytearray:
+    """Room for section `name` of `nbytes`: a bytearray for `BYTES_SECTION` (of code "B"), else
+    an array of that type code (`ValueError` when `nbytes` is not a whole number of its items)."""
+    if name == BYTES_SECTION and code == "B":
         return bytearray(nbytes)
     arr = array(code)
     if nbytes % arr.itemsize:
@@ -278,29 +351,91 @@ def _section(code: str, nbytes: int) -> array[Any] | bytearray:
     return array(code, [0]) * (nbytes // arr.itemsize)
 
 
-def _rebuild_calls(header: dict[str, Any], blobs: dict[str, array[Any] | bytearray]) -> tuple[CallIndex, bool]:
-    """The call index from its sections and the header's names and tasks, and whether its tally
-    was rebuilt (`_load_tally`); raises `SnapshotError`
-    when its arrays do not fit together (a missing or malformed section raises `KeyError`,
-    `ValueError`, `TypeError` or `AttributeError`, which `load` reports)."""
+def _rebuild_calls(header: dict[str, Any], blobs: dict[str, Section]) -> tuple[CallIndex, bool]:
+    """The call index from its sections and the header's names and tasks, and whether it is
+    outdated: its tally rebuilt (`_load_tally`) or its columns narrowed (`_column`); raises
+    `SnapshotError` when its arrays do not fit together (a missing or malformed section raises
+    `KeyError`, `ValueError`, `TypeError` or `AttributeError`, which `load` reports)."""
     calls = CallIndex()
-    for name, _ in CallIndex.ARRAYS:
-        setattr(calls, name, blobs[f"call.{name}"])
+    narrowed, earlier = False, header["format"] < 4
+    if earlier:  # one packed position per slot then (`index.pack`)
+        blobs["call.segment"], blobs["call.offset"] = split_positions(_array(blobs, "call.pos"))
+    for name, code in CallIndex.ARRAYS:
+        column, converted = _column(name, code, _array(blobs, f"call.{name}"), earlier)
+        setattr(calls, name, column)
+        narrowed = narrowed or converted
     state = blobs["call.state"]
-    calls.state = state if isinstance(state, bytearray) else bytearray(state)
+    calls.state = state if isinstance(state, bytearray) else bytearray(_array(blobs, "call.state"))
     calls.tools = Interned(header["tools"])
     calls.principals = Interned(header["principals"])
-    # Absent from snapshots written before tasks existed (there were none then).
-    calls.tasks = {(p, t): (int(h, 16), tool, key) for p, t, h, tool, key in header.get("tasks", ())}
+    if "call.tasks.lo" in blobs:
+        calls.tasks = _tasks(blobs, calls)
+    else:  # an earlier format's, in the header (absent from those written before tasks existed)
+        calls.tasks = _header_tasks(header.pop("tasks", []), calls)
     size = len(calls.table)
     lengths_differ = any(len(getattr(calls, n)) != len(calls.state) for n, _ in CallIndex.ARRAYS[:-1])
     if size < 2 or size & (size - 1) or lengths_differ:
         raise SnapshotError("snapshot arrays do not fit together")
     calls.after_load(header.get("used"))
-    return calls, _load_tally(calls, header, blobs)
+    return calls, _load_tally(calls, header, blobs) or narrowed
 
 
-def _rebuild_entries(blobs: dict[str, array[Any] | bytearray]) -> tuple[EntryIndex, bool]:
+def _tasks(blobs: dict[str, Section], calls: CallIndex) -> dict[str, dict[str, int]]:
+    """`CallIndex.tasks` from its sections (`_task_sections`); `ValueError` or `IndexError`
+    when they do not fit together."""
+    principals, los, his, id_lengths = (
+        _array(blobs, f"call.tasks.{n}") for n in ("principals", "lo", "hi", "id_lengths")
+    )
+    task_ids = _texts(_array(blobs, "call.tasks.ids"), id_lengths)
+    names = calls.principals.names
+    tasks: dict[str, dict[str, int]] = {}
+    for p, lo, hi, task_id in zip(principals, los, his, task_ids, strict=True):
+        tasks.setdefault(names[p], {})[task_id] = hi << 64 | lo
+    return tasks
+
+
+def _texts(blob: array[Any], lengths: array[Any]) -> Iterator[str]:
+    """The strings of `lengths` UTF-8 bytes each that `blob` holds one after another (each
+    decoded from its own bytes: no copy of the whole)."""
+    if sum(lengths) != len(blob):
+        raise ValueError("a section of texts does not hold the lengths before it")
+    data, at = memoryview(blob), 0
+    for length in lengths:
+        yield str(data[at : at + length], "utf-8", "surrogatepass")
+        at += length
+
+
+def _header_tasks(rows: list[list[str]], calls: CallIndex) -> dict[str, dict[str, int]]:
+    """`CallIndex.tasks` from an earlier format's header rows `[principal, task id, hash hex,
+    tool, key]`, which are consumed (each freed once it is in the dicts)."""
+    rows.reverse()
+    while rows:
+        principal, task_id, h, _, _ = rows.pop()
+        calls.put_task(task_id, int(h, 16), principal)
+    return calls.tasks
+
+
+def _column(name: str, code: str, column: array[Any], earlier: bool) -> tuple[array[Any], bool]:
+    """Column `name` (typecode `code` in `CallIndex.ARRAYS`) as a snapshot saved it, made what
+    the index keeps, and whether it had to be converted. A narrow column (`CallIndex.NARROW`)
+    is kept at the width it was saved at (one of `WIDTHS`), or narrowed when the snapshot is of
+    an `earlier` format (2 or 3, which saved it wide whatever its values); their 8-byte `hi` is
+    cut to the bits the index keeps. Any other typecode is refused (`TypeError`)."""
+    if name in CallIndex.NARROW and column.typecode in WIDTHS:
+        if not earlier:
+            return column, False
+        narrowed = narrowest(column, code)
+        return narrowed, narrowed is not column
+    if column.typecode == code:
+        return column, False
+    if name == "hi" and column.typecode == "Q" and earlier:
+        # The low 2 bytes of each 8-byte value, in the machine's byte order (the header's).
+        words = memoryview(column).cast("B").cast("H")
+        return array("H", words[0::4] if sys.byteorder == "little" else words[3::4]), True
+    raise TypeError(f"section call.{name} has typecode {column.typecode!r}, not {code!r}")
+
+
+def _rebuild_entries(blobs: dict[str, Section]) -> tuple[EntryIndex, bool]:
     """The entry index from its sections, and whether the snapshot has the step counts (an
     earlier release's has not: `LoadedSnapshot.has_steps`). A missing or malformed section
     raises `KeyError`, `ValueError`, `TypeError` or `AttributeError`, which `load` reports."""
