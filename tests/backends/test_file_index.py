@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -138,18 +140,13 @@ async def test_widened_columns_and_versions_past_32_bits_survive_a_snapshot_and_
         records.append(late)
     finally:
         await journal.aclose()
-    again = FileJournal(tmp_path / "j", durability="relaxed")
-    await again.open()
-    try:
-        assert again.recovery is not None and again.recovery.snapshot_used is not None
-        assert again.recovery.entries_replayed == 1
+    async with _reopened_from_snapshot(tmp_path / "j") as again:
+        assert again.recovery is not None and again.recovery.entries_replayed == 1
         assert _widths(again._calls) == ("Q", "I")
         for record in records:
             assert await again.get(record.identity) == record
         assert await again.swap(2**64 - 1, replace(records[2], state=CallState.FAILED)) is True
         assert await again.swap(2**40 + 7, replace(records[1], version=2**40 + 9)) is False
-    finally:
-        await again.aclose()
 
 
 async def test_tasks_are_found_by_principal_and_id_after_a_snapshot_whatever_their_text(tmp_path: Path) -> None:
@@ -166,15 +163,22 @@ async def test_tasks_are_found_by_principal_and_id_after_a_snapshot_whatever_the
         await journal.snapshot()
     finally:
         await journal.aclose()
-    again = FileJournal(tmp_path / "j", durability="relaxed")
-    await again.open()
-    try:
-        assert again.recovery is not None and again.recovery.snapshot_used is not None
-        assert again.recovery.entries_replayed == 0
+    async with _reopened_from_snapshot(tmp_path / "j") as again:
+        assert again.recovery is not None and again.recovery.entries_replayed == 0
         for record in records:
             assert record.task_id is not None
             assert await again.get_task(record.identity.principal, record.task_id) == record
         assert await again.get_task("p0", "tâche-é-\U0001f642") is None  # p1's task, not p0's
         assert await again.get_task("p1", "t-1") is None
+
+
+@asynccontextmanager
+async def _reopened_from_snapshot(directory: Path) -> AsyncIterator[FileJournal]:
+    """The journal in `directory` opened again, having loaded a snapshot; closed on exit."""
+    journal = FileJournal(directory, durability="relaxed")
+    await journal.open()
+    try:
+        assert journal.recovery is not None and journal.recovery.snapshot_used is not None
+        yield journal
     finally:
-        await again.aclose()
+        await journal.aclose()
