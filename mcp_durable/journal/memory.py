@@ -272,7 +272,7 @@ def _name(key: Hashable) -> str:
 
 
 def _state_name(key: Hashable) -> str:
-    return key.value if isinstance(key, CallState) else str(key)
+    return CallState(key).value  # the facts' state is always the member (`_facts_of`)
 
 
 def _with_lease(record: CallRecord, lease_until: float) -> CallRecord:

@@ -155,11 +155,11 @@ class Instruments:
         now = time.monotonic()
         if now < self._quiet_until:
             return False
-        tracing = self.trace.get_tracer_provider()
-        meters = self.metrics.get_meter_provider()
-        if not (api_stand_in(tracing) and api_stand_in(meters)):
+        tracing_set = not api_stand_in(self.trace.get_tracer_provider())
+        meters_set = not api_stand_in(self.metrics.get_meter_provider())
+        if tracing_set or meters_set:
             # Each provider can be set once; with both set this stays true for good.
-            self._reporting = not (api_stand_in(tracing) or api_stand_in(meters))
+            self._reporting = tracing_set and meters_set
             return True
         self._quiet_until = now + QUIET_RECHECK_S
         return False
