@@ -185,6 +185,10 @@ class Engine:
         #: Recently seen COMPLETED / FAILED records and their replay answers (`_remember`), shared
         #: by the engines of this process on `journal`; None on a journal other processes write.
         self._finals = finals_of(journal)
+        #: On a journal other processes write: the replay answers made of the final records
+        #: repeats read, each kept with the record it was made of and used only for a record
+        #: read equal to it (`_remember`). Not a cache of reads: every repeat still reads.
+        self._answers: Finals = {}
         #: Whose PENDING records are alive, this instance's running calls counted (live_owners.py).
         self.owners = LiveOwners(journal, self.instance_id)
         self.leases = LeaseKeeper(journal, self.instance_id, self.clock)
@@ -200,6 +204,7 @@ class Engine:
         """Stop the background runs, journal `stopping → stopped` and close the journal."""
         if self._finals is not None:
             self._finals.clear()
+        self._answers.clear()
         await lifecycle.close(self)
 
     async def sweep(self) -> int:
@@ -251,16 +256,22 @@ class Engine:
         whenever it changes a record to a non-final state (`notify_changed`). On a journal other
         processes write (SQLite shared, Postgres), a replica cannot see another's re-run, so
         there is no cache and every repeat reads the journal (one claim that writes nothing,
-        `claim_reads`). `execute` checks the expiry and fingerprint of a cached record first.
+        `claim_reads`); what is kept there (`_answers`) is only the answer made of a record, used
+        again for a record read that is equal to it field by field (the same result, version,
+        completion), so a re-run, a purge and a new claim of the key all miss it. `execute`
+        checks the expiry and fingerprint of a cached record first.
         Filled when a repeat reads a final record (most calls are never repeated); bounded to
         `FINALS_KEPT` records whose result is at most `FINALS_MAX_RESULT` bytes, oldest out
-        first. The face's answer is made once and kept with it (`render_replay`): this is the
-        only replay cache. Returns the replay answer of `record`.
+        first. The face's answer is made once and kept with it (`render_replay`). Returns the
+        replay answer of `record`.
         """
-        outcome = replayed(record)
         finals = self._finals
         if finals is None:
-            return outcome
+            finals = self._answers
+            known = finals.get(record.identity)
+            if known is not None and known[0] == record:
+                return known[1]  # the answer made of this very record
+        outcome = replayed(record)
         if record.result is not None and len(record.result) > FINALS_MAX_RESULT:
             finals.pop(record.identity, None)
             return outcome
