@@ -47,6 +47,12 @@ async def _agree(journal: Journal) -> None:
         assert await journal.count_calls(query) == query.count(records)
 
 
+async def _completed(journal: Journal, key: str) -> None:
+    """A COMPLETED record of alice's: what the kept rows count (an open one is counted when read)."""
+    _, stored = await journal.claim(pending(key, principal="alice"), T0)
+    assert await journal.swap(stored.version, stored.evolve(state=CallState.COMPLETED, owner=None))
+
+
 async def test_replicas_writing_at_once_are_counted_and_a_fold_changes_no_count(schema_url: str) -> None:
     replicas = [create_journal(schema_url) for _ in range(2)]
     for replica in replicas:
@@ -77,13 +83,14 @@ async def test_a_fold_never_waits_for_a_writer_holding_its_rows(schema_url: str)
     journal = create_journal(schema_url)
     await journal.open()
     try:
-        await journal.claim(pending("a", principal="alice"), T0)
+        await _completed(journal, "a")
         async with await psycopg.AsyncConnection.connect(postgres_or_skip()) as writer:
             async with writer.transaction():
-                # A claim in flight: the trigger's row of this session is locked until commit.
+                # A final record written in flight (an import): the trigger's row of this session
+                # is locked until commit.
                 await writer.execute(
                     f"INSERT INTO {_schema(schema_url)}.calls (principal, tool, key, fingerprint, state, version, "
-                    "run_id, attempts, created_at, updated_at) VALUES ('alice', 'refund', 'b', 'f', 'pending', 1, "
+                    "run_id, attempts, created_at, updated_at) VALUES ('alice', 'refund', 'b', 'f', 'completed', 1, "
                     "'r', 1, %s, %s)",
                     (T0, T0),
                 )
@@ -101,7 +108,7 @@ async def test_a_read_that_finds_rows_of_many_sessions_folds_them(schema_url: st
     journal = create_journal(schema_url)
     await journal.open()
     try:
-        await journal.claim(pending("a", principal="alice"), T0)
+        await _completed(journal, "a")
         await journal.append("p", "x", {}, T0)
         s = _schema(schema_url)
         with psycopg.connect(postgres_or_skip(), autocommit=True) as conn:
@@ -116,5 +123,30 @@ async def test_a_read_that_finds_rows_of_many_sessions_folds_them(schema_url: st
         assert (await journal.stats()).entries == 1
         with psycopg.connect(postgres_or_skip()) as conn:
             assert conn.execute(f"SELECT count(*) FROM {s}.entry_counts").fetchone() == (1,)
+    finally:
+        await journal.aclose()
+
+
+async def test_a_claim_writes_no_count_and_open_records_are_counted_when_read(schema_url: str) -> None:
+    """Migration 7: PENDING and IN_DOUBT records are counted from `calls_open` when read, so a
+    claim (and a repeat's claim) writes no count row; a completion moves the record into the kept
+    rows, written by the swap statement itself (its session is trusted to: the update trigger
+    leaves it alone, or the completion would be counted twice)."""
+    journal = create_journal(schema_url)
+    await journal.open()
+    try:
+        stored = []
+        for n in range(5):
+            _, record = await journal.claim(pending(f"k{n}", principal=("alice", "bob")[n % 2]), T0 + n)
+            stored.append(record)
+        await journal.claim(pending("k0", principal="alice"), T0 + 9)  # a repeat
+        assert _count_rows(schema_url) == []
+        assert (await journal.count_calls()).by_state == {"pending": 5}
+        assert (await journal.count_calls(CountQuery(principal="bob"))).by_state == {"pending": 2}
+        first = stored[0]
+        assert await journal.swap(first.version, first.evolve(state=CallState.COMPLETED, owner=None))
+        assert [(p, t, st, n) for p, t, st, _, n in _count_rows(schema_url)] == [("alice", "refund", "completed", 1)]
+        await _agree(journal)
+        assert [r.identity.key for r in await journal.find_calls("refund", "k1")] == ["k1"]  # found while open
     finally:
         await journal.aclose()

@@ -1,12 +1,16 @@
 """The Postgres journal's kept counts (migration 5): `count_calls` and `stats` without reading records.
 
-Triggers keep `call_counts` (records by principal, tool and state) and `entry_counts` (process
-entries) in the transaction of every change, one row per group and writing session (`shard`,
-its backend pid), so writers never wait on a count. A reader sums the rows of what it asks for;
-rows of sessions long gone pile up (a pool replaces its connections), so when a read finds
-many more rows than groups it folds them into shard 0 (`fold`): one statement that takes only
-rows no transaction holds (`SKIP LOCKED`), so it never waits for a writer, and a writer waits
-at most for it. The oldest record comes from the indexes on `created_at`.
+`call_counts` holds the final records (COMPLETED, FAILED, RELEASED, CANCELLED) by principal,
+tool and state, and `entry_counts` the process entries, changed in the transaction of every
+change, one row per group and writing session (`shard`, its backend pid), so writers never wait
+on a count. Since migration 7 the journal's own statements move the call counts
+(`journal.count_moved`) and triggers count what other sessions change; the open records
+(PENDING, IN_DOUBT), which a claim makes and a completion ends, are not kept but counted when
+read, from the partial index that holds only them (`calls_open`): a claim writes no count.
+A reader sums the rows of what it asks for; rows of sessions long gone pile up (a pool replaces
+its connections), so when a read finds many more rows than groups it folds them into shard 0
+(`fold`): one statement that takes only rows no transaction holds (`SKIP LOCKED`), so it never
+waits for a writer, and a writer waits at most for it. The oldest record comes from the indexes on `created_at`.
 
 A time range is counted from the records created in it (the same indexes), grouped in SQL.
 """
@@ -19,7 +23,7 @@ from typing import Any
 from ...errors import JournalError
 from ..base import CallCounts, CountQuery
 from ..model import JournalStats
-from ..sql_rows import counts_of, ranged_count_sql
+from ..sql_rows import OPEN_CALLS, counts_of, ranged_count_sql
 from .schema import PRINCIPAL_KEY
 
 Fetch = Callable[[str, tuple[Any, ...] | list[Any]], Awaitable[list[tuple[Any, ...]]]]
@@ -36,7 +40,13 @@ class KeptCounts:
     def __init__(self, schema: str, calls: str, entries: str, fetch: Fetch, execute: Execute) -> None:
         self._calls, self._entries, self._fetch, self._execute = calls, entries, fetch, execute
         counts, entry_counts = f"{schema}.call_counts", f"{schema}.entry_counts"
-        groups = "SELECT principal, tool, state, sum(n) AS n, count(*) AS rows FROM {counts} {where} GROUP BY 1, 2, 3"
+        # The final records' groups from the kept rows, and the open ones (PENDING, IN_DOUBT:
+        # not kept since migration 7) counted from `calls_open`, which holds only them.
+        groups = (
+            "SELECT principal, tool, state, sum(n) AS n, count(*) AS rows FROM {counts} {where} GROUP BY 1, 2, 3 "
+            f"UNION ALL SELECT principal, tool, state, count(*), 0 FROM {calls} WHERE {OPEN_CALLS} {{open_mine}} "
+            "GROUP BY 1, 2, 3"
+        )
         # One statement, so the counts and the oldest record are of one snapshot; one row (of
         # NULL groups) when nothing is counted. The oldest record is the first of an index in
         # `created_at` order (`calls_by_created`; a principal's, `calls_by_principal_created`
@@ -47,15 +57,17 @@ class KeptCounts:
             "SELECT g.principal, g.tool, g.state, g.n, g.rows, o.oldest "
             f"FROM o LEFT JOIN ({groups}) AS g ON true"
         )
-        self._all_sql = counted.format(calls=calls, counts=counts, mine="", where="")
+        self._all_sql = counted.format(calls=calls, counts=counts, mine="", where="", open_mine="")
         mine, where = f"WHERE {PRINCIPAL_KEY} = %s", "WHERE principal = %s"
-        self._mine_sql = counted.format(calls=calls, counts=counts, mine=mine, where=where)
+        self._mine_sql = counted.format(
+            calls=calls, counts=counts, mine=mine, where=where, open_mine="AND principal = %s"
+        )
         self._stats_sql = (
             f"WITH o AS (SELECT {oldest.format(calls=calls, mine='')} AS oldest, "
             f"(SELECT sum(n) FROM {entry_counts}) AS entries, (SELECT count(*) FROM {entry_counts}) AS entry_rows, "
             "pg_total_relation_size(%s) + pg_total_relation_size(%s) AS size) "
             "SELECT g.principal, g.tool, g.state, g.n, g.rows, o.oldest, o.entries, o.entry_rows, o.size "
-            f"FROM o LEFT JOIN ({groups.format(counts=counts, where='')}) AS g ON true"
+            f"FROM o LEFT JOIN ({groups.format(counts=counts, where='', open_mine='')}) AS g ON true"
         )
         # Rows no transaction holds move to shard 0, summed; a group whose sum is 0 leaves none.
         self._fold_sql = (
@@ -83,7 +95,7 @@ class KeptCounts:
         if query.principal is None:
             rows = await self._fetch(self._all_sql, ())
         else:
-            rows = await self._fetch(self._mine_sql, (query.principal, query.principal))
+            rows = await self._fetch(self._mine_sql, (query.principal, query.principal, query.principal))
         await self._fold_if_spread(rows, 0)
         return counts_of(((p, t, s, None, n, None) for p, t, s, n, _, _ in rows if p is not None), rows[0][5])
 

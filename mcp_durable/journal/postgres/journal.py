@@ -78,7 +78,7 @@ from ..masked_urls import display_url
 from ..model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 from ..record_json import step_data, step_index
 from ..sql_rows import CALL_COLUMNS as _COLUMNS
-from ..sql_rows import LISTING_ORDER, listing_clause
+from ..sql_rows import LISTING_ORDER, OPEN_CALLS, listing_clause
 from ..sql_rows import call_record as _record
 from ..sql_rows import call_row as _params
 from ..sql_rows import process_entry as _entry
@@ -86,7 +86,7 @@ from .batch import Batcher
 from .counts import KeptCounts
 from .lane import Lane, Lanes
 from .listener import Listener
-from .schema import migrate, quote_ident
+from .schema import COUNTED_BY_STATEMENT, COUNTED_SETTING, migrate, quote_ident
 from .settings import PostgresSettings
 
 Row = tuple[Any, ...]
@@ -167,6 +167,30 @@ LANES_MIN_POOL = 5
 #: No statement of the journal needs either join method: its joins
 #: are all batch-to-key lookups, and its other statements do not join.
 _PLANNER = "-c enable_hashjoin=off -c enable_mergejoin=off"
+#: The journal's sessions count their own changes of `calls` (`count_moved`; migration 7).
+_COUNTED = f"-c {COUNTED_SETTING}={COUNTED_BY_STATEMENT}"
+
+
+#: A final state in SQL (the records the kept counts hold since migration 7; `base.OPEN_STATES`
+#: are counted when read, from `calls_open`).
+_FINAL = "NOT IN ('pending', 'in_doubt')"
+
+
+def count_moved(counts: str) -> str:
+    """The statement, for a `WITH` of its own, that moves the kept counts (`counts`, the schema's
+    `call_counts`) along the rows of a CTE `moved(principal, tool, state, was)`: each row's new
+    state counted once more where it is final, the state it left (`was`) once less where that
+    was final; one upsert per group into this session's row (`postgres/counts.py`). The
+    journal's connections say they count so (`COUNTED_SETTING`): the update trigger of
+    migration 7 leaves their changes to this."""
+    return (
+        f"INSERT INTO {counts} AS k (principal, tool, state, shard, n) "
+        "SELECT principal, tool, state, pg_backend_pid(), sum(d) FROM ("
+        f"SELECT principal, tool, state, 1 AS d FROM moved WHERE state {_FINAL} "
+        f"UNION ALL SELECT principal, tool, was, -1 FROM moved WHERE was {_FINAL}) AS m "
+        "GROUP BY principal, tool, state HAVING sum(d) <> 0 "
+        "ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = k.n + excluded.n"
+    )
 
 
 class _Append(NamedTuple):
@@ -263,11 +287,26 @@ class PostgresJournal:
         # The claim: insert, or replace an expired record; else return the record that stands.
         # The second branch reads with the statement's snapshot, so a row committed by a
         # concurrent claim after that snapshot is not seen there: `claim` re-reads then.
+        counts = f"{s}.call_counts"
+        typed = ", ".join(f"%s::{t}" for t in _TYPES)
+        # The claim: insert, or replace an expired record; else return the record that stands.
+        # The second branch reads with the statement's snapshot, so a row committed by a
+        # concurrent claim after that snapshot is not seen there: `claim` re-reads then. The
+        # expired record it replaces is locked first (`o`), so its state is the one replaced
+        # and leaves the kept counts (`count_moved`; the replacement is PENDING, uncounted).
         self._claim_sql = (
-            f"WITH claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
+            f"WITH o AS (SELECT principal, tool, state FROM {self._calls} WHERE {_IDENTITY} "
+            "AND expires_at IS NOT NULL AND expires_at <= %s FOR UPDATE), "
+            # The row comes from a SELECT that reads `o` first: the sub-statements of a WITH
+            # run in no set order, and `o` read after the insert had replaced the row would
+            # find nothing to lock (the row changed by this very statement) and count nothing.
+            f"claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) "
+            f"SELECT {typed} FROM (SELECT count(*) FROM o) AS locked "
             f"ON CONFLICT (principal, tool, key) DO UPDATE SET {updates} "
             f"WHERE {self._calls}.expires_at IS NOT NULL AND {self._calls}.expires_at <= %s "
-            f"RETURNING {_COLUMNS}, watched) "
+            f"RETURNING {_COLUMNS}, watched), "
+            "moved AS (SELECT c.principal, c.tool, c.state, o.state AS was FROM claimed c, o), "
+            f"counted AS ({count_moved(counts)}) "
             f"SELECT true, {_COLUMNS}, watched FROM claimed UNION ALL "
             f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
             "AND NOT EXISTS (SELECT 1 FROM claimed)"
@@ -275,22 +314,25 @@ class PostgresJournal:
         # A lone claim (see `Batcher`): the insert alone. Reading back the record that stood in
         # the same statement made every lone miss 13% slower (341 against 283 µs per statement,
         # interleaved), most of it the 20-column row a won claim returned; a lone claim that
-        # meets a stored record (a repeat the engine has not cached) reads it back in a second
-        # statement, the batch statement's shape for one row, which writes nothing either.
+        # meets a stored record (a repeat the engine has not cached) reads it with a plain
+        # SELECT (`_get_sql`): a second insert would fire the kept counts' statement trigger
+        # once more for nothing (docs/benchmarks.md, "Replays on the SQL journals").
         self._insert_one_sql = (
             f"INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
             "ON CONFLICT (principal, tool, key) DO NOTHING RETURNING 1"
         )
-        self._claim_one_sql = (
-            f"WITH claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
-            f"ON CONFLICT (principal, tool, key) DO NOTHING RETURNING 1) "
-            f"SELECT true, {', '.join(['NULL'] * len(_NAMES))}, false FROM claimed UNION ALL "
-            f"SELECT false, {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY} "
-            "AND NOT EXISTS (SELECT 1 FROM claimed)"
-        )
         self._watch_sql = f"UPDATE {self._calls} SET watched = true WHERE {_IDENTITY} AND version = %s"
         sets = ", ".join(f"{c} = %s" for c in _MUTABLE)
-        self._swap_sql = f"UPDATE {self._calls} SET {sets} WHERE {_IDENTITY} AND version = %s"
+        # A swap reads the state it leaves from the record it replaces (`o`, as `_swap_many_sql`
+        # does), so the kept counts follow it in the same statement (`count_moved`).
+        self._swap_sql = (
+            f"WITH moved AS (UPDATE {self._calls} c SET {sets} FROM {self._calls} o "
+            "WHERE c.principal = %s AND c.tool = %s AND c.key = %s AND c.version = %s "
+            "AND o.principal = c.principal AND o.tool = c.tool AND o.key = c.key AND o.version = c.version "
+            "RETURNING c.principal, c.tool, c.state, o.state AS was), "
+            f"counted AS ({count_moved(counts)}) "
+            "SELECT count(*) FROM moved"
+        )
         # The batch statements: the rows as one JSON parameter (`_rows_json`).
         c_cols = ", ".join(f"c.{n}" for n in _NAMES)
         on_identity = " AND ".join(f'c.{n} = v.{n} COLLATE "C"' for n in ("principal", "tool", "key"))
@@ -308,12 +350,23 @@ class PostgresJournal:
             f"SELECT {c_cols}, c.watched FROM {self._calls} c JOIN unnest(%s::text[], %s::text[], %s::text[]) "
             f"AS v(principal, tool, key) ON {on_identity}"
         )
+        # `o` is the record as the statement's snapshot shows it at the expected version, joined
+        # without a lock: the state it leaves. A version-keeping write committed meanwhile (a
+        # lease renewal, a waiter's mark) makes the update follow the row to its newest
+        # version, which has the same version and so the same state (every change of state
+        # moves the version); one that moved the version leaves the row unmatched. Locking `o`
+        # instead (FOR UPDATE) cost a lock record per row, more than the statement trigger it
+        # replaced (docs/benchmarks.md, "Kept counts on Postgres without statement triggers").
         swap_sets = ", ".join(f"{c} = v.{c}" for c in _MUTABLE)
         self._swap_many_sql = (
-            f"UPDATE {self._calls} c SET {swap_sets} "
-            f"FROM (SELECT {_DECODED}, r.expected FROM json_to_recordset(%s::json) "
-            f"AS r({_RECORDSET}, expected bigint)) AS v "
-            f"WHERE {on_identity} AND c.version = v.expected RETURNING c.principal, c.tool, c.key"
+            f"WITH v AS (SELECT {_DECODED}, r.expected FROM json_to_recordset(%s::json) "
+            f"AS r({_RECORDSET}, expected bigint)), "
+            f"moved AS (UPDATE {self._calls} c SET {swap_sets} FROM v, {self._calls} o "
+            f"WHERE {on_identity} AND c.version = v.expected AND o.principal = c.principal AND o.tool = c.tool "
+            "AND o.key = c.key AND o.version = v.expected "
+            "RETURNING c.principal, c.tool, c.key, c.state, o.state AS was), "
+            f"counted AS ({count_moved(counts)}) "
+            "SELECT principal, tool, key FROM moved"
         )
         self._get_sql = f"SELECT {_COLUMNS}, watched FROM {self._calls} WHERE {_IDENTITY}"
         held = f"SELECT 1 FROM {self._calls} WHERE {_HELD}"
@@ -469,7 +522,7 @@ class PostgresJournal:
         s = self.settings
         # Our settings join any `options` the URL gives (kwargs would replace them).
         given = conninfo_to_dict(s.conninfo).get("options") or ""
-        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)} {_PLANNER}".strip()
+        options = f"{given} -c statement_timeout={int(s.statement_timeout * 1000)} {_PLANNER} {_COUNTED}".strip()
         pool: psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Row]] = psycopg_pool.AsyncConnectionPool(
             s.conninfo,
             min_size=s.pool_min,
@@ -597,7 +650,9 @@ class PostgresJournal:
         # batch's snapshot, a second claim of one identity in the batch.
         while True:
             self._note_read_started(i)
-            rows = await self._fetchall(self._claim_sql, (*_params(record), now, i.principal, i.tool, i.key))
+            rows = await self._fetchall(
+                self._claim_sql, (i.principal, i.tool, i.key, now, *_params(record), now, i.principal, i.tool, i.key)
+            )
             if rows and rows[0][0]:
                 self._signals.notify(i)
                 return True, record
@@ -641,18 +696,15 @@ class PostgresJournal:
 
     async def _claim_one(self, record: CallRecord) -> tuple[bool, CallRecord, bool] | _Alone:
         """`_claim_batch` for a lone record: a single-row insert, and when a record stands, a
-        second statement that reads it (inserting after all if it is gone meanwhile)."""
+        second statement that reads it (ALONE when it is gone meanwhile: `claim` decides then)."""
         lane = self._lanes.free()
-        values = _params(record)
-        if await self._fetchall(self._insert_one_sql, values, lane):
+        if await self._fetchall(self._insert_one_sql, _params(record), lane):
             return True, record, False
         i = record.identity
-        rows = await self._fetchall(self._claim_one_sql, (*values, i.principal, i.tool, i.key), lane)
-        if not rows:
-            return ALONE  # lost to a claim committed after the statement's snapshot
-        if rows[0][0]:
-            return True, record, False
-        return False, _record(rows[0][1:-1]), bool(rows[0][-1])
+        row = await self._fetchone(self._get_sql, (i.principal, i.tool, i.key), lane)
+        if row is None:
+            return ALONE  # purged between the two statements
+        return False, _record(row), bool(row[-1])  # watched: after the columns
 
     async def get(self, identity: CallIdentity) -> CallRecord | None:
         self._note_read_started(identity)
@@ -685,15 +737,17 @@ class PostgresJournal:
         return None if row is None else (_record(row), bool(row[-1]))  # watched: after the columns
 
     async def find_calls(self, tool: str, key: str) -> list[CallRecord]:
-        # The principals with a record of the tool (the kept counts know them), each looked up by
-        # the primary key: no index on (tool, key) for every claim to keep.
+        # The principals with a record of the tool (the kept counts know those with a final one,
+        # `calls_open` those with an open one), each looked up by the primary key: no index on
+        # (tool, key) for every claim to keep.
         counts = f"{quote_ident(self.settings.schema)}.call_counts"
         sql = (
             f"SELECT {_COLUMNS} FROM {self._calls} WHERE principal = ANY(ARRAY("
-            f"SELECT principal FROM {counts} WHERE tool = %s GROUP BY principal HAVING sum(n) > 0)) "
+            f"SELECT principal FROM {counts} WHERE tool = %s GROUP BY principal HAVING sum(n) > 0 "
+            f"UNION SELECT principal FROM {self._calls} WHERE {OPEN_CALLS} AND tool = %s)) "
             f"AND tool = %s AND key = %s {LISTING_ORDER}"
         )
-        return [_record(row) for row in await self._fetchall(sql, (tool, tool, key))]
+        return [_record(row) for row in await self._fetchall(sql, (tool, tool, tool, key))]
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
         row = await self._fetchone(
@@ -731,12 +785,12 @@ class PostgresJournal:
     async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
         expected_version, record = item
         i = record.identity
-        return (
-            await self._rowcount(
-                self._swap_sql, (*_params(record)[3:], i.principal, i.tool, i.key, expected_version), self._lanes.free()
-            )
-            == 1
+        row = await self._fetchone(
+            self._swap_sql,
+            (*_params(record)[3:], i.principal, i.tool, i.key, expected_version),
+            self._lanes.free(),
         )
+        return row is not None and row[0] == 1
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         count = await self._rowcount(self._renew_sql, (lease_until, *_held(identity, fence)))

@@ -22,6 +22,13 @@ from ...errors import JournalError
 from ..base import AUDIT_PROCESS
 from ..sql_rows import LEGACY_REASON_SQL
 
+#: The setting a session that counts its own changes of `calls` carries (migration 7): the
+#: journal's connections set it (`journal.py`, `COUNTED_OPTION`), and the update trigger counts
+#: the changes of every other session. Shipped in that trigger: never change it.
+COUNTED_SETTING = "mcp_durable.counted"
+COUNTED_BY_STATEMENT = "by_statement"
+NOT_COUNTED_BY_STATEMENT = f"current_setting('{COUNTED_SETTING}', true) IS DISTINCT FROM '{COUNTED_BY_STATEMENT}'"
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
@@ -206,6 +213,61 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX calls_open ON {s}.calls (state, created_at, principal, tool, key, task_id) "
             "WHERE state IN ('pending', 'in_doubt')",
             "DROP INDEX {s}.calls_by_state",
+        ),
+    ),
+    Migration(
+        7,
+        "kept counts of final records only, written by the journal's own statements; open records "
+        "counted from calls_open; row triggers count only what other sessions change",
+        (
+            # Why (docs/benchmarks.md, "Kept counts on Postgres without statement triggers"): a
+            # statement trigger with transition tables copied every changed row and ran a
+            # grouped upsert through SPI in every claim and completion, a replay's claim
+            # included; a sequential miss paid two of them. Now a claim writes no count at all
+            # (PENDING and IN_DOUBT records, few and in `calls_open`, are counted when read), and
+            # a change into or out of a final state is counted by the statement that makes it
+            # (`journal.py`, `COUNT_MOVED`), in the same transaction. A session that says so
+            # (`COUNTED_SETTING`: the journal's own connections) is trusted to; any other writer
+            # (an operator's SQL, a tool of our own) is still counted, row by row.
+            "DROP TRIGGER calls_counted_insert ON {s}.calls",
+            "DROP TRIGGER calls_counted_update ON {s}.calls",
+            "DROP TRIGGER calls_counted_delete ON {s}.calls",
+            """CREATE FUNCTION {s}.count_final_call() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF TG_OP <> 'INSERT' AND OLD.state NOT IN ('pending', 'in_doubt') THEN
+                    INSERT INTO {s}.call_counts AS c (principal, tool, state, shard, n)
+                    VALUES (OLD.principal, OLD.tool, OLD.state, pg_backend_pid(), -1)
+                    ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = c.n + excluded.n;
+                END IF;
+                IF TG_OP <> 'DELETE' AND NEW.state NOT IN ('pending', 'in_doubt') THEN
+                    INSERT INTO {s}.call_counts AS c (principal, tool, state, shard, n)
+                    VALUES (NEW.principal, NEW.tool, NEW.state, pg_backend_pid(), 1)
+                    ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = c.n + excluded.n;
+                END IF;
+                RETURN NULL;
+            END $$""",
+            """CREATE FUNCTION {s}.count_final_calls_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO {s}.call_counts AS c (principal, tool, state, shard, n)
+                SELECT principal, tool, state, pg_backend_pid(), -count(*) FROM old_rows
+                WHERE state NOT IN ('pending', 'in_doubt')
+                GROUP BY principal, tool, state ORDER BY principal, tool, state
+                ON CONFLICT (principal, tool, state, shard) DO UPDATE SET n = c.n + excluded.n;
+                RETURN NULL;
+            END $$""",
+            # Inserted final records (an import): from every session; a claim inserts an open one.
+            "CREATE TRIGGER calls_counted_insert AFTER INSERT ON {s}.calls FOR EACH ROW "
+            "WHEN (NEW.state NOT IN ('pending', 'in_doubt')) EXECUTE FUNCTION {s}.count_final_call()",
+            # Changes of other sessions only: the journal's statements count their own.
+            "CREATE TRIGGER calls_counted_update AFTER UPDATE ON {s}.calls FOR EACH ROW "
+            "WHEN ((OLD.principal, OLD.tool, OLD.state) IS DISTINCT FROM (NEW.principal, NEW.tool, NEW.state) "
+            "AND (OLD.state NOT IN ('pending', 'in_doubt') OR NEW.state NOT IN ('pending', 'in_doubt')) "
+            f"AND {NOT_COUNTED_BY_STATEMENT}) EXECUTE FUNCTION {{s}}.count_final_call()",
+            # Deletes (retention: many rows a statement) from every session, one upsert per group.
+            "CREATE TRIGGER calls_counted_delete AFTER DELETE ON {s}.calls REFERENCING OLD TABLE AS old_rows "
+            "FOR EACH STATEMENT EXECUTE FUNCTION {s}.count_final_calls_deleted()",
+            "DROP FUNCTION {s}.count_calls()",
+            "DELETE FROM {s}.call_counts WHERE state IN ('pending', 'in_doubt')",
         ),
     ),
 )
