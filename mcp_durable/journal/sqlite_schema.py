@@ -108,7 +108,11 @@ def migrate(conn: sqlite3.Connection) -> None:
     (the later ones find nothing to do), and a crash leaves the whole migration or none of it
     (statement by statement, it could leave `calls` without `entries`, which `journal verify`
     rejects). A database of a newer schema is refused, not written with an older idea of it.
+    A database at `SCHEMA_VERSION` is left as it is, without the write lock or a statement of
+    the schema's (`_current`).
     """
+    if _current(conn):
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         counted = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'call_counts'").fetchone()
@@ -146,6 +150,19 @@ def migrate(conn: sqlite3.Connection) -> None:
             with contextlib.suppress(sqlite3.Error):  # closing the connection rolls it back too
                 conn.execute("ROLLBACK")
         raise
+
+
+def _current(conn: sqlite3.Connection) -> bool:
+    """Whether the database is at `SCHEMA_VERSION`: the version is written in the transaction
+    that made the schema so, so every table, trigger and index of it is there. (Checked
+    without a lock: a database is never migrated down.) Running the schema's `CREATE … IF NOT
+    EXISTS` statements and taking the write lock at every open roughly doubled the migration
+    step of an open (docs/benchmarks.md, 2026-12-05)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'schema_version'").fetchone()
+    except sqlite3.OperationalError:  # no `meta` table: a new database
+        return False
+    return row is not None and row[0] == str(SCHEMA_VERSION)
 
 
 def _index_steps(conn: sqlite3.Connection) -> None:

@@ -24,7 +24,7 @@ from mcp_durable.journal.model import _LEGACY_RELEASED, legacy_reason
 from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
 from mcp_durable.journal.postgres.schema import MIGRATIONS
 from mcp_durable.journal.record_json import step_index
-from mcp_durable.journal.sqlite_schema import SCHEMA_VERSION
+from mcp_durable.journal.sqlite_schema import SCHEMA_VERSION, migrate
 from tests.backends.pg_cluster import scratch_schema
 from tests.conftest import postgres_or_skip
 
@@ -229,6 +229,23 @@ async def test_reopening_a_migrated_sqlite_journal_changes_nothing(tmp_path: Pat
         reasons, steps, _ = _sqlite_rows(path)
         assert reasons == _expected_reasons()
         assert [index for _, index in steps] == _expected_step_indexes()
+
+
+async def test_opening_a_current_sqlite_journal_runs_no_schema_statement_and_takes_no_write_lock(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "journal.db"
+    first = create_journal(f"sqlite:///{path}")
+    await first.open()
+    await first.aclose()
+    conn = sqlite3.connect(path, isolation_level=None)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        migrate(conn)
+    finally:
+        conn.close()
+    assert statements and not any(s.lstrip().upper().startswith(("BEGIN", "CREATE", "INSERT")) for s in statements)
 
 
 async def test_a_sqlite_journal_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
