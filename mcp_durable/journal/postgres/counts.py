@@ -10,7 +10,8 @@ read, from the partial index that holds only them (`calls_open`): a claim writes
 A reader sums the rows of what it asks for; rows of sessions long gone pile up (a pool replaces
 its connections), so when a read finds many more rows than groups it folds them into shard 0
 (`fold`): one statement that takes only rows no transaction holds (`SKIP LOCKED`), so it never
-waits for a writer, and a writer waits at most for it. The oldest record comes from the indexes on `created_at`.
+waits for a writer, and a writer waits at most for it. The oldest record comes from the indexes
+on `created_at`.
 
 A time range is counted from the records created in it (the same indexes), grouped in SQL.
 """

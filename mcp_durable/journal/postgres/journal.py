@@ -64,6 +64,7 @@ from ..base import (
     AUDIT_ENTRY,
     AUDIT_PROCESS,
     CHECKPOINT,
+    OPEN_STATES,
     RECENT_CALLS,
     STEP,
     CallCounts,
@@ -173,7 +174,7 @@ _COUNTED = f"-c {COUNTED_SETTING}={COUNTED_BY_STATEMENT}"
 
 #: A final state in SQL (the records the kept counts hold since migration 7; `base.OPEN_STATES`
 #: are counted when read, from `calls_open`).
-_FINAL = "NOT IN ('pending', 'in_doubt')"
+_FINAL = "NOT IN (" + ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES)) + ")"
 
 
 def count_moved(counts: str) -> str:
@@ -284,9 +285,6 @@ class PostgresJournal:
         self._entries = f"{s}.entries"
         placeholders = ", ".join(["%s"] * len(_NAMES))
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _MUTABLE) + ", watched = false"
-        # The claim: insert, or replace an expired record; else return the record that stands.
-        # The second branch reads with the statement's snapshot, so a row committed by a
-        # concurrent claim after that snapshot is not seen there: `claim` re-reads then.
         counts = f"{s}.call_counts"
         typed = ", ".join(f"%s::{t}" for t in _TYPES)
         # The claim: insert, or replace an expired record; else return the record that stands.
@@ -315,8 +313,9 @@ class PostgresJournal:
         # the same statement made every lone miss 13% slower (341 against 283 µs per statement,
         # interleaved), most of it the 20-column row a won claim returned; a lone claim that
         # meets a stored record (a repeat the engine has not cached) reads it with a plain
-        # SELECT (`_get_sql`): a second insert would fire the kept counts' statement trigger
-        # once more for nothing (docs/benchmarks.md, "Replays on the SQL journals").
+        # SELECT (`_get_sql`): a second insert took a write statement where a read suffices,
+        # and fired the kept counts' statement trigger of migrations 5-6 once more for nothing
+        # (docs/benchmarks.md, "Replays on the SQL journals").
         self._insert_one_sql = (
             f"INSERT INTO {self._calls} ({_COLUMNS}) VALUES ({placeholders}) "
             "ON CONFLICT (principal, tool, key) DO NOTHING RETURNING 1"

@@ -23,7 +23,7 @@ from ..base import AUDIT_PROCESS
 from ..sql_rows import LEGACY_REASON_SQL
 
 #: The setting a session that counts its own changes of `calls` carries (migration 7): the
-#: journal's connections set it (`journal.py`, `COUNTED_OPTION`), and the update trigger counts
+#: journal's connections set it (`journal.py`, `_COUNTED`), and the update trigger counts
 #: the changes of every other session. Shipped in that trigger: never change it.
 COUNTED_SETTING = "mcp_durable.counted"
 COUNTED_BY_STATEMENT = "by_statement"
@@ -226,7 +226,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             # included; a sequential miss paid two of them. Now a claim writes no count at all
             # (PENDING and IN_DOUBT records, few and in `calls_open`, are counted when read), and
             # a change into or out of a final state is counted by the statement that makes it
-            # (`journal.py`, `COUNT_MOVED`), in the same transaction. A session that says so
+            # (`journal.count_moved`), in the same transaction. A session that says so
             # (`COUNTED_SETTING`: the journal's own connections) is trusted to; any other writer
             # (an operator's SQL, a tool of our own) is still counted, row by row.
             "DROP TRIGGER calls_counted_insert ON {s}.calls",
