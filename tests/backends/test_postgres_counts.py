@@ -9,7 +9,7 @@ import anyio
 import psycopg
 import pytest
 
-from mcp_durable.journal import CallQuery, CallState, CountQuery, Journal, create_journal
+from mcp_durable.journal import CallQuery, CallRecord, CallState, CountQuery, Journal, create_journal
 from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
 from mcp_durable.journal.postgres.counts import SLACK_ROWS, KeptCounts
 from tests.backends.pg_cluster import scratch_schema
@@ -148,5 +148,45 @@ async def test_a_claim_writes_no_count_and_open_records_are_counted_when_read(sc
         assert [(p, t, st, n) for p, t, st, _, n in _count_rows(schema_url)] == [("alice", "refund", "completed", 1)]
         await _agree(journal)
         assert [r.identity.key for r in await journal.find_calls("refund", "k1")] == ["k1"]  # found while open
+    finally:
+        await journal.aclose()
+
+
+async def test_swaps_made_together_from_open_and_final_records_are_each_decided_and_counted(schema_url: str) -> None:
+    """The batch statement swaps only records left open (their state leaves no count); a record
+    left final (re-run or rewritten) and a swap that lost are decided alone by the statement
+    that reads the state left. Every answer, and the kept counts, are as if each swap ran alone."""
+    journal = create_journal(schema_url)
+    await journal.open()
+    assert isinstance(journal, PostgresJournal)
+    try:
+        opened = [(await journal.claim(pending(f"open{n}", principal="alice"), T0))[1] for n in range(6)]
+        finals = []
+        for n in range(6):
+            _, record = await journal.claim(pending(f"final{n}", principal="alice"), T0)
+            done = record.evolve(state=CallState.COMPLETED, owner=None)
+            assert await journal.swap(record.version, done)
+            finals.append(done)
+        swaps = [(r.version, r.evolve(state=CallState.COMPLETED, owner=None), True) for r in opened[:4]]
+        swaps += [(r.version + 5, r.evolve(state=CallState.COMPLETED, owner=None), False) for r in opened[4:]]
+        swaps += [(r.version, r.evolve(state=CallState.FAILED), True) for r in finals[:2]]
+        swaps += [(r.version, r.evolve(state=CallState.PENDING, owner="B"), True) for r in finals[2:4]]
+        swaps += [(r.version + 5, r.evolve(state=CallState.FAILED), False) for r in finals[4:]]
+        outcomes: dict[str, bool] = {}
+
+        async def swap(version: int, record: CallRecord) -> None:
+            outcomes[record.identity.key] = await journal.swap(version, record)
+
+        batches = journal._swaps.batches
+        async with anyio.create_task_group() as group:
+            for version, record, _ in swaps:
+                group.start_soon(swap, version, record)
+        assert journal._swaps.batches - batches < len(swaps)  # made together
+        assert outcomes == {record.identity.key: expected for _, record, expected in swaps}
+        for _, record, expected in swaps:
+            stored = await journal.get(record.identity)
+            assert stored is not None and (stored == record) is expected
+        assert (await journal.count_calls()).by_state == {"completed": 6, "failed": 2, "pending": 4}
+        await _agree(journal)
     finally:
         await journal.aclose()

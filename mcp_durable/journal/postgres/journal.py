@@ -174,7 +174,9 @@ _COUNTED = f"-c {COUNTED_SETTING}={COUNTED_BY_STATEMENT}"
 
 #: A final state in SQL (the records the kept counts hold since migration 7; `base.OPEN_STATES`
 #: are counted when read, from `calls_open`).
-_FINAL = "NOT IN (" + ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES)) + ")"
+_OPEN = "IN (" + ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES)) + ")"
+_FINAL = f"NOT {_OPEN}"
+_OPEN_ARRAY = "[" + ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES)) + "]"
 
 
 def count_moved(counts: str) -> str:
@@ -322,8 +324,16 @@ class PostgresJournal:
         )
         self._watch_sql = f"UPDATE {self._calls} SET watched = true WHERE {_IDENTITY} AND version = %s"
         sets = ", ".join(f"{c} = %s" for c in _MUTABLE)
-        # A swap reads the state it leaves from the record it replaces (`o`, as `_swap_many_sql`
-        # does), so the kept counts follow it in the same statement (`count_moved`).
+        # A swap, in two statements (`_swap_one`; see `_swap_many_sql` for why and why it holds):
+        # the update of a record left open, else the general one, which reads the state it
+        # leaves from the record it replaces (`o`) for the kept counts.
+        self._swap_open_sql = (
+            f"WITH moved AS (UPDATE {self._calls} c SET {sets} "
+            f"WHERE c.principal = %s AND c.tool = %s AND c.key = %s AND c.version = %s AND c.state {_OPEN} "
+            "RETURNING c.principal, c.tool, c.state, NULL::text AS was), "
+            f"counted AS ({count_moved(counts)}) "
+            "SELECT count(*) FROM moved"
+        )
         self._swap_sql = (
             f"WITH moved AS (UPDATE {self._calls} c SET {sets} FROM {self._calls} o "
             "WHERE c.principal = %s AND c.tool = %s AND c.key = %s AND c.version = %s "
@@ -349,21 +359,32 @@ class PostgresJournal:
             f"SELECT {c_cols}, c.watched FROM {self._calls} c JOIN unnest(%s::text[], %s::text[], %s::text[]) "
             f"AS v(principal, tool, key) ON {on_identity}"
         )
-        # `o` is the record as the statement's snapshot shows it at the expected version, joined
-        # without a lock: the state it leaves. A version-keeping write committed meanwhile (a
+        # A swap counts the state it leaves in the same statement (`count_moved`). The batch
+        # statement swaps only records left open (PENDING or IN_DOUBT at the expected version: a
+        # completion, a take-over, a resolution — nearly every swap), which leave nothing
+        # counted, so the update alone decides: nothing is read beside it. Any other row (a
+        # record re-run or rewritten from a final state, or a swap that lost) is decided alone
+        # (`_swap_one`) by the general statement, which reads the state it leaves from the
+        # record as the statement's snapshot shows it at the expected version (`o`, without a
+        # lock). Reading `o` for every row, or a second update for the rest in the same
+        # statement, cost more than the statement trigger it replaced (docs/benchmarks.md,
+        # 2026-12-05), as did locking `o`.
+        # Why the state seen is the state left: a version-keeping write committed meanwhile (a
         # lease renewal, a waiter's mark) makes the update follow the row to its newest
         # version, which has the same version and so the same state (every change of state
-        # moves the version); one that moved the version leaves the row unmatched. Locking `o`
-        # instead (FOR UPDATE) cost a lock record per row, more than the statement trigger it
-        # replaced (docs/benchmarks.md, "Kept counts on Postgres without statement triggers").
+        # moves the version; the open condition re-checked there holds as it did); one that
+        # moved the version leaves the row unmatched.
+        # The open states come from `v` (`v.open`, `v` materialized) so that the condition joins
+        # the batch's rows: written as constants, or with `v` folded into the update, the
+        # planner could drive the update from the open records (`calls_open`) or a scan of
+        # `calls` instead of from each row's primary key, and keep that plan once prepared.
         swap_sets = ", ".join(f"{c} = v.{c}" for c in _MUTABLE)
         self._swap_many_sql = (
-            f"WITH v AS (SELECT {_DECODED}, r.expected FROM json_to_recordset(%s::json) "
-            f"AS r({_RECORDSET}, expected bigint)), "
-            f"moved AS (UPDATE {self._calls} c SET {swap_sets} FROM v, {self._calls} o "
-            f"WHERE {on_identity} AND c.version = v.expected AND o.principal = c.principal AND o.tool = c.tool "
-            "AND o.key = c.key AND o.version = v.expected "
-            "RETURNING c.principal, c.tool, c.key, c.state, o.state AS was), "
+            f"WITH v AS MATERIALIZED (SELECT {_DECODED}, r.expected, ARRAY{_OPEN_ARRAY} AS open "
+            f"FROM json_to_recordset(%s::json) AS r({_RECORDSET}, expected bigint)), "
+            f"moved AS (UPDATE {self._calls} c SET {swap_sets} FROM v "
+            f"WHERE {on_identity} AND c.version = v.expected AND c.state = ANY (v.open) "
+            "RETURNING c.principal, c.tool, c.key, c.state, NULL::text AS was), "
             f"counted AS ({count_moved(counts)}) "
             "SELECT principal, tool, key FROM moved"
         )
@@ -757,7 +778,7 @@ class PostgresJournal:
     async def swap(self, expected_version: int, record: CallRecord) -> bool:
         i = record.identity
         swapped = await self._swaps.submit((expected_version, record))
-        if isinstance(swapped, _Alone):  # a second swap of one identity in a batch: after the first, alone
+        if isinstance(swapped, _Alone):  # a second swap of one identity in a batch, or a record not open: alone
             swapped = await self._swap_one((expected_version, record))
         if swapped:
             self._signals.notify(i)
@@ -776,19 +797,20 @@ class PostgresJournal:
         if rows is None:
             return [ALONE] * len(items)
         swapped = {CallIdentity(*row) for row in rows}
+        # A row not swapped (not open at the expected version) is decided alone.
         return [
-            record.identity in swapped if first[record.identity] == index else ALONE
+            True if first[record.identity] == index and record.identity in swapped else ALONE
             for index, (_, record) in enumerate(items)
         ]
 
     async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
         expected_version, record = item
         i = record.identity
-        row = await self._fetchone(
-            self._swap_sql,
-            (*_params(record)[3:], i.principal, i.tool, i.key, expected_version),
-            self._lanes.free(),
-        )
+        params = (*_params(record)[3:], i.principal, i.tool, i.key, expected_version)
+        row = await self._fetchone(self._swap_open_sql, params, self._lanes.free())
+        if row is not None and row[0] == 1:
+            return True
+        row = await self._fetchone(self._swap_sql, params, self._lanes.free())
         return row is not None and row[0] == 1
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
