@@ -267,3 +267,36 @@ async def test_only_full_batches_take_the_slot_kept_for_them(
             group.start_soon(submit, item)
     assert answers == {item: item * 10 for item in range(items)}
     assert (most, seen, batcher.beside) == (most_side_by_side, sizes, most_side_by_side - 1)
+
+
+async def test_claims_made_together_that_meet_stored_records_are_answered_by_their_statement(
+    journal: PostgresJournal,
+) -> None:
+    # The batch statement reads back the records that stand (repeats) only when some row was not
+    # inserted; either way each claim is answered by it, none decided alone afterwards.
+    stored = [(await journal.claim(pending(f"k{i}"), T0))[1] for i in range(8)]
+    alone = 0
+    fetchall = journal._fetchall
+
+    async def counted(sql: str, *args: object, **kwargs: object) -> object:
+        nonlocal alone
+        alone += sql == journal._claim_sql
+        return await fetchall(sql, *args, **kwargs)  # type: ignore[arg-type]
+
+    journal._fetchall = counted  # type: ignore[method-assign,assignment]  # the real method, counted
+    outcomes: dict[str, tuple[bool, CallRecord]] = {}
+
+    async def claim(record: CallRecord) -> None:
+        outcomes[record.identity.key] = await journal.claim(record, T0)
+
+    for keys in (range(16), range(16, 32)):  # half repeats, then all new
+        batches = journal._claims.batches
+        async with anyio.create_task_group() as group:
+            for i in keys:
+                group.start_soon(claim, pending(f"k{i}", owner="B"))
+        assert journal._claims.batches - batches < len(keys)  # made together
+    assert alone == 0
+    for i in range(32):
+        won, record = outcomes[f"k{i}"]
+        assert won is (i >= 8)
+        assert record == (stored[i] if i < 8 else pending(f"k{i}", owner="B"))

@@ -345,6 +345,11 @@ class PostgresJournal:
         # The batch statements: the rows as one JSON parameter (`_rows_json`).
         c_cols = ", ".join(f"c.{n}" for n in _NAMES)
         on_identity = " AND ".join(f'c.{n} = v.{n} COLLATE "C"' for n in ("principal", "tool", "key"))
+        # The records that stand (repeats) are read back only when some row was not inserted
+        # (a one-time condition on the two counts): a batch of misses, every row inserted,
+        # looked each one up again by its primary key to find nothing its snapshot shows
+        # (docs/benchmarks.md, 2026-12-05). A row the statement returns nothing for is decided
+        # alone (`claim`).
         self._claim_many_sql = (
             f"WITH v AS (SELECT {_DECODED} FROM json_to_recordset(%s::json) AS r({_RECORDSET})), "
             f"claimed AS (INSERT INTO {self._calls} ({_COLUMNS}) SELECT {_COLUMNS} FROM v "
@@ -352,7 +357,8 @@ class PostgresJournal:
             f"SELECT true, principal, tool, key, {', '.join(['NULL'] * (len(_NAMES) - 3))}, false "
             "FROM claimed UNION ALL "
             f"SELECT false, {c_cols}, c.watched FROM {self._calls} c JOIN v ON {on_identity} "
-            "WHERE NOT EXISTS (SELECT 1 FROM claimed d WHERE d.principal = c.principal AND d.tool = c.tool "
+            "WHERE (SELECT count(*) FROM claimed) < (SELECT count(*) FROM v) "
+            "AND NOT EXISTS (SELECT 1 FROM claimed d WHERE d.principal = c.principal AND d.tool = c.tool "
             "AND d.key = c.key)"
         )
         self._get_many_sql = (
