@@ -174,9 +174,10 @@ _COUNTED = f"-c {COUNTED_SETTING}={COUNTED_BY_STATEMENT}"
 
 #: A final state in SQL (the records the kept counts hold since migration 7; `base.OPEN_STATES`
 #: are counted when read, from `calls_open`).
-_OPEN = "IN (" + ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES)) + ")"
+_OPEN_LITERALS = ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES))
+_OPEN = f"IN ({_OPEN_LITERALS})"
 _FINAL = f"NOT {_OPEN}"
-_OPEN_ARRAY = "[" + ", ".join(sorted(f"'{state.value}'" for state in OPEN_STATES)) + "]"
+_OPEN_ARRAY = f"[{_OPEN_LITERALS}]"
 
 
 def count_moved(counts: str) -> str:
