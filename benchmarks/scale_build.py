@@ -16,11 +16,11 @@ What a journal of N records holds (`scale_record(i, n)`, the same on every backe
 Built with relaxed durability through each journal's bulk path: the file journal through
 `claim` from many concurrent writers (group commit, no fsync), SQLite by `executemany` into the
 journal's own schema and row layout (`sql_rows.call_row`; its triggers keep the counts), and
-Postgres by `COPY` into the journal's own table (its statement triggers keep the counts). A
-finished build is marked `READY` (Postgres: a table `scale_ready` in its schema); a half-built
-one is rebuilt. The cache lives in `Settings.cache_dir` (`$MCP_DURABLE_BENCH_CACHE`, default
-`<tmp>/mcp-durable-bench-cache`), Postgres builds in schemas `scale_<N>_<tag>` of the
-benchmark database, which `cleanup_postgres` does not drop.
+Postgres by `COPY` into the journal's own table (its kept counts written once after the copies,
+as the journal keeps them). A finished build is marked `READY` (Postgres: a table `scale_ready`
+in its schema); a half-built one is rebuilt. The cache lives in `Settings.cache_dir`
+(`$MCP_DURABLE_BENCH_CACHE`, default `<tmp>/mcp-durable-bench-cache`), Postgres builds in
+schemas `scale_<N>_<tag>` of the benchmark database, which `cleanup_postgres` does not drop.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import anyio
 import orjson
 
 from mcp_durable.journal import create_journal
+from mcp_durable.journal.base import OPEN_STATES
 from mcp_durable.journal.model import CallIdentity, CallRecord, CallState, Reason
 from mcp_durable.journal.sql_rows import CALL_COLUMNS, call_row
 
@@ -269,11 +270,26 @@ def _fill_postgres(schema: str, count: int, batch: int = 100_000) -> None:
 
     with psycopg.connect(PG_BASE, connect_timeout=5) as conn:
         conn.execute("SET synchronous_commit = off")
+        # The row trigger that counts final records inserted by any session (an import; migration
+        # 7) would run one upsert per copied row: the build's counts are written once at the end
+        # instead, as the journal keeps them (shard 0, final states only). The trigger is
+        # enabled again in the same transaction as those counts; a build cut before is rebuilt.
+        conn.execute(f'ALTER TABLE "{schema}".calls DISABLE TRIGGER calls_counted_insert')
+        conn.commit()
         for start in range(0, count, batch):
             with conn.cursor() as cursor, cursor.copy(f'COPY "{schema}".calls ({CALL_COLUMNS}) FROM STDIN') as copy:
                 for record in scale_records(count, start, min(count, start + batch)):
                     copy.write_row(call_row(record))
             conn.commit()
+        final = tuple(state.value for state in CallState if state not in OPEN_STATES)
+        conn.execute(
+            f'INSERT INTO "{schema}".call_counts (principal, tool, state, shard, n) '
+            f'SELECT principal, tool, state, 0, count(*) FROM "{schema}".calls WHERE state = ANY(%s) '
+            "GROUP BY principal, tool, state",
+            (list(final),),
+        )
+        conn.execute(f'ALTER TABLE "{schema}".calls ENABLE TRIGGER calls_counted_insert')
+        conn.commit()
     with psycopg.connect(PG_BASE, connect_timeout=5, autocommit=True) as conn:
         conn.execute(f'VACUUM ANALYZE "{schema}".calls')
         conn.execute(f'CREATE TABLE "{schema}".scale_ready (n bigint NOT NULL)')
