@@ -38,7 +38,8 @@
   `pool_timeout` and `statement_timeout` of a few seconds: a database that is down or
   unreachable gives `JournalError` (`journal_unavailable`) in seconds, and the pool
   reconnects by itself when it is back. The sessions join only through keys (no hash or
-  merge joins, `_PLANNER`), so a batch never scans the table, however its plan was cached.
+  merge joins, `_PLANNER`), so a batch never scans the table, however its plan was cached,
+  and compile no statement (JIT off, `_PLANNER`).
 - `single_writer = False`: a PENDING record of another replica is in doubt only once its
   lease has expired.
 """
@@ -160,7 +161,11 @@ LANES_MIN_POOL = 5
 #: every batch as it grew: Postgres CPU per call grew with the table (docs/dev/performance-notebook.md).
 #: No statement of the journal needs either join method: its joins
 #: are all batch-to-key lookups, and its other statements do not join.
-_PLANNER = "-c enable_hashjoin=off -c enable_mergejoin=off"
+#: Nor JIT compilation, which the server applies to a statement whose estimated cost passes
+#: `jit_above_cost`: the journal's statements read a few rows through an index, and on a large
+#: table the planner's guess of such a read (the console's count of the last hour) passed that
+#: cost, so compiling took many times what running did (docs/benchmarks.md, "JIT off").
+_PLANNER = "-c enable_hashjoin=off -c enable_mergejoin=off -c jit=off"
 #: The journal's sessions count their own changes of `calls` (`count_moved`; migration 7).
 _COUNTED = f"-c {COUNTED_SETTING}={COUNTED_BY_STATEMENT}"
 
