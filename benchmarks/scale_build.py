@@ -281,12 +281,12 @@ def _fill_postgres(schema: str, count: int, batch: int = 100_000) -> None:
                 for record in scale_records(count, start, min(count, start + batch)):
                     copy.write_row(call_row(record))
             conn.commit()
-        final = tuple(state.value for state in CallState if state not in OPEN_STATES)
+        final = [state.value for state in CallState if state not in OPEN_STATES]
         conn.execute(
             f'INSERT INTO "{schema}".call_counts (principal, tool, state, shard, n) '
             f'SELECT principal, tool, state, 0, count(*) FROM "{schema}".calls WHERE state = ANY(%s) '
             "GROUP BY principal, tool, state",
-            (list(final),),
+            (final,),
         )
         conn.execute(f'ALTER TABLE "{schema}".calls ENABLE TRIGGER calls_counted_insert')
         conn.commit()

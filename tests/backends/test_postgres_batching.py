@@ -4,6 +4,7 @@ call is still decided on its own row (the real database, a schema per test)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
@@ -17,8 +18,6 @@ from mcp_durable.journal.postgres import PostgresJournal
 from mcp_durable.journal.postgres.batch import Batcher
 from mcp_durable.journal.postgres.journal import BATCH_MAX_ITEMS
 from mcp_durable.journal.postgres.journal import _rows_json as rows_json
-from mcp_durable.journal.postgres.schema import PRINCIPAL_KEY
-from mcp_durable.journal.sql_rows import ranged_count_sql
 from tests.conftest import scratch_postgres_url
 
 pytestmark = pytest.mark.postgres
@@ -181,7 +180,18 @@ async def test_statements_are_never_jit_compiled_however_costly_the_planner_gues
     for i in range(20):
         await journal.claim(pending(f"j{i}", created=T0 + i), T0)
     query = CountQuery(since=T0, bucket_s=60)
-    sql, args = ranged_count_sql(query, "%s", journal._calls, "floor({})::bigint".format, PRINCIPAL_KEY)
+    # The statement the journal sends for that count, taken from its real `_fetchall`.
+    sent: list[tuple[str, Any]] = []
+    fetchall = journal._fetchall
+
+    async def recorded(sql: str, params: Any = (), lane: Any = None) -> Any:
+        sent.append((sql, params))
+        return await fetchall(sql, params, lane)
+
+    journal._fetchall = recorded  # type: ignore[method-assign]  # the real method, recorded
+    assert (await journal.count_calls(query)).total == 20
+    journal._fetchall = fetchall  # type: ignore[method-assign]
+    [(sql, args)] = sent
     async with journal._connection() as conn:
         assert (await (await conn.execute("SHOW jit")).fetchall()) == [("off",)]
         await conn.execute("SET jit_above_cost = 0")  # every statement costly enough for JIT
@@ -191,7 +201,6 @@ async def test_statements_are_never_jit_compiled_however_costly_the_planner_gues
         finally:
             await conn.execute("RESET jit_above_cost")
     assert "JIT" not in plan, plan
-    assert (await journal.count_calls(query)).total == 20
 
 
 async def test_calls_made_together_share_statements_and_a_call_alone_is_sent_alone(journal: PostgresJournal) -> None:
