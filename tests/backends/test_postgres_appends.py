@@ -16,7 +16,7 @@ from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, JournalEntry, create_journal
 from mcp_durable.journal.base import STEP, step_process_id
 from mcp_durable.journal.postgres import PostgresJournal
-from mcp_durable.journal.postgres.journal import BATCH_MAX_ITEMS
+from mcp_durable.journal.postgres.journal import APPEND_BATCH_MAX_ITEMS, BATCH_MAX_ITEMS
 from tests.conftest import scratch_postgres_url
 
 pytestmark = pytest.mark.postgres
@@ -114,23 +114,23 @@ async def test_concurrent_appends_share_statements_and_each_gets_its_own_seq_in_
     assert await journal.entries(process_id="p1") == [entries[n] for n in range(1, 64, 3)]
 
 
-async def test_a_wave_of_64_appends_goes_out_as_two_statements_side_by_side_in_the_order_made(
+async def test_a_wave_of_64_appends_commits_once_and_a_larger_one_spills_into_a_second_batch(
     journal: PostgresJournal,
 ) -> None:
-    # Appends batch by 32 as the other kinds do: a wave of 64 writers in step is two full
-    # batches, the second run beside the first (so the first's callers make their next appends
-    # while the second commits), each its own commit. The entries' lock still orders the two
-    # commits, so seqs increase in the order the appends were made.
-    assert BATCH_MAX_ITEMS == 32
-    before = (journal._appends.batches, journal._appends.items, journal._appends.beside)
+    # Append statements take turns on the entries' lock up to their commit, so a batch's commit
+    # serves its own items only: appends batch by more than the other kinds' 32, and 64 writers
+    # in step commit once per round, not twice one after the other.
+    assert APPEND_BATCH_MAX_ITEMS == 64 > BATCH_MAX_ITEMS
+    before = (journal._appends.batches, journal._appends.items)
     wave = await append_together(journal, [(f"p{n % 4}", "tick", {"n": n}) for n in range(64)])
-    after = (journal._appends.batches, journal._appends.items, journal._appends.beside)
-    assert tuple(b - a for a, b in zip(before, after, strict=True)) == (2, 64, 1)
-    assert await transactions(journal, wave[:32]) == 1 and await transactions(journal, wave[32:]) == 1
-    assert await transactions(journal, wave) == 2
-    # One more than two batches hold: the 65th goes out in a third statement, after the others.
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (1, 64)
+    assert await transactions(journal, wave) == 1
+    # One more than a batch holds: the 65th opens the next batch, which commits after the first,
+    # and seqs still increase in the order the appends were made.
+    before = (journal._appends.batches, journal._appends.items)
     spill = await append_together(journal, [("p", "tick", {"n": n}) for n in range(65)])
-    assert await transactions(journal, spill) == 3
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (2, 65)
+    assert await transactions(journal, spill[:64]) == 1 and await transactions(journal, spill) == 2
     seqs = [entry.seq for entry in wave + spill]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert await journal.entries() == wave + spill

@@ -145,6 +145,13 @@ BATCH_MAX_ITEMS = 32
 FULL_BATCH_SLOTS = 1
 #: How each batcher of the journal batches (above).
 _BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
+#: At most this many appends share a statement. More than the other kinds: append statements
+#: take turns on the entries' lock up to their commit (`seq` order is commit order), so one
+#: batch's commit, and the statement's fixed costs on both sides, are shared only by its own
+#: items. A wave of 64 writers in step then commits once instead of twice, one after the other:
+#: fewer appends per commit cost more than two statements side by side gain
+#: (docs/benchmarks.md, "Postgres appends: batches of 64").
+APPEND_BATCH_MAX_ITEMS = 64
 #: The columns of an append batch's rows (`_append_batch`): its place in the batch, the entry,
 #: and the step index it may be stored as.
 _APPEND_RECORDSET = "n integer, p text, t text, d json, ts float8, s bigint"
@@ -448,15 +455,9 @@ class PostgresJournal:
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
             self._get_batch, **_BATCHING, run_one=self._get_one
         )
-        # Appends batch as the others do, by up to 32 with a full batch beside the one in flight,
-        # although their statements take turns on the entries' lock up to each commit: while one
-        # batch's statement runs and commits, the callers of the one before it (answered) make
-        # their next appends, so the client's work overlaps the database's. Batches of 64 (one
-        # statement and commit for a wave of 64 writers, nothing overlapping) did better only on
-        # a machine busy with other work, where fewer statements cost less CPU in all
-        # (docs/benchmarks.md, "Postgres appends: back to batches of 32").
+        # Appends batch as the others do, in larger batches (`APPEND_BATCH_MAX_ITEMS`).
         self._appends: Batcher[_Append, int | _Alone] = Batcher(
-            self._append_batch, **_BATCHING, run_one=self._append_one
+            self._append_batch, **{**_BATCHING, "max_items": APPEND_BATCH_MAX_ITEMS}, run_one=self._append_one
         )
 
     @classmethod
