@@ -21,9 +21,12 @@ One call:
                      │             ├─ KEY_REUSE / REFUSE_* / PARK ─▶ refusal
                      └── re-read ──┴─ WAIT / MARK_IN_DOUBT / a lost swap / a run fenced out
 
-Races are settled by `swap(expected_version, …)` and by the owner's fence: whoever loses a swap
-re-reads and decides again, so two processes never both move one record forward, and an owner
-that lost its record writes nothing more (`runner.py`). The start-up sweep, the task watch and
+Races are settled by `swap(expected_version, …, expected_run_id)` and by the owner's fence:
+every swap expects the version and the run id of the record it read (versions start again at 1
+in a record that replaces an expired or purged one, so a version alone could match a later
+record than the one read); whoever loses a swap re-reads and decides again, so two processes
+never both move one record forward, and an owner that lost its record writes nothing more
+(`runner.py`). The start-up sweep, the task watch and
 closing are `lifecycle.py`; MCP tasks use the engine from `tasks.py`.
 """
 
@@ -240,7 +243,7 @@ class Engine:
 
     async def swap(self, record: CallRecord, new: CallRecord) -> bool:
         """Swap `record` for `new` and tell the listeners; False (nothing changed) if it moved meanwhile."""
-        if await self.journal.swap(record.version, new):
+        if await self.journal.swap(record.version, new, record.run_id):
             await self.notify_changed(new)
             return True
         return False
@@ -425,7 +428,7 @@ class Engine:
         claimed = transitions.taken_over(record, self.instance_id, self.clock(), policy.lease, task_id)
         with self.owners.holding(record.identity):  # before the swap is sent, until the outcome lands
             with observe.span("durable.claim", take_over=True):
-                taken = await self.journal.swap(record.version, claimed)
+                taken = await self.journal.swap(record.version, claimed, record.run_id)
             if not taken:
                 return None
             await self.notify_changed(claimed)
@@ -642,7 +645,7 @@ class Engine:
                 steps = await load_steps(self.journal, record.run_id)
                 for step in operators.steps_kept(record, verdict.from_step, steps):
                     await self.journal.append(steps_process_id(after.run_id), STEP_ENTRY, step.data, now)
-            if await self.journal.swap(record.version, after):
+            if await self.journal.swap(record.version, after, record.run_id):
                 data = operators.audit_entry(record, after, verdict)
                 await self.journal.append(AUDIT_PROCESS, AUDIT_ENTRY, data, after.updated_at)
                 await self.notify_changed(after)

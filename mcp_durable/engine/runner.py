@@ -227,13 +227,13 @@ class CallRunner:
         written, or None when the run was fenced out (nothing written). A version that moved
         while the record stayed ours (a task id attached) is rebased onto."""
         journal = self.engine.journal
-        expected = record.version
-        while not await journal.swap(expected, new):
+        expected, run = record.version, record.run_id
+        while not await journal.swap(expected, new, run):
             current = await journal.get(record.identity)
             if current is None or not current.held_by(fence):
                 return None
             new = transitions.rebased(new, current)
-            expected = current.version
+            expected, run = current.version, current.run_id
         await self.engine.notify_changed(new)
         return new
 

@@ -264,7 +264,7 @@ class TaskRuns:
                 if current is None or current.is_expired(claimed.created_at):
                     won, _ = await engine.journal.claim(claimed, claimed.created_at)
                 else:
-                    won = await engine.journal.swap(current.version, claimed)
+                    won = await engine.journal.swap(current.version, claimed, current.run_id)
         except BaseException:
             engine.owners.unhold(identity)
             raise

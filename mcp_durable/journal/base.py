@@ -357,12 +357,20 @@ class Journal(Protocol):
         (another principal's task is None, like an unknown id)."""
         ...
 
-    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+    async def swap(self, expected_version: int, record: CallRecord, expected_run_id: str | None = None) -> bool:
         """Replace the stored record of `record.identity` with `record`, only if the stored
-        version is `expected_version`; return whether it did (False for a missing record).
+        version is `expected_version` and, when `expected_run_id` is given, its `run_id` is that
+        one; return whether it did (False for a missing record).
 
         `record.version` is stored as given (the engine bumps it). Atomic like `claim`: of two
-        swaps from one version, at most one succeeds."""
+        swaps from one version, at most one succeeds.
+
+        Versions start again at 1 when a claim replaces an expired record or follows a purged
+        one, so a version alone names a record only within one lineage: a writer that read a
+        record long ago (a stalled owner) could otherwise land on a later lineage's record that
+        reached the same version. The run id names the lineage (every claim draws a new one,
+        and within a lineage the version moves on every swap), so the engine passes the run id
+        of the record it read with every swap."""
         ...
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:

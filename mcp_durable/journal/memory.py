@@ -84,9 +84,11 @@ class MemoryJournal:
     async def get(self, identity: CallIdentity) -> CallRecord | None:
         return self._calls.get(identity)
 
-    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+    async def swap(self, expected_version: int, record: CallRecord, expected_run_id: str | None = None) -> bool:
         existing = self._calls.get(record.identity)
         if existing is None or existing.version != expected_version:
+            return False
+        if expected_run_id is not None and existing.run_id != expected_run_id:
             return False
         self._store(record, existing)
         return True

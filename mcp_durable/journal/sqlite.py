@@ -81,13 +81,14 @@ _CLAIM = (
 _SWAP = (
     "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, created_at=?, updated_at=?, owner=?, "
     "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=?, task_id=?, reason=? "
-    "WHERE principal=? AND tool=? AND key=? AND version=?"
+    "WHERE principal=? AND tool=? AND key=? AND version=? AND run_id=coalesce(?, run_id)"
 )
 #: `_SWAP` where `created_at` and `task_id` stay as they are (so their indexes are not touched).
 _SWAP_KEEPING = (
     "UPDATE calls SET fingerprint=?, state=?, version=?, run_id=?, attempts=?, updated_at=?, owner=?, "
     "lease_until=?, completed_at=?, expires_at=?, result=?, error=?, arguments=?, reason=? "
-    "WHERE principal=? AND tool=? AND key=? AND version=? AND created_at=? AND task_id IS ?"
+    "WHERE principal=? AND tool=? AND key=? AND version=? AND run_id=coalesce(?, run_id) "
+    "AND created_at=? AND task_id IS ?"
 )
 #: The record of `identity` is PENDING under a fence (parameters: identity, state, owner, run_id, attempts).
 _HELD = "principal=? AND tool=? AND key=? AND state=? AND owner=? AND run_id=? AND attempts=?"
@@ -296,7 +297,7 @@ class SQLiteJournal:
         )
         return None if row is None else _record(row)
 
-    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+    async def swap(self, expected_version: int, record: CallRecord, expected_run_id: str | None = None) -> bool:
         i = record.identity
 
         def body(conn: sqlite3.Connection) -> bool:
@@ -305,10 +306,11 @@ class SQLiteJournal:
             # two indexes on them (SQLite rewrites the entries of every column SET, changed or
             # not), one 4 KiB WAL page of the three a completion wrote. A swap that changes them
             # (or loses its race) finds no row so and tries again with every column.
-            keeping = (*row[3:8], *row[9:17], row[18], i.principal, i.tool, i.key, expected_version, row[8], row[17])
+            expected = (i.principal, i.tool, i.key, expected_version, expected_run_id)
+            keeping = (*row[3:8], *row[9:17], row[18], *expected, row[8], row[17])
             if conn.execute(_SWAP_KEEPING, keeping).rowcount == 1:
                 return True
-            return conn.execute(_SWAP, (*row[3:], i.principal, i.tool, i.key, expected_version)).rowcount == 1
+            return conn.execute(_SWAP, (*row[3:], *expected)).rowcount == 1
 
         swapped = await self._write(body)
         if swapped:

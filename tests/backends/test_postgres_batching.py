@@ -83,22 +83,27 @@ async def test_concurrent_claims_share_statements_and_each_is_decided_on_its_row
 
 
 async def test_concurrent_swaps_are_compare_and_set_per_row(journal: PostgresJournal) -> None:
-    records = [(await journal.claim(pending(f"k{i}"), T0))[1] for i in range(20)]
+    records = [(await journal.claim(pending(f"k{i}"), T0))[1] for i in range(21)]
     outcomes: dict[str, bool] = {}
 
-    async def swap(name: str, expected: int, record: CallRecord) -> None:
-        outcomes[name] = await journal.swap(expected, record)
+    async def swap(name: str, expected: int, record: CallRecord, run: str | None = None) -> None:
+        outcomes[name] = await journal.swap(expected, record, run)
 
     statements = journal._swaps.batches
     async with anyio.create_task_group() as group:
-        for i, record in enumerate(records[:18]):
+        for i, record in enumerate(records[:16]):
+            group.start_soon(swap, f"done{i}", 1, record.evolve(state=CallState.COMPLETED, result=b"{}"), record.run_id)
+        for i, record in enumerate(records[16:18], start=16):  # a writer that does not name the run
             group.start_soon(swap, f"done{i}", 1, record.evolve(state=CallState.COMPLETED, result=b"{}"))
         group.start_soon(swap, "stale-version", 7, records[18].evolve(state=CallState.RELEASED))
+        # The right version of another run's record (a later record of the key): not moved.
+        group.start_soon(swap, "stale-run", 1, records[20].evolve(state=CallState.RELEASED), "an-earlier-run")
         # Two swaps of one record from the same version: exactly one moves it.
         group.start_soon(swap, "twin-a", 1, records[19].evolve(state=CallState.COMPLETED, result=b"a"))
         group.start_soon(swap, "twin-b", 1, records[19].evolve(state=CallState.RELEASED))
     assert journal._swaps.batches - statements < 10
     assert all(outcomes[f"done{i}"] for i in range(18)) and not outcomes["stale-version"]
+    assert not outcomes["stale-run"] and await journal.get(records[20].identity) == records[20]
     assert outcomes["twin-a"] != outcomes["twin-b"]
     twin = await journal.get(records[19].identity)
     assert twin is not None and twin.version == 2

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import pytest
 
@@ -67,6 +69,37 @@ async def test_swap_moves_a_record_only_from_the_expected_version(journal: Journ
     stored = await journal.get(record.identity)
     assert stored == done
     assert stored is not None and stored.result == b'{"content":[]}' and stored.version == 2
+
+
+async def test_swap_expecting_a_run_moves_only_a_record_of_that_run(journal_factory: JournalFactory) -> None:
+    # A later record of the key (claimed after the first expired) starts again at version 1:
+    # a swap that expects the first record's run must not land on it, whatever its state, and
+    # also after a reopen (what a backend keeps of open records in memory is gone then).
+    first = journal_factory()
+    await first.open()
+    _, old = await first.claim(pending(), T0)
+    assert await first.swap(1, old.evolve(state=CallState.COMPLETED, result=b"{}", expires_at=T0 + 10), old.run_id)
+    later = dataclasses.replace(pending(owner="B", created=T0 + 11), run_id="run-later", version=2)
+    won, _ = await first.claim(dataclasses.replace(later, version=1), T0 + 11)
+    assert won
+    assert await first.swap(1, later, "run-later")  # the later record at version 2, PENDING
+    stale = old.evolve(state=CallState.RELEASED, owner=None)  # what a stalled owner of `old` writes
+    assert stale.version == 2
+    assert not await first.swap(2, stale, old.run_id)
+    assert await first.get(old.identity) == later
+    await first.aclose()
+    second = journal_factory()
+    await second.open()
+    try:
+        assert not await second.swap(2, stale, old.run_id)  # open, read back from storage
+        done = later.evolve(state=CallState.COMPLETED, result=b'{"x":1}', owner=None)
+        assert await second.swap(2, done, "run-later")
+        assert not await second.swap(3, stale.evolve(), old.run_id)  # final
+        assert await second.get(old.identity) == done
+        # Without a run (what a reader that has the version only passes): the version decides.
+        assert await second.swap(3, done.evolve())
+    finally:
+        await second.aclose()
 
 
 async def test_swap_of_a_missing_record_fails(journal: Journal) -> None:

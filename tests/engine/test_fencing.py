@@ -333,3 +333,78 @@ async def test_a_failed_start_leaves_no_background_loop_behind(tmp_path: Path) -
         assert engine.background == set()
         assert not engine.opened
     await engine.aclose()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "file", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def test_a_stalled_owner_never_writes_over_a_later_record_of_its_key_at_the_same_version(
+    kind: str, tmp_path: Path
+) -> None:
+    """Versions start again at 1 when a claim replaces an expired record. Before (found by the
+    interleaving test on Postgres): A's run stalled past its lease holding version 1, B took it
+    over and completed it, the record expired, B's next call of the key claimed it anew (version
+    1 again) and stalled in its tool; A's run then raised, and its release, a swap expecting
+    version 1, landed on B's new record. B's run was fenced out of its own record and its
+    effect's result lost, and the next call ran the tool again. A swap expects the run id too."""
+    from tests.conftest import make_journal_factory
+
+    journal = make_journal_factory(kind, tmp_path)()
+    clock = Clock()
+    a, b = Engine(journal, clock=clock, instance_id="A"), Engine(journal, clock=clock, instance_id="B")
+    await a.start()
+    await b.start()
+    policy = ToolPolicy(lease=LEASE, in_doubt="retry", retention=60.0)
+    identity = CallIdentity("local", TOOL, "k")
+    effects: list[str] = []
+
+    def tool(name: str, gate: anyio.Event | None = None, inside: anyio.Event | None = None) -> Runner:
+        async def run(_dc: DurableCall | None) -> ToolOutcome:
+            if inside is not None:
+                inside.set()
+            if gate is not None:
+                await gate.wait()
+            if name == "A":
+                raise RuntimeError("A's run raised before its effect")
+            effects.append(name)
+            return outcome({"by": name})
+
+        return run
+
+    try:
+        answers: dict[str, Any] = {}
+        gate_a, a_inside, gate_c, c_inside = anyio.Event(), anyio.Event(), anyio.Event(), anyio.Event()
+
+        async def run_on(name: str, engine: Engine, runner: Runner) -> None:
+            try:
+                answers[name] = await call(engine, runner, policy)
+            except RuntimeError as exc:
+                answers[name] = exc
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run_on, "A", a, tool("A", gate_a, a_inside))
+            await started(a_inside)
+            clock.now += LEASE + 1  # A stalls past its lease
+            await run_on("B", b, tool("B"))  # B takes A's record over and completes it
+            first = await journal.get(identity)
+            assert first is not None and first.state is CallState.COMPLETED and first.attempts == 2
+            clock.now += 61  # the completed record expires
+            group.start_soon(run_on, "C", b, tool("C", gate_c, c_inside))
+            await started(c_inside)
+            fresh = await journal.get(identity)
+            assert fresh is not None and fresh.state is CallState.PENDING and fresh.owner == "B"
+            assert fresh.version == 1, "the premise: a new record's versions start again"
+            fresh_run = fresh.run_id
+            gate_a.set()  # A's stale run raises: its release must not land on C's record
+            with anyio.fail_after(5):
+                while "A" not in answers:
+                    await anyio.sleep(0.01)
+            after_a = await journal.get(identity)
+            gate_c.set()  # (before any assertion: the task group waits for C's run)
+        assert after_a == fresh, f"A's stale release landed on C's record: {after_a}"
+        record = await journal.get(identity)
+        assert record is not None and record.state is CallState.COMPLETED and record.run_id == fresh_run
+        assert record.result == orjson.dumps({"by": "C"})
+        assert not answers["C"].superseded and answers["C"].payload == record.result
+        assert effects == ["B", "C"]
+    finally:
+        await a.aclose()
+        await b.aclose()

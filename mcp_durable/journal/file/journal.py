@@ -105,6 +105,12 @@ class FileJournal:
         #: Entries `purge_entries` dropped (indexes into `_entries`): skipped by every read, left
         #: out of the segments (and the index) by the next compaction.
         self._dropped: set[int] = set()
+        #: Identity hash → run id of each open record (PENDING, IN_DOUBT) this process wrote, so
+        #: that a swap checks the run it expects (`swap`) without reading the record's frame;
+        #: nearly every swap is of an open record. Any other record's run is read from its frame.
+        #: Every write of a call record goes through `_put`, which keeps this; an entry left for
+        #: a record purged meanwhile is never used (no slot) and is replaced by the next claim.
+        self._open_runs: dict[int, str] = {}
         self._manifest: Manifest | None = None
         self._keeper: ManifestKeeper | None = None
         self._commit: GroupCommit | None = None
@@ -404,6 +410,10 @@ class FileJournal:
             return position, record
 
     def _put(self, h: int, record: CallRecord) -> Batch:
+        if record.state in OPEN_STATES:
+            self._open_runs[h] = record.run_id
+        else:
+            self._open_runs.pop(h, None)
         seq, position, size, batch = self._submit(call_payload(record))
         slot = self._calls.put(h, record, position, size)
         self._calls.queue(slot, seq, self._opened().durable_seq)
@@ -452,14 +462,33 @@ class FileJournal:
             return None
         return found[1]
 
-    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+    async def swap(self, expected_version: int, record: CallRecord, expected_run_id: str | None = None) -> bool:
         self._writable()
         h = self._hash(record.identity)
         slot = self._calls.find(h)
         if slot is None or self._calls.version[slot] != expected_version:
             return False
+        if expected_run_id is not None and self._open_runs.get(h) != expected_run_id:
+            if h in self._open_runs:
+                return False  # an open record of another run
+            stored = await self._stored_run(record.identity, h, expected_version)
+            if stored != expected_run_id:
+                return False
         await self._durable(self._put(h, record))
         return True
+
+    async def _stored_run(self, identity: CallIdentity, h: int, version: int) -> str | None:
+        """The run id of the stored record of `identity` if it is at `version`, read from its
+        frame (None: no such record); on return it is still the latest (the caller writes
+        before its next await)."""
+        while True:
+            found = await self._load_call(identity, h)
+            if found is None or found[1].version != version:
+                return None
+            slot = self._calls.find(h)
+            # Unchanged while we read it: a new frame is never where an earlier one was.
+            if slot is not None and self._calls.position(slot) == found[0]:
+                return found[1].run_id
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         self._writable()

@@ -212,6 +212,10 @@ class _Append(NamedTuple):
     step: int | None
 
 
+#: A swap's item: the version and run id it expects (None: any run), and the record to store.
+_Swap = tuple[int, str | None, CallRecord]
+
+
 class _Alone:
     """A batch's answer for an item it could not decide: the item is decided alone, one row."""
 
@@ -247,9 +251,12 @@ def _lock_order(record: CallRecord) -> tuple[str, str, str]:
     return (i.principal, i.tool, i.key)
 
 
-def _rows_json(records: list[CallRecord], expected: list[int] | None = None) -> str:
+def _rows_json(
+    records: list[CallRecord], expected: list[int] | None = None, expected_runs: list[str | None] | None = None
+) -> str:
     """The records as the JSON array a batch statement reads with `json_to_recordset` (bytes as
-    base64; with `expected`, each row also carries the version its swap expects)."""
+    base64; with `expected`, each row also carries the version its swap expects, and with
+    `expected_runs` the run id, null for any)."""
     rows = []
     for index, record in enumerate(records):
         values = list(_params(record))
@@ -260,6 +267,8 @@ def _rows_json(records: list[CallRecord], expected: list[int] | None = None) -> 
         row = dict(zip(_NAMES, values, strict=True))
         if expected is not None:
             row["expected"] = expected[index]
+        if expected_runs is not None:
+            row["expected_run"] = expected_runs[index]
         rows.append(row)
     return orjson.dumps(rows).decode()
 
@@ -335,7 +344,8 @@ class PostgresJournal:
         # leaves from the record it replaces (`o`) for the kept counts.
         self._swap_open_sql = (
             f"WITH moved AS (UPDATE {self._calls} c SET {sets} "
-            f"WHERE c.principal = %s AND c.tool = %s AND c.key = %s AND c.version = %s AND c.state {_OPEN} "
+            f"WHERE c.principal = %s AND c.tool = %s AND c.key = %s AND c.version = %s "
+            f"AND c.run_id = coalesce(%s, c.run_id) AND c.state {_OPEN} "
             "RETURNING c.principal, c.tool, c.state, NULL::text AS was), "
             f"counted AS ({count_moved(counts)}) "
             "SELECT count(*) FROM moved"
@@ -343,6 +353,7 @@ class PostgresJournal:
         self._swap_sql = (
             f"WITH moved AS (UPDATE {self._calls} c SET {sets} FROM {self._calls} o "
             "WHERE c.principal = %s AND c.tool = %s AND c.key = %s AND c.version = %s "
+            "AND c.run_id = coalesce(%s, c.run_id) "
             "AND o.principal = c.principal AND o.tool = c.tool AND o.key = c.key AND o.version = c.version "
             "RETURNING c.principal, c.tool, c.state, o.state AS was), "
             f"counted AS ({count_moved(counts)}) "
@@ -392,10 +403,11 @@ class PostgresJournal:
         # `calls` instead of from each row's primary key, and keep that plan once prepared.
         swap_sets = ", ".join(f"{c} = v.{c}" for c in _MUTABLE)
         self._swap_many_sql = (
-            f"WITH v AS MATERIALIZED (SELECT {_DECODED}, r.expected, ARRAY{_OPEN_ARRAY} AS open "
-            f"FROM json_to_recordset(%s::json) AS r({_RECORDSET}, expected bigint)), "
+            f"WITH v AS MATERIALIZED (SELECT {_DECODED}, r.expected, r.expected_run, ARRAY{_OPEN_ARRAY} AS open "
+            f"FROM json_to_recordset(%s::json) AS r({_RECORDSET}, expected bigint, expected_run text)), "
             f"moved AS (UPDATE {self._calls} c SET {swap_sets} FROM v "
-            f"WHERE {on_identity} AND c.version = v.expected AND c.state = ANY (v.open) "
+            f"WHERE {on_identity} AND c.version = v.expected AND c.run_id = coalesce(v.expected_run, c.run_id) "
+            "AND c.state = ANY (v.open) "
             "RETURNING c.principal, c.tool, c.key, c.state, NULL::text AS was), "
             f"counted AS ({count_moved(counts)}) "
             "SELECT principal, tool, key FROM moved"
@@ -449,9 +461,7 @@ class PostgresJournal:
         self._claims: Batcher[CallRecord, tuple[bool, CallRecord, bool] | _Alone] = Batcher(
             self._claim_batch, **_BATCHING, run_one=self._claim_one
         )
-        self._swaps: Batcher[tuple[int, CallRecord], bool | _Alone] = Batcher(
-            self._swap_batch, **_BATCHING, run_one=self._swap_one
-        )
+        self._swaps: Batcher[_Swap, bool | _Alone] = Batcher(self._swap_batch, **_BATCHING, run_one=self._swap_one)
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
             self._get_batch, **_BATCHING, run_one=self._get_one
         )
@@ -787,24 +797,27 @@ class PostgresJournal:
         )
         return None if row is None else _record(row)
 
-    async def swap(self, expected_version: int, record: CallRecord) -> bool:
+    async def swap(self, expected_version: int, record: CallRecord, expected_run_id: str | None = None) -> bool:
         i = record.identity
-        swapped = await self._swaps.submit((expected_version, record))
+        item = (expected_version, expected_run_id, record)
+        swapped = await self._swaps.submit(item)
         if isinstance(swapped, _Alone):  # a second swap of one identity in a batch, or a record not open: alone
-            swapped = await self._swap_one((expected_version, record))
+            swapped = await self._swap_one(item)
         if swapped:
             self._signals.notify(i)
         return swapped
 
-    async def _swap_batch(self, items: list[tuple[int, CallRecord]]) -> list[bool | _Alone]:
+    async def _swap_batch(self, items: list[_Swap]) -> list[bool | _Alone]:
         first: dict[CallIdentity, int] = {}
-        sent: list[tuple[int, CallRecord]] = []
-        for index, (version, record) in enumerate(items):
-            if first.setdefault(record.identity, index) == index:
-                sent.append((version, record))
-        sent.sort(key=lambda item: _lock_order(item[1]))
+        sent: list[_Swap] = []
+        for index, item in enumerate(items):
+            if first.setdefault(item[2].identity, index) == index:
+                sent.append(item)
+        sent.sort(key=lambda item: _lock_order(item[2]))
         rows = await self._batch_rows(
-            self._swap_many_sql, lambda: (_rows_json([r for _, r in sent], [v for v, _ in sent]),), self._lanes.free()
+            self._swap_many_sql,
+            lambda: (_rows_json([r for _, _, r in sent], [v for v, _, _ in sent], [u for _, u, _ in sent]),),
+            self._lanes.free(),
         )
         if rows is None:
             return [ALONE] * len(items)
@@ -812,13 +825,13 @@ class PostgresJournal:
         # A row not swapped (not open at the expected version) is decided alone.
         return [
             True if first[record.identity] == index and record.identity in swapped else ALONE
-            for index, (_, record) in enumerate(items)
+            for index, (_, _, record) in enumerate(items)
         ]
 
-    async def _swap_one(self, item: tuple[int, CallRecord]) -> bool:
-        expected_version, record = item
+    async def _swap_one(self, item: _Swap) -> bool:
+        expected_version, expected_run_id, record = item
         i = record.identity
-        params = (*_params(record)[3:], i.principal, i.tool, i.key, expected_version)
+        params = (*_params(record)[3:], i.principal, i.tool, i.key, expected_version, expected_run_id)
         row = await self._fetchone(self._swap_open_sql, params, self._lanes.free())
         if row is not None and row[0] == 1:
             return True
