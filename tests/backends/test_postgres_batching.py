@@ -134,6 +134,18 @@ async def test_a_record_the_database_refuses_fails_alone_not_its_batch(journal: 
     assert await journal.get(records[6].identity) == records[6]
 
 
+async def test_a_batch_statement_the_server_cannot_plan_fails_instead_of_going_row_by_row(
+    journal: PostgresJournal,
+) -> None:
+    # A batch statement broken by an item (a NUL, above) is retried one item at a time. One the
+    # server cannot parse or plan is broken for every batch: retried row by row it would hide
+    # (a swap statement naming a column its rows lacked once passed every test that way).
+    assert await journal._batch_rows("SELECT 1", lambda: (), None) == [(1,)]
+    with pytest.raises(JournalError):
+        await journal._batch_rows("SELECT v.missing FROM (SELECT 1 AS present) AS v", lambda: (), None)
+    assert await journal._batch_rows("SELECT %s::text", lambda: ("bad\x00text",), None) is None
+
+
 async def test_the_engine_sends_no_read_before_a_claim(journal: PostgresJournal) -> None:
     engine = Engine(journal)
     await engine.start()

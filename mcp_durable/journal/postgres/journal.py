@@ -229,8 +229,11 @@ def _broken_by_an_item(exc: JournalError) -> bool:
     cause = exc.__cause__
     if isinstance(cause, UnicodeEncodeError):
         return True
+    # Not a statement the server cannot parse or plan (SQLSTATE class 42: a syntax error, an
+    # unknown column, a missing privilege): no item causes that, and deciding every item alone
+    # would hide a broken batch statement behind single-row ones.
     return isinstance(cause, psycopg.Error) and not isinstance(
-        cause, (psycopg.OperationalError, psycopg.InterfaceError)
+        cause, (psycopg.OperationalError, psycopg.InterfaceError, psycopg.ProgrammingError)
     )
 
 
