@@ -66,6 +66,11 @@ def scratch_postgres_url(prefix: str = "t") -> str:
 @pytest.fixture(autouse=True)
 def _drop_scratch_schemas() -> Iterator[None]:
     yield
+    drop_scratch_schemas()
+
+
+def drop_scratch_schemas() -> None:
+    """Drop the schemas `scratch_postgres_url` made so far (a test making many drops them as it goes)."""
     if not _SCRATCH_SCHEMAS:
         return
     schemas = list(_SCRATCH_SCHEMAS)

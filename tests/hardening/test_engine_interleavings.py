@@ -2,7 +2,11 @@
 
 Three engine slots run on one journal (memory: one `MemoryJournal` object shared by all of them,
 a single-writer journal whose live owners are the engines started on that object; SQLite: one
-journal object per engine on the same file, as separate processes would). One controlled clock
+journal object per engine on the same file, as separate processes would; Postgres: one journal
+object per engine on a fresh schema per example, as replicas would, each with its own pool and
+its own statement batches, so claims, swaps and step appends of different engines meet in the
+server's row locks and the entries' lock as replicas' do; the engine of slot 1 sends even a lone
+claim, swap or read as a batch statement, so the single-row and the batch statements both run). One controlled clock
 drives every record time and lease. Hypothesis draws rules (below) and the invariants are
 checked after every step. It follows `test_engine_model.py`: a blocking portal runs one event
 loop, the clock is injected, and each tool run counts what it does.
@@ -27,9 +31,9 @@ is the middle of that as one rule, so the search meets it often.
 Crashes. A crashed engine must write nothing more, and its records must look like a dead
 process's. Its parked runs stay parked for good (their gates are only opened at teardown,
 after the last check, when nothing they write is looked at); it is never called again. On
-SQLite its journal object is closed first, so nothing it still holds (a lease renewal, a run)
-can reach the file; its PENDING records keep their lease, which runs out with the clock, as a
-dead process's do. On the shared memory journal the journal object cannot be closed (the other
+SQLite and Postgres its journal object is closed first, so nothing it still holds (a lease
+renewal, a run) can reach the database; its PENDING records keep their lease, which runs out
+with the clock, as a dead process's do. On the shared memory journal the journal object cannot be closed (the other
 engines use it), so the crashed engine leaves the journal's live owners (`engine.owners.leave()`,
 what its `aclose` would do): the other engines then see its PENDING records as a previous
 boot's orphans, as the single-writer rules say. `restart` starts a new engine (a new instance
@@ -115,9 +119,11 @@ from mcp_durable.errors import (
     TaskCancelledError,
 )
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, Journal, create_journal
+from mcp_durable.journal.postgres import PostgresJournal
 from mcp_durable.keys import KEY_META
 from mcp_durable.operations.retention import RetentionSchedule, retention_pass
 from mcp_durable.steps import DurableCall
+from tests.conftest import drop_scratch_schemas, scratch_postgres_url
 from tests.hardening.interleaving_model import (
     ARGUMENTS,
     HAS_TIMEOUT,
@@ -142,7 +148,7 @@ from tests.hardening.interleaving_model import (
     task_terminal,
 )
 
-DEFAULT_EXAMPLES = {"memory": 500, "sqlite": 200}  # about half a minute each on a quiet machine
+DEFAULT_EXAMPLES = {"memory": 500, "sqlite": 200, "postgres": 100}  # about half a minute each on a quiet machine
 STEPS = int(os.environ.get("MCP_DURABLE_PROPERTY_STEPS", "30"))
 CHECKED = {part.strip() for part in os.environ.get("MCP_DURABLE_INVARIANTS", "").split(",") if part.strip()}
 
@@ -166,7 +172,7 @@ def examples(backend: str) -> int:
 
 @dataclass(eq=False)
 class Slot:
-    """One engine on the journal (its own journal object on SQLite, the shared one on memory)."""
+    """One engine on the journal (its own journal object on SQLite and Postgres, the shared one on memory)."""
 
     engine: Engine
     journal: Journal
@@ -181,7 +187,11 @@ class Interleavings(RuleBasedStateMachine):
         self.stack = contextlib.ExitStack()
         self.portal = self.stack.enter_context(anyio.from_thread.start_blocking_portal())
         self.dir = Path(tempfile.mkdtemp(prefix="mcp-durable-interleavings-"))
-        self.url = f"sqlite:///{self.dir}/journal.db?synchronous=NORMAL"
+        self.url = (
+            scratch_postgres_url("interleavings")
+            if self.backend == "postgres"
+            else f"sqlite:///{self.dir}/journal.db?synchronous=NORMAL"
+        )
         self.now = T0
         self.serial = 0
         self.generations = [0] * SLOTS
@@ -201,6 +211,12 @@ class Interleavings(RuleBasedStateMachine):
         """A new engine (a new instance id) in slot `i`, started."""
         self.generations[i] += 1
         journal = self.shared if self.shared is not None else create_journal(self.url)
+        if isinstance(journal, PostgresJournal) and i == 1:
+            # Calls one at a time go out as single-row statements; this engine sends every claim,
+            # swap and read as a batch statement instead (what calls made together share), so
+            # both kinds of statement meet in every example.
+            for batcher in (journal._claims, journal._swaps, journal._gets):
+                batcher._run_one = None
         engine = Engine(journal, clock=lambda: self.now, instance_id=f"e{i}.{self.generations[i]}")
         await engine.start()
         return Slot(engine, journal)
@@ -212,6 +228,8 @@ class Interleavings(RuleBasedStateMachine):
         finally:
             self.stack.close()
             shutil.rmtree(self.dir, ignore_errors=True)
+            if self.backend == "postgres":
+                drop_scratch_schemas()  # one per example: a few hundred would pile up till the test ends
 
     async def wind_down(self) -> None:
         for op in self.ops:
@@ -732,7 +750,7 @@ class Interleavings(RuleBasedStateMachine):
         self.slots[i] = await self.boot(i)
 
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
