@@ -26,8 +26,8 @@ every swap expects the version and the run id of the record it read (versions st
 in a record that replaces an expired or purged one, so a version alone could match a later
 record than the one read); whoever loses a swap re-reads and decides again, so two processes
 never both move one record forward, and an owner that lost its record writes nothing more
-(`runner.py`). The start-up sweep, the task watch and
-closing are `lifecycle.py`; MCP tasks use the engine from `tasks.py`.
+(`runner.py`). The start-up sweep, the task watch and closing are `lifecycle.py`; MCP tasks use
+the engine from `tasks.py`.
 """
 
 from __future__ import annotations

@@ -227,13 +227,15 @@ class CallRunner:
         written, or None when the run was fenced out (nothing written). A version that moved
         while the record stayed ours (a task id attached) is rebased onto."""
         journal = self.engine.journal
-        expected, run = record.version, record.run_id
-        while not await journal.swap(expected, new, run):
+        expected = record.version
+        # The run id too: a later record of the key (after this one expired) may reach the same
+        # version. A record still held under `fence` is of `fence.run_id`.
+        while not await journal.swap(expected, new, fence.run_id):
             current = await journal.get(record.identity)
             if current is None or not current.held_by(fence):
                 return None
             new = transitions.rebased(new, current)
-            expected, run = current.version, current.run_id
+            expected = current.version
         await self.engine.notify_changed(new)
         return new
 

@@ -471,24 +471,11 @@ class FileJournal:
         if expected_run_id is not None and self._open_runs.get(h) != expected_run_id:
             if h in self._open_runs:
                 return False  # an open record of another run
-            stored = await self._stored_run(record.identity, h, expected_version)
-            if stored != expected_run_id:
+            stored = await self._latest(record.identity, h)
+            if stored is None or stored.version != expected_version or stored.run_id != expected_run_id:
                 return False
         await self._durable(self._put(h, record))
         return True
-
-    async def _stored_run(self, identity: CallIdentity, h: int, version: int) -> str | None:
-        """The run id of the stored record of `identity` if it is at `version`, read from its
-        frame (None: no such record); on return it is still the latest (the caller writes
-        before its next await)."""
-        while True:
-            found = await self._load_call(identity, h)
-            if found is None or found[1].version != version:
-                return None
-            slot = self._calls.find(h)
-            # Unchanged while we read it: a new frame is never where an earlier one was.
-            if slot is not None and self._calls.position(slot) == found[0]:
-                return found[1].run_id
 
     async def renew(self, identity: CallIdentity, fence: Fence, lease_until: float) -> bool:
         self._writable()
@@ -523,9 +510,15 @@ class FileJournal:
     async def _held(self, identity: CallIdentity, h: int, fence: Fence) -> CallRecord | None:
         """The stored record of `identity` if it is PENDING under `fence`, else None; when it
         is, it is still the latest on return (the caller writes before its next await)."""
+        record = await self._latest(identity, h)
+        return record if record is not None and record.held_by(fence) else None
+
+    async def _latest(self, identity: CallIdentity, h: int) -> CallRecord | None:
+        """The stored record of `identity` (None: none), read from its frame and still the
+        latest on return: the caller that writes before its next await writes over this one."""
         while True:
             found = await self._load_call(identity, h)
-            if found is None or not found[1].held_by(fence):
+            if found is None:
                 return None
             slot = self._calls.find(h)
             # Unchanged while we read it: a new frame is never where an earlier one was.

@@ -212,8 +212,13 @@ class _Append(NamedTuple):
     step: int | None
 
 
-#: A swap's item: the version and run id it expects (None: any run), and the record to store.
-_Swap = tuple[int, str | None, CallRecord]
+class _Swap(NamedTuple):
+    """A `swap` waiting for its batch: the version and run id it expects (None: any run), and
+    the record to store."""
+
+    version: int
+    run_id: str | None
+    record: CallRecord
 
 
 class _Alone:
@@ -802,7 +807,7 @@ class PostgresJournal:
 
     async def swap(self, expected_version: int, record: CallRecord, expected_run_id: str | None = None) -> bool:
         i = record.identity
-        item = (expected_version, expected_run_id, record)
+        item = _Swap(expected_version, expected_run_id, record)
         swapped = await self._swaps.submit(item)
         if isinstance(swapped, _Alone):  # a second swap of one identity in a batch, or a record not open: alone
             swapped = await self._swap_one(item)
@@ -814,12 +819,12 @@ class PostgresJournal:
         first: dict[CallIdentity, int] = {}
         sent: list[_Swap] = []
         for index, item in enumerate(items):
-            if first.setdefault(item[2].identity, index) == index:
+            if first.setdefault(item.record.identity, index) == index:
                 sent.append(item)
-        sent.sort(key=lambda item: _lock_order(item[2]))
+        sent.sort(key=lambda item: _lock_order(item.record))
         rows = await self._batch_rows(
             self._swap_many_sql,
-            lambda: (_rows_json([r for _, _, r in sent], [v for v, _, _ in sent], [u for _, u, _ in sent]),),
+            lambda: (_rows_json([s.record for s in sent], [s.version for s in sent], [s.run_id for s in sent]),),
             self._lanes.free(),
         )
         if rows is None:
