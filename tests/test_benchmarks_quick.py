@@ -9,6 +9,7 @@ about 2.5 min under heavy load.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,24 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
         "Targets",
     ):
         assert heading in text, f"the report lacks {heading!r}"
+
+
+def test_the_engine_misses_harness_makes_its_misses_and_prints_a_median(tmp_path: Path) -> None:
+    """`benchmarks/engine_misses.py` (the harness behind benchmarks.md's engine-alone figures)
+    runs as its docstring says, and its misses are real ones: each left a completed record."""
+    url = f"sqlite:///{tmp_path}/journal.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_misses", url, "40", "10"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert float(done.stdout.strip()) > 0
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        assert db.execute("select count(*) from calls where tool = 'noop' and state = 'completed'").fetchone() == (40,)
+    refused = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_misses", url, "10", "10"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert refused.returncode != 0 and "WARM < N" in refused.stderr
