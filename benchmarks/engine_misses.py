@@ -1,12 +1,14 @@
-"""Sequential misses through an engine alone: `python -m benchmarks.engine_misses URL [N] [WARM]`.
+"""Sequential misses through an engine alone: `python -m benchmarks.engine_misses URL [N] [WARM] [KEYS]`.
 
-An `Engine` on the journal at URL makes N durable misses of a no-op one after another (a derived
-key, new arguments each time) and prints the median seconds per miss after the first WARM, in
-microseconds. No MCP client or server: what a change to the engine or a journal costs a miss,
-measured without the SDK's share. For two trees side by side, run it in fresh processes with
-`PYTHONPATH` set to each tree in turn (alternating, order flipped each pair), or under
-`valgrind --tool=callgrind` at two values of N: the difference in instructions divided by the
-difference in N is a miss's count, independent of the machine's load.
+An `Engine` on the journal at URL makes N durable misses of a no-op one after another (new
+arguments each time; KEYS `derived`, the default: the key derived from them, or `caller`: a
+caller's key in `_meta`, which trees older than `key="derived"` also take) and prints the median
+seconds per miss after the first WARM, in microseconds. No MCP client or server: what a change
+to the engine or a journal costs a miss, measured without the SDK's share. For two trees side
+by side, run it in fresh processes with `PYTHONPATH` set to each tree in turn (alternating,
+order flipped each pair), or under `valgrind --tool=callgrind` at two values of N: the
+difference in instructions divided by the difference in N is a miss's count, independent of
+the machine's load.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import anyio
 from mcp_durable import ToolPolicy
 from mcp_durable.engine import Engine, ToolOutcome
 from mcp_durable.journal import create_journal
+from mcp_durable.keys import KEY_META
 from mcp_durable.steps import DurableCall
 
 OUTCOME = ToolOutcome("ok", b'{"content":[{"type":"text","text":"ok"}]}', False)
@@ -30,17 +33,20 @@ async def run(call: DurableCall | None) -> ToolOutcome:
     return OUTCOME
 
 
-async def measure(url: str, n: int, warm: int) -> float:
+async def measure(url: str, n: int, warm: int, keys: str = "derived") -> float:
     """The median seconds per miss of misses `warm + 1 … n` on a journal at `url`."""
     engine = Engine(create_journal(url))
     await engine.start()
-    policy = ToolPolicy(idempotent=True, key="derived")
+    caller_keys = keys == "caller"
+    policy = ToolPolicy(idempotent=True, key="auto" if caller_keys else "derived")
     numbers = itertools.count(time.time_ns())  # never a key an earlier run left in the journal
     times: list[float] = []
     try:
         for _ in range(n):
+            number = next(numbers)
+            meta = {KEY_META: f"k{number}"} if caller_keys else None
             began = time.perf_counter()
-            await engine.execute(tool="noop", policy=policy, arguments={"n": next(numbers)}, meta=None, run=run)
+            await engine.execute(tool="noop", policy=policy, arguments={"n": number}, meta=meta, run=run)
             times.append(time.perf_counter() - began)
     finally:
         await engine.aclose()
@@ -51,9 +57,12 @@ def main() -> None:
     url = sys.argv[1]
     n = int(sys.argv[2]) if len(sys.argv) > 2 else 2300
     warm = int(sys.argv[3]) if len(sys.argv) > 3 else 300
-    if not 0 <= warm < n:
-        raise SystemExit("usage: python -m benchmarks.engine_misses URL [N] [WARM], with 0 <= WARM < N")
-    print(f"{anyio.run(measure, url, n, warm) * 1e6:.1f}")
+    keys = sys.argv[4] if len(sys.argv) > 4 else "derived"
+    if not 0 <= warm < n or keys not in ("derived", "caller"):
+        raise SystemExit(
+            "usage: python -m benchmarks.engine_misses URL [N] [WARM] [derived|caller], with 0 <= WARM < N"
+        )
+    print(f"{anyio.run(measure, url, n, warm, keys) * 1e6:.1f}")
 
 
 if __name__ == "__main__":

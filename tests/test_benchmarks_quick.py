@@ -53,7 +53,8 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
 
 def test_the_engine_misses_harness_makes_its_misses_and_prints_a_median(tmp_path: Path) -> None:
     """`benchmarks/engine_misses.py` (the harness behind benchmarks.md's engine-alone figures)
-    runs as its docstring says, and its misses are real ones: each left a completed record."""
+    runs as its docstring says, with derived and with callers' keys, and its misses are real
+    ones: each left a completed record."""
     url = f"sqlite:///{tmp_path}/journal.db"
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.engine_misses", url, "40", "10"],
@@ -64,8 +65,18 @@ def test_the_engine_misses_harness_makes_its_misses_and_prints_a_median(tmp_path
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert float(done.stdout.strip()) > 0
+    callers = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine_misses", url, "20", "5", "caller"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert callers.returncode == 0, callers.stderr[-4000:]
     with sqlite3.connect(tmp_path / "journal.db") as db:
-        assert db.execute("select count(*) from calls where tool = 'noop' and state = 'completed'").fetchone() == (40,)
+        assert db.execute("select count(*) from calls where tool = 'noop' and state = 'completed'").fetchone() == (60,)
+        callers_keys = db.execute("select count(*) from calls where key like 'k%'").fetchone()
+        assert callers_keys == (20,)  # the caller's keys, not keys derived from the arguments
     refused = subprocess.run(
         [sys.executable, "-m", "benchmarks.engine_misses", url, "10", "10"], cwd=ROOT, capture_output=True, text=True
     )
