@@ -56,28 +56,24 @@ def test_the_engine_misses_harness_makes_its_misses_and_prints_a_median(tmp_path
     runs as its docstring says, with derived and with callers' keys, and its misses are real
     ones: each left a completed record."""
     url = f"sqlite:///{tmp_path}/journal.db"
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine_misses", url, "40", "10"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert float(done.stdout.strip()) > 0
-    callers = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine_misses", url, "20", "5", "caller"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def harness(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "benchmarks.engine_misses", url, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    derived = harness("40", "10")
+    assert derived.returncode == 0, derived.stderr[-4000:]
+    assert float(derived.stdout.strip()) > 0
+    callers = harness("20", "5", "caller")
     assert callers.returncode == 0, callers.stderr[-4000:]
     with sqlite3.connect(tmp_path / "journal.db") as db:
         assert db.execute("select count(*) from calls where tool = 'noop' and state = 'completed'").fetchone() == (60,)
         callers_keys = db.execute("select count(*) from calls where key like 'k%'").fetchone()
         assert callers_keys == (20,)  # the caller's keys, not keys derived from the arguments
-    refused = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine_misses", url, "10", "10"], cwd=ROOT, capture_output=True, text=True
-    )
+    refused = harness("10", "10")
     assert refused.returncode != 0 and "WARM < N" in refused.stderr

@@ -2,13 +2,13 @@
 
 Three engine slots run on one journal (memory and file: one `MemoryJournal` or `FileJournal`
 object shared by all of them, a single-writer journal whose live owners are the engines started
-on that object, as in one process; SQLite: one
-journal object per engine on the same file, as separate processes would; Postgres: one journal
-object per engine on a fresh schema per example, as replicas would, each with its own pool and
-its own statement batches, so claims, swaps and step appends of different engines meet in the
-server's row locks and the entries' lock as replicas' do; the engine of slot 1 sends even a lone
-claim, swap or read as a batch statement, so the single-row and the batch statements both run). One controlled clock
-drives every record time and lease. Hypothesis draws rules (below) and the invariants are
+on that object, as in one process; SQLite: one journal object per engine on the same file, as
+separate processes would; Postgres: one journal object per engine on a fresh schema per example,
+as replicas would, each with its own pool and its own statement batches, so claims, swaps and
+step appends of different engines meet in the server's row locks and the entries' lock as
+replicas' do; the engine of slot 1 sends even a lone claim, swap or read as a batch statement,
+so the single-row and the batch statements both run). One controlled clock drives every record
+time and lease. Hypothesis draws rules (below) and the invariants are
 checked after every step. It follows `test_engine_model.py`: a blocking portal runs one event
 loop, the clock is injected, and each tool run counts what it does.
 
@@ -39,11 +39,11 @@ process's. Its parked runs stay parked for good (their gates are only opened at 
 after the last check, when nothing they write is looked at); it is never called again. On
 SQLite and Postgres its journal object is closed first, so nothing it still holds (a lease
 renewal, a run) can reach the database; its PENDING records keep their lease, which runs out
-with the clock, as a dead process's do. On a shared single-writer journal the journal object cannot be closed (the other
-engines use it), so the crashed engine leaves the journal's live owners (`engine.owners.leave()`,
-what its `aclose` would do): the other engines then see its PENDING records as a previous
-boot's orphans, as the single-writer rules say. `restart` starts a new engine (a new instance
-id) in a crashed slot; its `start()` sweeps.
+with the clock, as a dead process's do. On a shared single-writer journal the journal object
+cannot be closed (the other engines use it), so the crashed engine leaves the journal's live
+owners (`engine.owners.leave()`, what its `aclose` would do): the other engines then see its
+PENDING records as a previous boot's orphans, as the single-writer rules say. `restart` starts
+a new engine (a new instance id) in a crashed slot; its `start()` sweeps.
 
 The rules. Four tools, one key each (so every rule on a tool meets the others): `pay`
 (non-idempotent, in_doubt="refuse", its effect in its body), `ship` (the same, its effects two
@@ -210,13 +210,8 @@ class Interleavings(RuleBasedStateMachine):
         self.violations: list[str] = []
         self.tearing_down = False
         # Single-writer journals (memory, file): one object all engines share, as one process's do.
-        self.shared = (
-            create_journal("memory://")
-            if self.backend == "memory"
-            else create_journal(f"file://{self.dir}/journal?durability=relaxed")
-            if self.backend == "file"
-            else None
-        )
+        shared_url = {"memory": "memory://", "file": f"file://{self.dir}/journal?durability=relaxed"}.get(self.backend)
+        self.shared = None if shared_url is None else create_journal(shared_url)
         self.observer = self.shared if self.shared is not None else create_journal(self.url)
         self.portal.call(self.observer.open)
         self.slots = [self.portal.call(self.boot, i) for i in range(SLOTS)]
