@@ -24,8 +24,14 @@ NODE_STAMP := tests/node/node_modules/.installed-stamp
 $(NODE_STAMP): tests/node/package.json tests/node/package-lock.json
 	@if command -v npm >/dev/null 2>&1; then npm ci --prefix tests/node --no-audit --no-fund --loglevel=error && touch $@; else echo "npm not found: tests that drive npm MCP peers will skip"; fi
 
+# Two workers (pytest-xdist): most tests wait on subprocesses, sockets and fsync rather than
+# compute, and a second worker fills that time. `make test TEST_WORKERS=0` runs them in one
+# process. A test keeps to its own directory, Postgres schema, ports and names, so that any two
+# may run at once (README, "Longer runs").
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(NODE_STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=20
+	$(BIN)/python -m pytest -q -ra --durations=20 --numprocesses=$(TEST_WORKERS) --dist=worksteal
 
 # The benchmarks also measure the peers (case 9: DBOS, Powertools + Redis): their extra.
 BENCH_STAMP := $(VENV)/.bench-stamp

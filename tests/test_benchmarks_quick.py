@@ -1,9 +1,8 @@
 """The benchmark suite's quick mode runs end to end (a smoke run in CI).
 
 It fails only when the suite does — an error or a non-zero exit — never on a figure: speed is
-measured in benchmarks/, never asserted in tests. Takes about 40 s on the shared 2-core machine
-(up to ~75 s under heavy load); with the `peers` extra installed, case 9 runs its peers too:
-about 2.5 min under heavy load.
+measured in benchmarks/, never asserted in tests. With the `peers` extra installed, case 9 runs
+its peers too.
 """
 
 from __future__ import annotations
