@@ -8,7 +8,9 @@ to the engine or a journal costs a miss, measured without the SDK's share. For t
 by side, run it in fresh processes with `PYTHONPATH` set to each tree in turn (alternating,
 order flipped each pair), or under `valgrind --tool=callgrind` at two values of N: the
 difference in instructions divided by the difference in N is a miss's count, independent of
-the machine's load.
+the machine's load. Run this file by its path from a directory outside both trees: `python -m`
+puts the working directory first on `sys.path`, so from a tree's root it imports that tree's
+`mcp_durable` whatever `PYTHONPATH` says.
 """
 
 from __future__ import annotations
