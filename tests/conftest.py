@@ -57,10 +57,15 @@ _SCRATCH_SCHEMAS: list[str] = []
 
 def scratch_postgres_url(prefix: str = "t") -> str:
     """The test Postgres URL with a fresh `?schema=PREFIX_<random>`, dropped after the test."""
+    return _scratch_postgres(prefix)[0]
+
+
+def _scratch_postgres(prefix: str) -> tuple[str, str]:
+    """`scratch_postgres_url(prefix)` and the schema's name."""
     base = postgres_or_skip()
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     _SCRATCH_SCHEMAS.append(schema)
-    return f"{base}{'&' if '?' in base else '?'}schema={schema}"
+    return f"{base}{'&' if '?' in base else '?'}schema={schema}", schema
 
 
 @pytest.fixture(autouse=True)
@@ -100,12 +105,12 @@ def make_journal_factory(kind: str, tmp_path: Path) -> JournalFactory:
     if kind == "postgres":
         # A scratch schema: dropped when the test ends, whoever called this (a fixture or a
         # test body: one made here and never dropped was left behind by every suite run).
-        url = scratch_postgres_url()
+        url, schema = _scratch_postgres("t")
 
         def postgres_factory() -> Journal:
             return create_journal(url)
 
-        postgres_factory.pg_schema = _SCRATCH_SCHEMAS[-1]  # type: ignore[attr-defined]
+        postgres_factory.pg_schema = schema  # type: ignore[attr-defined]
         return postgres_factory
     raise ValueError(kind)
 
@@ -136,8 +141,8 @@ def drop_postgres_schemas(prefix: str = "t_") -> None:
 
 
 @pytest.fixture
-def journal_factory(backend: str, tmp_path: Path) -> Iterator[JournalFactory]:
-    yield make_journal_factory(backend, tmp_path)
+def journal_factory(backend: str, tmp_path: Path) -> JournalFactory:
+    return make_journal_factory(backend, tmp_path)
 
 
 @pytest.fixture
