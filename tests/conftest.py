@@ -55,17 +55,21 @@ def postgres_or_skip() -> str:
 _SCRATCH_SCHEMAS: list[str] = []
 
 
-def scratch_postgres_url(prefix: str = "t") -> str:
-    """The test Postgres URL with a fresh `?schema=PREFIX_<random>`, dropped after the test."""
-    return _scratch_postgres(prefix)[0]
-
-
-def _scratch_postgres(prefix: str) -> tuple[str, str]:
-    """`scratch_postgres_url(prefix)` and the schema's name."""
-    base = postgres_or_skip()
+def scratch_postgres_schema(prefix: str = "t") -> str:
+    """A fresh schema name `PREFIX_<random>` on the test Postgres, dropped after the test."""
+    postgres_or_skip()
     schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     _SCRATCH_SCHEMAS.append(schema)
-    return f"{base}{'&' if '?' in base else '?'}schema={schema}", schema
+    return schema
+
+
+def scratch_postgres_url(prefix: str = "t") -> str:
+    """The test Postgres URL with a fresh `?schema=PREFIX_<random>`, dropped after the test."""
+    return _schema_url(scratch_postgres_schema(prefix))
+
+
+def _schema_url(schema: str) -> str:
+    return f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +109,8 @@ def make_journal_factory(kind: str, tmp_path: Path) -> JournalFactory:
     if kind == "postgres":
         # A scratch schema: dropped when the test ends, whoever called this (a fixture or a
         # test body: one made here and never dropped was left behind by every suite run).
-        url, schema = _scratch_postgres("t")
+        schema = scratch_postgres_schema()
+        url = _schema_url(schema)
 
         def postgres_factory() -> Journal:
             return create_journal(url)
@@ -126,18 +131,6 @@ def backend(request: pytest.FixtureRequest) -> str:
             pytest.fail("the Postgres journal is required in CI")
         pytest.skip(f"the {kind} journal is not built yet")
     return kind
-
-
-def drop_postgres_schemas(prefix: str = "t_") -> None:
-    """Drop the per-test schemas (`t_<hex>`) the Postgres factory created, so none pile up."""
-    import psycopg
-
-    with psycopg.connect(PG_URL, autocommit=True, connect_timeout=3) as conn:
-        rows = conn.execute(
-            "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (prefix.replace("_", "\\_") + "%",)
-        ).fetchall()
-        for (name,) in rows:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 @pytest.fixture

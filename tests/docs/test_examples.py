@@ -297,10 +297,9 @@ async def test_every_inspector_command_in_the_docs_runs_against_a_real_server(tm
 
 
 def test_the_replicas_script_demo_refunds_once_through_three_replicas(tmp_path: Path) -> None:
-    from tests.conftest import PG_URL, drop_postgres_schemas, postgres_or_skip
+    from tests.conftest import PG_URL, scratch_postgres_schema
 
-    postgres_or_skip()
-    schema = f"t_replicas_{os.getpid()}"
+    schema = scratch_postgres_schema("t_replicas")
     ledger = tmp_path / "ledger.db"
     output = ""
     for _ in range(3):  # three consecutive free ports are needed; retry on a port race
@@ -323,12 +322,9 @@ def test_the_replicas_script_demo_refunds_once_through_three_replicas(tmp_path: 
         output = done.stdout
         if done.returncode == 0:
             break
-    try:
-        lines = [line for line in output.splitlines() if line.startswith("port ")]
-        assert len(lines) == 3, output
-        refunds = {line.split()[3] for line in lines}
-        assert len(refunds) == 1, output  # one refund, the same id from every replica
-        assert [line.rsplit("replayed=", 1)[1] for line in lines] == ["False", "True", "True"], output
-        assert len(PaymentProvider(ledger).effects()) == 1
-    finally:
-        drop_postgres_schemas(schema)
+    lines = [line for line in output.splitlines() if line.startswith("port ")]
+    assert len(lines) == 3, output
+    refunds = {line.split()[3] for line in lines}
+    assert len(refunds) == 1, output  # one refund, the same id from every replica
+    assert [line.rsplit("replayed=", 1)[1] for line in lines] == ["False", "True", "True"], output
+    assert len(PaymentProvider(ledger).effects()) == 1
