@@ -63,10 +63,22 @@ STARTUP_TIMEOUT = 30.0
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, then release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind port 0, then release it).
+
+    Under pytest-xdist each worker is handed only ports `p` with `p // 2` of its own residue
+    modulo the number of workers: a port one worker was given (for a server about to start, or as
+    one where nothing listens) is never another worker's, whatever happens between the release
+    and its use. (`p // 2`, not `p`: Linux hands out ports of one parity to `bind`.)"""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # "gw0", "gw1", …
+    mine = int(worker.removeprefix("gw")) % workers if worker.startswith("gw") else 0
+    for _ in range(10_000):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port // 2 % workers == mine:
+            return port
+    raise RuntimeError(f"no free port for worker {worker} of {workers}")
 
 
 def serve_command() -> list[str]:
