@@ -65,10 +65,11 @@ def scratch_postgres_schema(prefix: str = "t") -> str:
 
 def scratch_postgres_url(prefix: str = "t") -> str:
     """The test Postgres URL with a fresh `?schema=PREFIX_<random>`, dropped after the test."""
-    return _schema_url(scratch_postgres_schema(prefix))
+    return schema_url(scratch_postgres_schema(prefix))
 
 
-def _schema_url(schema: str) -> str:
+def schema_url(schema: str) -> str:
+    """The test Postgres URL with `?schema=SCHEMA`."""
     return f"{PG_URL}{'&' if '?' in PG_URL else '?'}schema={schema}"
 
 
@@ -110,7 +111,7 @@ def make_journal_factory(kind: str, tmp_path: Path) -> JournalFactory:
         # A scratch schema: dropped when the test ends, whoever called this (a fixture or a
         # test body: one made here and never dropped was left behind by every suite run).
         schema = scratch_postgres_schema()
-        url = _schema_url(schema)
+        url = schema_url(schema)
 
         def postgres_factory() -> Journal:
             return create_journal(url)

@@ -25,7 +25,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,20 +32,19 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.conftest import postgres_or_skip
+from tests.conftest import PG_URL, schema_url, scratch_postgres_schema
 from tests.helpers import free_port
 
 
 @contextmanager
 def scratch_schema() -> Iterator[str]:
-    """The test Postgres URL with `schema=t_<random>`; the schema is dropped on exit."""
-    base = postgres_or_skip()
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    sep = "&" if "?" in base else "?"
+    """The test Postgres URL with `schema=t_<random>` (`scratch_postgres_schema`); the schema is
+    dropped on exit, not only when the test ends."""
+    schema = scratch_postgres_schema()
     try:
-        yield f"{base}{sep}schema={schema}"
+        yield schema_url(schema)
     finally:
-        with psycopg.connect(base, autocommit=True) as conn:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
