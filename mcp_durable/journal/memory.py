@@ -96,13 +96,10 @@ class MemoryJournal:
     def _reopen(self, before: CallRecord | None, after: CallRecord | None) -> None:
         """Move a record's identity between the open sets as it changes from `before` to
         `after` (None: no record)."""
-        for record, add in ((before, False), (after, True)):
-            if record is not None and record.state in OPEN_STATES:
-                members = self._open[(record.state, record.task_id is not None)]
-                if add:
-                    members.add(record.identity)
-                else:
-                    members.discard(record.identity)
+        if before is not None and before.state in OPEN_STATES:
+            self._open[(before.state, before.task_id is not None)].discard(before.identity)
+        if after is not None and after.state in OPEN_STATES:
+            self._open[(after.state, after.task_id is not None)].add(after.identity)
 
     def _drop(self, identity: CallIdentity) -> CallRecord:
         """Remove the record of `identity` (expired; its task and expiry entries are the

@@ -48,9 +48,15 @@ class TimeRuns(Generic[R]):
     reference is in the run whose range holds its time (an addition goes there; a split sorts
     the live ones; a run is removed only when no live one is left), so a read of a run finds
     each reference whose time lies in that range. A reference added twice is read once.
+
+    Times mostly come in order (a record is created now; it expires a fixed time after it
+    completes), so additions mostly land in the last run. When that run is full and the new
+    time is later than every time it was given (`highs`), the new time starts a run of its own:
+    every live reference of the full run keeps a time in its now bounded range, and the run
+    need not be read and sorted to split it.
     """
 
-    __slots__ = ("_new", "time_of", "starts", "runs", "limits", "_first", "_first_known")
+    __slots__ = ("_new", "time_of", "starts", "runs", "limits", "highs", "_first", "_first_known")
 
     def __init__(self, new: Callable[[], MutableSequence[R]], time_of: TimeOf[R]) -> None:
         self._new = new
@@ -60,6 +66,10 @@ class TimeRuns(Generic[R]):
         #: The length at which each run is split next (`RUN`, more for one that could not be
         #: split because its references share one time).
         self.limits: list[int] = []
+        #: Each run's latest time given to it (an addition's, or a split's latest live one), so
+        #: at least the time of each live reference it holds; infinite where not known (a run
+        #: loaded by `put_run`).
+        self.highs: list[float] = []
         # The earliest reference and its time, when known (`first`): checked on use, so a
         # reference that moved or went since is noticed and the earliest looked for again.
         self._first: tuple[R, float] | None = None
@@ -69,31 +79,39 @@ class TimeRuns(Generic[R]):
         starts = self.starts
         if not starts or t < starts[0]:
             if not starts or len(self.runs[0]) >= self.limits[0]:
-                self._insert(0, t, [])
+                self._insert(0, t, [], -math.inf)
             else:
                 starts[0] = t  # lowering the first run's start: no live reference changes runs
             i = 0
         else:
             i = bisect_right(starts, t) - 1
+            if i == len(starts) - 1 and t > self.highs[i] and len(self.runs[i]) >= self.limits[i]:
+                # Later than all the full last run holds: a run of its own (the class docstring).
+                self._insert(i + 1, t, [], -math.inf)
+                i += 1
         run = self.runs[i]
         run.append(ref)
+        if t > self.highs[i]:
+            self.highs[i] = t
         if len(run) > self.limits[i]:
             self._split(i)
         if self._first_known and (self._first is None or t < self._first[1]):
             self._first = (ref, t)
 
-    def _insert(self, i: int, start: float, refs: Iterable[R]) -> None:
+    def _insert(self, i: int, start: float, refs: Iterable[R], high: float) -> None:
         run = self._new()
         run.extend(refs)
         self.starts.insert(i, start)
         self.runs.insert(i, run)
         self.limits.insert(i, max(RUN, len(run)))
+        self.highs.insert(i, high)
 
     def put_run(self, start: float, refs: MutableSequence[R]) -> None:
         """Append a whole run after the last one (loading a snapshot; runs come in time order)."""
         self.starts.append(start)
         self.runs.append(refs)
         self.limits.append(max(RUN, len(refs)))
+        self.highs.append(math.inf)  # its times are not known without reading it
         self._first_known = False
 
     def _split(self, i: int) -> None:
@@ -112,8 +130,8 @@ class TimeRuns(Generic[R]):
             return
         left = self._new()
         left.extend(ref for ref, _ in found[:cut])
-        self.runs[i], self.limits[i] = left, RUN
-        self._insert(i + 1, times[cut], (ref for ref, _ in found[cut:]))
+        self.runs[i], self.limits[i], self.highs[i] = left, RUN, times[cut - 1]
+        self._insert(i + 1, times[cut], (ref for ref, _ in found[cut:]), times[-1])
 
     def __len__(self) -> int:
         """References held, stale ones included."""
@@ -142,7 +160,7 @@ class TimeRuns(Generic[R]):
 
     def _drop_empty(self, i: int) -> None:
         """Remove run `i`, which holds no live reference (its range joins the run before it)."""
-        del self.starts[i], self.runs[i], self.limits[i]
+        del self.starts[i], self.runs[i], self.limits[i], self.highs[i]
 
     def _span(self, low: float | None, high: float | None) -> range:
         """The runs that overlap `[low, high]` (None: unbounded)."""
@@ -220,6 +238,27 @@ class GroupCounts:
             if not groups:
                 del self.by_principal[principal]
 
+    def move(self, principal: Hashable, tool: Hashable, old: Hashable, new: Hashable) -> None:
+        """One record of `(principal, tool)` moved from state `old` to `new` (the commonest
+        change, a completion): what `add` of -1 and then of 1 does, with one lookup of the principal."""
+        groups = self.by_principal.get(principal)
+        if groups is None:
+            groups = self.by_principal[principal] = {}
+        group = (tool, old)
+        left = groups.get(group, 0) - 1
+        if left:
+            groups[group] = left
+        else:
+            del groups[group]
+        group = (tool, new)
+        left = groups.get(group, 0) + 1
+        if left:
+            groups[group] = left
+        else:
+            del groups[group]
+            if not groups:
+                del self.by_principal[principal]
+
     def items(self, principal: Hashable | None = None) -> Iterator[tuple[Hashable, Hashable, Hashable, int]]:
         """`(principal, tool, state, n)` of every group (of `principal` only, if given)."""
         principals = self.by_principal if principal is None else (principal,)
@@ -262,9 +301,11 @@ class RecordTally(Generic[R]):
             self.counts.add(principal, tool, state, 1)
             self.stream(principal, tool).add(created, ref)
         else:
-            if old[2] != state or old[1] != tool or old[0] != principal:
+            if old[0] != principal or old[1] != tool:
                 self.counts.add(old[0], old[1], old[2], -1)
                 self.counts.add(principal, tool, state, 1)
+            elif old[2] != state:
+                self.counts.move(principal, tool, old[2], state)
             if old[3] != created or old[0] != principal or old[1] != tool:
                 self.stream(principal, tool).add(created, ref)
             if old[4] == expires:

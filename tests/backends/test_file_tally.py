@@ -15,7 +15,7 @@ import orjson
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, CountQuery
 from mcp_durable.journal.file import FileJournal
 from mcp_durable.journal.file.snapshot import list_snapshots
-from mcp_durable.journal.tally import RUN, TimeRuns
+from mcp_durable.journal.tally import RUN, GroupCounts, TimeRuns
 
 T0 = 1_700_000_000.0
 
@@ -88,16 +88,33 @@ async def test_a_snapshot_of_an_earlier_release_is_used_and_the_tally_rebuilt(tm
 
 
 def test_time_runs_drop_stale_references_list_newest_first_and_take_exactly_what_is_due() -> None:
-    for seed, spread in ((7, 3000.0), (8, 4.0)):  # spread 4: few distinct times, runs that cannot split
+    # Times spread at random (spread 4: few distinct times, runs that cannot split), and times
+    # that mostly come in order, as records' creations and expiries do: additions that start a
+    # run of their own after a full last run, with some earlier ones, moves and repeats among them.
+    for seed, spread, in_order in ((7, 3000.0, False), (8, 4.0, False), (9, 3000.0, True), (10, 4.0, True)):
         rng = random.Random(seed)
         times: dict[int, float] = {}  # the model: ref -> its current time (absent: gone)
         runs: TimeRuns[int] = TimeRuns(lambda: array("I"), times.get)
+        clock = 0.0
+        if in_order and seed % 2:
+            # Full runs loaded from a snapshot first, their latest times unknown (`put_run`), and
+            # additions that start earlier than the last run's latest time.
+            for n in range(3):
+                refs = array("I", range(n * RUN, (n + 1) * RUN))
+                for ref in refs:
+                    times[ref] = n * 10.0 + ref % 7
+                runs.put_run(n * 10.0, refs)
+            clock = 22.0
         for _ in range(40_000):
             ref = rng.randrange(5000)  # more than a run holds: runs split
             if rng.random() < 0.2:
                 times.pop(ref, None)  # gone: the runs learn it on their next read
             else:
-                times[ref] = float(round(rng.uniform(0, spread), 1))
+                if in_order and rng.random() < 0.95:
+                    clock += rng.choice((0.0, spread / 40_000, spread / 4_000))  # some equal times
+                    times[ref] = clock
+                else:
+                    times[ref] = float(round(rng.uniform(0, max(spread, clock)), 1))
                 runs.add(times[ref], ref)
             if rng.random() < 0.003:
                 low, high = sorted((rng.uniform(0, spread), rng.uniform(0, spread)))
@@ -149,3 +166,22 @@ async def test_live_bytes_are_kept_as_records_and_entries_change_and_through_a_r
         assert again.live_bytes()[1] == summed(again)
     finally:
         await again.aclose()
+
+
+def test_a_move_between_states_counts_as_a_removal_and_an_addition() -> None:
+    # `GroupCounts.move` (a completion's change of state) against `add` of -1 then +1, from
+    # every kind of start: groups present, absent, at one, and at counts a repair left negative.
+    rng = random.Random(11)
+    moved, added = GroupCounts(), GroupCounts()
+    for _ in range(20_000):
+        principal, tool = rng.choice("pq"), rng.choice("ab")
+        old, new = rng.sample(("pending", "completed", "failed"), 2)
+        if rng.random() < 0.4:
+            n = rng.choice((1, 1, 2, -1))
+            moved.add(principal, tool, old, n)
+            added.add(principal, tool, old, n)
+        else:
+            moved.move(principal, tool, old, new)
+            added.add(principal, tool, old, -1)
+            added.add(principal, tool, new, 1)
+        assert moved.by_principal == added.by_principal
