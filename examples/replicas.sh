@@ -4,6 +4,7 @@
 #   examples/replicas.sh [POSTGRES_URL]          serve on ports 8001-8003 until Ctrl-C
 #   examples/replicas.sh --demo [POSTGRES_URL]   start them, refund once through all three, stop
 #
+# PORTS="P1 P2 P3" picks the three ports (BASE_PORT=P: P, P+1 and P+2).
 # POSTGRES_URL defaults to $MCP_DURABLE_PG, else postgresql://postgres@127.0.0.1:5432/test. The
 # journal's tables go in the schema $SCHEMA (default mcp_durable_replicas, created if missing).
 # Put a load balancer in front of the three ports (docs/deployment.md); here a client simply
@@ -28,7 +29,11 @@ stop() { kill "${pids[@]}" 2>/dev/null || true; wait "${pids[@]}" 2>/dev/null ||
 trap stop EXIT
 trap 'exit 130' INT TERM
 
-ports=("$base_port" "$((base_port + 1))" "$((base_port + 2))")
+if [[ -n "${PORTS:-}" ]]; then
+    read -r -a ports <<<"$PORTS"
+else
+    ports=("$base_port" "$((base_port + 1))" "$((base_port + 2))")
+fi
 for port in "${ports[@]}"; do
     MCP_DURABLE_INSTANCE="replica-$port" "$bin/mcp-durable" serve tools/payments.py --transport http \
         --host 127.0.0.1 --port "$port" --journal "$journal" 2>"${TMPDIR:-/tmp}/mcp-durable-replica-$port.log" &
