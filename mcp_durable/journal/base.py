@@ -216,10 +216,14 @@ ALL_CALLS = CountQuery()
 @dataclass(frozen=True, slots=True)
 class PurgedCalls:
     """What `Journal.purge_expired_calls` dropped: each record's identity and `run_id`, and how
-    many durable-step entries of those runs went with them."""
+    many durable-step entries of those runs went with them. `held_s`, where the backend can
+    tell, is how long dropping them held its writer (SQLite: the page's statements in the
+    writer thread), without the wait for the writer or the commit: what a page's size changes.
+    Retention sizes its pages by it (`operations/retention.py`); it is not compared."""
 
     calls: tuple[tuple[CallIdentity, str], ...] = ()
     step_entries: int = 0
+    held_s: float | None = field(default=None, compare=False)
 
 
 #: Expired records dropped per `Journal.purge_expired_calls` by `purge_all_expired` (each batch
@@ -233,10 +237,10 @@ async def purge_all_expired(journal: Journal, now: float) -> tuple[int, int]:
     records = steps = 0
     while True:
         done = await journal.purge_expired_calls(now, PURGE_BATCH)
-        if not done.calls:
-            return records, steps
         records += len(done.calls)
         steps += done.step_entries
+        if len(done.calls) < PURGE_BATCH:  # the last batch (`purge_expired_calls`)
+            return records, steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,11 +424,13 @@ class Journal(Protocol):
     async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
         """Drop records with `expires_at <= now` (the earliest expiries first) together with the
         durable-step entries of their runs (`steps/<run_id>`, dropped as `purge_entries` drops
-        entries), and say what went: at least one record when any has expired, at most `limit`
-        unless the backend drops every record expired at a time at once (the memory journal
-        drops all expired at `now`; the file journal, whose one frame stands for every record
-        expired at the page's last expiry, drops those that tie with it too). Callers repeat
-        until nothing is dropped.
+        entries), and say what went: the `limit` earliest expired records, or every expired
+        one when fewer have expired, so that fewer than `limit` dropped means none expired at
+        `now` is left (on Postgres, but those another transaction holds at that moment, which
+        it skips). More than `limit` only where the backend drops every record expired at a
+        time at once (the memory journal drops all expired at `now`; the file journal, whose
+        one frame stands for every record expired at the page's last expiry, drops those that
+        tie with it too). Callers repeat while a call drops `limit` or more.
 
         Found through an index of expiries: the cost grows with what is dropped, not with the
         journal. On SQLite and Postgres the records and their steps go in one transaction."""

@@ -371,6 +371,7 @@ class SQLiteJournal:
     async def purge_expired_calls(self, now: float, limit: int = 1000) -> PurgedCalls:
         def body(conn: sqlite3.Connection) -> PurgedCalls:
             # One write transaction: the records and their runs' steps go together.
+            began = time.perf_counter()
             rows = conn.execute(_EXPIRED, (now, max(1, limit))).fetchall()
             if not rows:
                 return PurgedCalls()
@@ -381,7 +382,8 @@ class SQLiteJournal:
                 chunk = processes[start : start + _IN_CHUNK]
                 marks = ", ".join("?" * len(chunk))
                 steps += conn.execute(f"DELETE FROM entries WHERE process_id IN ({marks})", chunk).rowcount
-            return PurgedCalls(tuple((CallIdentity(p, t, k), run) for _, p, t, k, run in rows), steps)
+            gone = tuple((CallIdentity(p, t, k), run) for _, p, t, k, run in rows)
+            return PurgedCalls(gone, steps, held_s=time.perf_counter() - began)
 
         return await self._write(body)
 

@@ -12,7 +12,12 @@ turns it off) runs `retention_pass` every `interval` seconds (the first one inte
    while it deletes, so each is sized to take about `purge_page_s` (scaled from the time the
    page before it took; never below `MIN_PAGE` records), and the pass then waits as long as
    the page took before the next one: calls made meanwhile wait for at most one page, and the writer is theirs at
-   least half of the time however many records expired;
+   least half of the time however many records expired. A page that drops fewer records than
+   it asked for was the last (nothing expired at the pass's start is left, but records another
+   transaction held on Postgres, which the next pass takes). A background schedule starts each
+   pass at the page size the one before settled on (`PurgePages`), so passes that each find
+   about as many expired records as the last take one page each, not a ramp from `MIN_PAGE`
+   (every page is a commit that a call may wait behind);
 3. the server's own lifecycle process and the redaction process are checkpointed, and their
    entries before that checkpoint dropped (a checkpoint holds their whole state);
 4. the file journal compacts online when its garbage (bytes of segments not held by a live
@@ -52,6 +57,16 @@ class RetentionSchedule:
     compact_min_bytes: int = 8 * 1024 * 1024
     lifecycle: bool = True  # drop lifecycle entries folded into a checkpoint
     purge_page_s: float = 0.005  # about how long one page of the purge holds the journal's writer
+
+
+@dataclass(slots=True)
+class PurgePages:
+    """How many records the next page of a purge asks for: `MIN_PAGE` at first, then sized from
+    the full pages before it (a last page, which found fewer than it asked for, says nothing
+    of what a full one costs and leaves the size as it was). Kept from one pass to the next by
+    `BackgroundRetention`."""
+
+    size: int = MIN_PAGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,39 +119,50 @@ class RetentionReport:
         }
 
 
-async def retention_pass(engine: Engine, schedule: RetentionSchedule) -> RetentionPass:
-    """One pass of retention over `engine`'s journal (see the module docstring)."""
+async def retention_pass(engine: Engine, schedule: RetentionSchedule, pages: PurgePages | None = None) -> RetentionPass:
+    """One pass of retention over `engine`'s journal (see the module docstring); its purge
+    starts at `pages.size` records a page and leaves there the size it settled on."""
     began = time.perf_counter()
     await engine.start()
     journal = engine.journal
     now = engine.clock()
-    purged, steps = await purge_expired_in_pages(journal, now, schedule.purge_page_s)
+    purged, steps = await purge_expired_in_pages(journal, now, schedule.purge_page_s, pages)
     lifecycle = await _fold_checkpointed(engine) if schedule.lifecycle else 0
     compacted, reclaimed = await _compact_if_worth_it(engine, schedule, now)
     size = (await journal.stats()).size_bytes
     return RetentionPass(now, time.perf_counter() - began, purged, steps, lifecycle, compacted, reclaimed, size)
 
 
-async def purge_expired_in_pages(journal: Journal, now: float, page_s: float) -> tuple[int, int]:
+async def purge_expired_in_pages(
+    journal: Journal, now: float, page_s: float, pages: PurgePages | None = None
+) -> tuple[int, int]:
     """Drop every record expired at `now` with its runs' durable steps, in pages sized to take
     about `page_s` each, waiting after each page as long as it took (the module docstring);
-    returns how many records and step entries went."""
+    returns how many records and step entries went. The first page asks for `pages.size`
+    records, and `pages.size` is left at what the next pass's first page should ask for."""
+    pages = pages if pages is not None else PurgePages()
     records = steps = 0
-    limit = MIN_PAGE
     while True:
+        limit = pages.size
         began = time.perf_counter()
         done = await journal.purge_expired_calls(now, limit)
         took = time.perf_counter() - began
-        if not done.calls:
-            return records, steps
         records += len(done.calls)
         steps += done.step_entries
-        # The next page scaled by how this one's time compares with the budget, at most doubled
-        # (a first page may be cheap by luck). Its time includes waiting for the writer behind
-        # calls and for the commit, which a page's size does not change: so never below
-        # MIN_PAGE, where a page is mostly such waits.
-        scaled = int(len(done.calls) * page_s / max(took, 1e-6))
-        limit = max(MIN_PAGE, min(PURGE_BATCH, 2 * len(done.calls), scaled))
+        if len(done.calls) < limit:
+            # Fewer than asked for: nothing expired at `now` is left (`purge_expired_calls`),
+            # but what another transaction held on Postgres. Asking again would take the
+            # writer once more, for a commit of nothing, while calls may be waiting for it.
+            return records, steps
+        # The next page scaled by how long this one held the writer against the budget, at most
+        # doubled (a first page may be cheap by luck). Where the journal does not say
+        # (`held_s`), its time includes waiting for the writer behind calls and for the commit,
+        # which a page's size does not change: so never below MIN_PAGE, where a page is mostly
+        # such waits. (Scaled by that whole time on SQLite, pages under steady calls came out at
+        # a third of what the budget allows, and three times as many calls met one.)
+        held = done.held_s if done.held_s is not None else took
+        scaled = int(len(done.calls) * page_s / max(held, 1e-6))
+        pages.size = max(MIN_PAGE, min(PURGE_BATCH, 2 * len(done.calls), scaled))
         await anyio.sleep(took)
 
 
@@ -175,9 +201,10 @@ class BackgroundRetention:
         self.engine = engine
         self.schedule = schedule
         self.report = RetentionReport()
+        self.pages = PurgePages()
 
     async def run_once(self) -> RetentionPass:
-        done = await retention_pass(self.engine, self.schedule)
+        done = await retention_pass(self.engine, self.schedule, self.pages)
         self.report.add(done)
         return done
 

@@ -52,6 +52,26 @@ async def test_expired_records_go_with_their_steps_and_the_caller_learns_which(j
     assert await journal.purge_expired_calls(T0 + 100) == type(await journal.purge_expired_calls(T0))()
 
 
+async def test_a_page_is_the_earliest_expiries_and_fewer_than_its_limit_means_none_is_left(journal: Journal) -> None:
+    # Retention stops at the first page that drops fewer records than it asked for (one commit
+    # less per pass): that holds only if a page takes as many as have expired, up to its limit.
+    records = [await _completed(journal, f"k-{n}", T0 + 10 + n) for n in range(7)]
+    later = await _completed(journal, "later", T0 + 500)
+    first = await journal.purge_expired_calls(T0 + 100, 3)
+    if len(first.calls) == len(records):  # a backend that drops all expired at once (memory)
+        rest = first.calls
+    else:
+        assert sorted(first.calls) == sorted((r.identity, r.run_id) for r in records[:3])
+        second = await journal.purge_expired_calls(T0 + 100, 3)
+        assert sorted(second.calls) == sorted((r.identity, r.run_id) for r in records[3:6])
+        last = await journal.purge_expired_calls(T0 + 100, 3)
+        assert last.calls == ((records[6].identity, records[6].run_id),)  # 1 < 3: the end
+        rest = first.calls + second.calls + last.calls
+    assert len(rest) == 7
+    assert (await journal.purge_expired_calls(T0 + 100, 3)).calls == ()
+    assert await journal.get(later.identity) == later
+
+
 async def test_a_record_is_purged_at_its_expiry_not_before(journal: Journal) -> None:
     record = await _completed(journal, "k", T0 + 50)
     assert (await journal.purge_expired_calls(T0 + 49.5)).calls == ()

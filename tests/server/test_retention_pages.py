@@ -15,8 +15,8 @@ from mcp import Client
 
 from mcp_durable import DurableServer, ToolPolicy
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, Journal, create_journal
-from mcp_durable.journal.base import step_process_id
-from mcp_durable.operations.retention import MIN_PAGE, RetentionSchedule, retention_pass
+from mcp_durable.journal.base import PurgedCalls, step_process_id
+from mcp_durable.operations.retention import MIN_PAGE, BackgroundRetention, RetentionSchedule, retention_pass
 from tests.conftest import scratch_postgres_url
 
 EXPIRED = 20 * MIN_PAGE
@@ -31,9 +31,10 @@ def _url(kind: str, tmp_path: Path) -> str:
     return scratch_postgres_url("retention_pages")
 
 
-async def _expired(journal: Journal, count: int) -> None:
-    """`count` completed records, each with one durable step, expired (a second apart) before NOW."""
-    for n in range(count):
+async def _expired(journal: Journal, count: int, first: int = 0) -> None:
+    """`count` completed records (keys from R-`first`), each with one durable step, expired (a
+    second apart) before NOW."""
+    for n in range(first, first + count):
         created = NOW - 86400.0 + n
         pending = CallRecord(
             CallIdentity("local", "refund", f"R-{n}"),
@@ -123,3 +124,37 @@ async def test_the_file_journal_purges_a_page_of_the_earliest_expiries_and_a_reo
         assert len(rest.calls) == 30 and rest.step_entries == 30
     finally:
         await reopened.aclose()
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+async def test_a_schedule_s_passes_start_at_the_page_size_the_last_one_settled_on_and_stop_at_a_short_page(
+    kind: str, tmp_path: Path
+) -> None:
+    # Every page is a commit that a call may wait behind (benchmark case 11: with records kept
+    # 1 s and a pass every 0.5 s, each pass ramped up from MIN_PAGE again and asked once more
+    # for nothing, and the p99 of calls made meanwhile doubled on SQLite).
+    server = DurableServer("pages", journal=_url(kind, tmp_path), retention_schedule=None, reconcile_interval=None)
+    # A budget no page comes near: each full page doubles the next (16, 32, 64, 128, ...).
+    retention = BackgroundRetention(server.engine, RetentionSchedule(compact_garbage_ratio=None, purge_page_s=60.0))
+    async with Client(server):
+        journal = server.engine.journal
+        pages: list[int] = []
+        purge = journal.purge_expired_calls
+
+        async def counted(now: float, limit: int = 1000) -> PurgedCalls:
+            done = await purge(now, limit)
+            pages.append(len(done.calls))
+            return done
+
+        journal.purge_expired_calls = counted  # type: ignore[method-assign]  # counts, then the journal's own
+        await _expired(journal, 200)
+        first = await retention.run_once()
+        # 16 + 32 + 64, then a page of 128 finds the last 88: the pass ends there.
+        assert (first.records_purged, pages) == (200, [16, 32, 64, 88])
+        pages.clear()
+        await _expired(journal, 100, first=200)
+        second = await retention.run_once()
+        assert (second.records_purged, second.step_entries_dropped, pages) == (100, 100, [100])
+        pages.clear()
+        assert (await retention.run_once()).records_purged == 0 and pages == [0]
+        assert (await journal.count_calls()).total == 0
