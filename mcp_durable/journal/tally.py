@@ -229,14 +229,9 @@ class GroupCounts:
         groups = self.by_principal.get(principal)
         if groups is None:
             groups = self.by_principal[principal] = {}
-        group = (tool, state)
-        left = groups.get(group, 0) + n
-        if left:
-            groups[group] = left
-        else:
-            del groups[group]
-            if not groups:
-                del self.by_principal[principal]
+        _bump(groups, (tool, state), n)
+        if not groups:
+            del self.by_principal[principal]
 
     def move(self, principal: Hashable, tool: Hashable, old: Hashable, new: Hashable) -> None:
         """One record of `(principal, tool)` moved from state `old` to `new` (the commonest
@@ -244,20 +239,10 @@ class GroupCounts:
         groups = self.by_principal.get(principal)
         if groups is None:
             groups = self.by_principal[principal] = {}
-        group = (tool, old)
-        left = groups.get(group, 0) - 1
-        if left:
-            groups[group] = left
-        else:
-            del groups[group]
-        group = (tool, new)
-        left = groups.get(group, 0) + 1
-        if left:
-            groups[group] = left
-        else:
-            del groups[group]
-            if not groups:
-                del self.by_principal[principal]
+        _bump(groups, (tool, old), -1)
+        _bump(groups, (tool, new), 1)
+        if not groups:
+            del self.by_principal[principal]
 
     def items(self, principal: Hashable | None = None) -> Iterator[tuple[Hashable, Hashable, Hashable, int]]:
         """`(principal, tool, state, n)` of every group (of `principal` only, if given)."""
@@ -265,6 +250,15 @@ class GroupCounts:
         for p in principals:
             for (tool, state), n in self.by_principal.get(p, {}).items():
                 yield p, tool, state, n
+
+
+def _bump(groups: dict[tuple[Hashable, Hashable], int], group: tuple[Hashable, Hashable], n: int) -> None:
+    """Add `n` to `group`'s count in `groups`, dropping the group when it comes to 0."""
+    left = groups.get(group, 0) + n
+    if left:
+        groups[group] = left
+    else:
+        del groups[group]
 
 
 class RecordTally(Generic[R]):
