@@ -9,8 +9,9 @@ turns it off) runs `retention_pass` every `interval` seconds (the first one inte
    `Journal.purge_expired_calls`, which finds them through an index of expiries and drops both
    at once: a pass reads no record that has not expired. In pages, earliest expiries first:
    a page holds the journal's writer (SQLite's one connection, the file journal's event loop)
-   while it deletes, so each is sized to take about `purge_page_s` (scaled from the time the
-   page before it took; never below `MIN_PAGE` records), and the pass then waits as long as
+   while it deletes, so each is sized to take about `purge_page_s` (scaled from how long the
+   full page before it held the writer, where the journal says (`PurgedCalls.held_s`), else
+   from the time it took; never below `MIN_PAGE` records), and the pass then waits as long as
    the page took before the next one: calls made meanwhile wait for at most one page, and the writer is theirs at
    least half of the time however many records expired. A page that drops fewer records than
    it asked for was the last (nothing expired at the pass's start is left, but records another
