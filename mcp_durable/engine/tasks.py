@@ -36,6 +36,7 @@ import anyio
 
 from .. import keys
 from ..errors import DeterminismError, DurableError, KeyReuseError
+from ..journal import callers
 from ..journal.base import CallQuery, Journal, each_call, step_process_id
 from ..journal.model import CallIdentity, CallRecord, CallState, JournalEntry, Reason
 from ..keys import LOCAL_PRINCIPAL
@@ -280,6 +281,7 @@ class TaskRuns:
                 engine.owners.unhold(identity)
 
         engine.spawn(_logging_failure(claimed, run_then_let_go()))
+        callers.handed_off()  # the run's task is inside the call now, and leaves it; this one is not
         return claimed
 
     async def resume(

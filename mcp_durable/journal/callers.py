@@ -24,7 +24,27 @@ which every claim, take-over and task start goes through).
   does not wait). Callers whose requests are ready in the same pass would then each find one call
   in flight — the one before them having finished — and go alone one after the other, so that
   concurrent calls never batched. The second task to skip in one pass takes the turn instead, and
-  the tasks ready in that pass join its batch.
+  the tasks ready in that pass join its batch;
+- the task that skipped has skipped fewer than `SKIPS_PER_PASS` times in this pass. A call makes
+  a few writes; a writer appending in a loop with inline commits would otherwise never give the
+  loop a pass, and every other task of the loop (requests waiting on a socket, timers) would
+  wait for its last append.
+
+A write made outside any call — a process journal's `append` from an agent or a worker, not
+from a tool — is a *direct write*. Counted as nothing, it always took the turn, and a writer
+appending one entry after another paid a pass of the loop for each. The journals' `append`
+brackets its write with `direct_write()` / `direct_done()`: a direct write counts as a call of its
+own, under the rules above, when
+
+- the running task is inside no call (`enter` and `leave` also move a count kept in the task's
+  context; a write inside a call — a durable step, an audit entry — is that call's and counts as
+  nothing more), and
+- a task's first direct write marks its stretch as overlapping: it takes the turn, and so does
+  the task's next write, the first of the next stretch. Writers started together (tasks each
+  appending once, or in a loop) each find themselves first, and share one batch, where the
+  first of them would otherwise go alone; their next writes take the turn and share one again.
+  A writer appending in a loop skips the turn from its third append on while no other writer
+  overlaps it.
 
 Correctness never depends on the turn: a write that skips it is committed alone, with the same
 guarantees. Counted per thread (each event loop runs on one), so engines running on loops of
@@ -36,6 +56,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from contextvars import ContextVar
+
+#: Writes one task may make without the batching turn in one pass of the event loop; the next
+#: takes the turn (module docstring).
+SKIPS_PER_PASS = 16
 
 
 class _Callers(threading.local):
@@ -50,21 +75,77 @@ class _Callers(threading.local):
         self.crowded = False
         #: The task that skipped the turn in this pass of the loop; None once the pass is over.
         self.skipped: asyncio.Task[object] | None = None
+        #: How many times it did.
+        self.skips = 0
 
 
 _callers = _Callers()
+#: How many calls the running task is inside (kept in the task's context, so a task started
+#: inside a call inherits it): where 0, the task's writes are direct writes.
+_inside: ContextVar[int] = ContextVar("mcp_durable_calls_inside", default=0)
+#: The running task has made a direct write before (it is not a writer's first write).
+_wrote: ContextVar[bool] = ContextVar("mcp_durable_wrote_directly", default=False)
 
 
 def enter() -> None:
-    """One more call in flight on this thread (before its first write is sent)."""
+    """One more call in flight on this thread, and the running task inside it (before the call's
+    first write is sent)."""
+    callers = _callers
+    callers.count += 1
+    if callers.count > 1:
+        callers.overlapping = True
+    _inside.set(_inside.get() + 1)
+
+
+def leave() -> None:
+    """The matching end of one `enter()` (after the call's last write), in the task that entered
+    or in one it started after `enter()` (which inherited being inside: see `handed_off`)."""
+    callers = _callers
+    callers.count -= 1
+    if callers.count == 0:
+        callers.crowded, callers.overlapping = callers.overlapping, False
+    inside = _inside.get()
+    if inside > 0:
+        _inside.set(inside - 1)
+
+
+def handed_off() -> None:
+    """The running task has started a task that carries on the call it entered and will `leave()`
+    it (a background task run): this task is no longer inside that call."""
+    inside = _inside.get()
+    if inside > 0:
+        _inside.set(inside - 1)
+
+
+def direct_write() -> bool:
+    """Before a journal's `append` sends its write: count it as a call of its own when it is a
+    direct write that is not its task's first (module docstring). True when it was counted, to be
+    handed to `direct_done` after the write is durable."""
+    if _inside.get():
+        return False
+    _count_in()
+    if not _wrote.get():
+        # A first write takes the turn, and so does the next write after it (the stretch was
+        # crowded): writers started together all find themselves first, and share one batch.
+        _wrote.set(True)
+        _callers.overlapping = True
+    return True
+
+
+def direct_done(counted: bool) -> None:
+    """The matching end of one `direct_write()`, given what it returned."""
+    if counted:
+        _count_out()
+
+
+def _count_in() -> None:
     callers = _callers
     callers.count += 1
     if callers.count > 1:
         callers.overlapping = True
 
 
-def leave() -> None:
-    """The matching end of one `enter()` (after the call's last write)."""
+def _count_out() -> None:
     callers = _callers
     callers.count -= 1
     if callers.count == 0:
@@ -90,12 +171,14 @@ def alone() -> bool:
         return False
     skipped = callers.skipped
     if skipped is task:
-        return True
+        callers.skips += 1
+        return callers.skips < SKIPS_PER_PASS
     loop = task.get_loop()
     # A mark left by a loop that stopped before its next pass (this thread may run another) is stale.
     if skipped is not None and skipped.get_loop() is loop:
         return False
     callers.skipped = task
+    callers.skips = 1
     # Runs at the next pass of the loop (call_soon is first in, first out): until then, any other
     # task finding one call in flight runs in this same pass, and others may be ready with it.
     loop.call_soon(_pass_over)
@@ -104,3 +187,4 @@ def alone() -> bool:
 
 def _pass_over() -> None:
     _callers.skipped = None
+    _callers.skips = 0

@@ -167,3 +167,38 @@ async def together(call: Callable[[str], Coroutine[Any, Any, None]], prefix: str
     async with anyio.create_task_group() as group:
         for n in range(calls):
             group.start_soon(call, f"{prefix}-{n}")
+
+
+async def test_a_writer_appending_in_a_loop_skips_the_turn_and_writers_started_together_share_commits(
+    journal: Journal,
+) -> None:
+    # A process journal's appends outside any call (an agent's steps, a worker's): the task's
+    # first two take the turn, its later ones give the loop no pass (each was one pass before).
+    callers.enter()  # a stretch of one call: overlapping calls of the tests before no longer count
+    callers.leave()
+
+    async def writer(process: str) -> list[bool]:
+        passes = []
+        for n in range(4):
+            fast_commits(journal)
+            passes.append(await probed(journal.append(process, "context_update", {"n": n}, T0)))
+        return passes
+
+    assert await asyncio.get_running_loop().create_task(writer("alone")) == [True, True, False, False]
+    assert len(await journal.entries(process_id="alone")) == 4
+
+    # Eight new writers started together, twice each: each round is one commit, as when every
+    # append took the turn (the first of them does not go alone).
+    async def twice(process: str) -> None:
+        for n in range(2):
+            await journal.append(process, "context_update", {"n": n}, T0)
+
+    fast_commits(journal)
+    before = commits(journal)
+    async with anyio.create_task_group() as group:
+        for n in range(8):
+            group.start_soon(twice, f"w{n}")
+    assert commits(journal) - before == 2
+    assert callers.in_flight() == 0
+    for n in range(8):
+        assert len(await journal.entries(process_id=f"w{n}")) == 2

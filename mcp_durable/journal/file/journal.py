@@ -19,6 +19,7 @@ import anyio.to_thread
 import orjson
 
 from ...errors import ConfigError, JournalCorruptError, JournalError
+from .. import callers
 from ..base import (
     ALL_CALLS,
     AUDIT_PROCESS,
@@ -740,7 +741,11 @@ class FileJournal:
         )
         if self._audits is not None and (audited := audited_call(process_id, entry_type, data)) is not None:
             self._audits.setdefault(audited, []).append(seq)
-        await self._durable(batch)
+        counted = callers.direct_write()  # a writer appending in a loop need not wait for others
+        try:
+            await self._durable(batch)
+        finally:
+            callers.direct_done(counted)
         return JournalEntry(process_id, entry_type, data, ts, seq)
 
     async def entries(

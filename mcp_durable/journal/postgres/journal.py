@@ -60,6 +60,7 @@ import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict
 
 from ...errors import JournalError
+from .. import callers
 from ..base import (
     ALL_CALLS,
     AUDIT_ENTRY,
@@ -911,7 +912,11 @@ class PostgresJournal:
 
     async def append(self, process_id: str, entry_type: str, data: dict[str, Any], ts: float) -> JournalEntry:
         item = _Append(process_id, entry_type, orjson.dumps(data).decode(), ts, step_index(entry_type, data))
-        seq = await self._appends.submit(item)
+        counted = callers.direct_write()  # a writer appending in a loop need not wait for others
+        try:
+            seq = await self._appends.submit(item)
+        finally:
+            callers.direct_done(counted)
         if isinstance(seq, _Alone):  # the batch's statement could not carry one of its appends
             seq = await self._append_one(item)
         return JournalEntry(process_id, entry_type, data, ts, seq)
