@@ -63,9 +63,11 @@ from contextvars import ContextVar
 SKIPS_PER_PASS = 16
 
 
-class _Callers(threading.local):
+class _Callers:
     """This thread's count of calls in flight, whether calls overlapped lately, and the task that
     skipped the turn in this pass."""
+
+    __slots__ = ("count", "overlapping", "crowded", "skipped", "skips")
 
     def __init__(self) -> None:
         self.count = 0
@@ -79,88 +81,89 @@ class _Callers(threading.local):
         self.skips = 0
 
 
-_callers = _Callers()
-#: How many calls the running task is inside (kept in the task's context, so a task started
-#: inside a call inherits it): where 0, the task's writes are direct writes.
-_inside: ContextVar[int] = ContextVar("mcp_durable_calls_inside", default=0)
-#: The running task has made a direct write before (it is not a writer's first write).
-_wrote: ContextVar[bool] = ContextVar("mcp_durable_wrote_directly", default=False)
+class _PerThread(threading.local):
+    """Each thread's `_Callers`: a plain object held by the thread-local, since every attribute of
+    a `threading.local` is a lookup in the thread's dict, and a write reads and sets several."""
+
+    def __init__(self) -> None:
+        self.callers = _Callers()
+
+
+_per_thread = _PerThread()
+#: The running task's part, kept in its context (a task started inside a call inherits it): how
+#: many calls it is inside, times two, plus one once it has made a direct write. One variable,
+#: so that a direct write reads one.
+_task: ContextVar[int] = ContextVar("mcp_durable_callers_task", default=0)
+_INSIDE = 2
+_WROTE = 1
 
 
 def enter() -> None:
     """One more call in flight on this thread, and the running task inside it (before the call's
     first write is sent)."""
-    callers = _callers
+    callers = _per_thread.callers
     callers.count += 1
     if callers.count > 1:
         callers.overlapping = True
-    _inside.set(_inside.get() + 1)
+    _task.set(_task.get() + _INSIDE)
 
 
 def leave() -> None:
     """The matching end of one `enter()` (after the call's last write), in the task that entered
     or in one it started after `enter()` (which inherited being inside: see `handed_off`)."""
-    callers = _callers
+    callers = _per_thread.callers
     callers.count -= 1
     if callers.count == 0:
         callers.crowded, callers.overlapping = callers.overlapping, False
-    inside = _inside.get()
-    if inside > 0:
-        _inside.set(inside - 1)
+    task = _task.get()
+    if task >= _INSIDE:
+        _task.set(task - _INSIDE)
 
 
 def handed_off() -> None:
     """The running task has started a task that carries on the call it entered and will `leave()`
     it (a background task run): this task is no longer inside that call."""
-    inside = _inside.get()
-    if inside > 0:
-        _inside.set(inside - 1)
+    task = _task.get()
+    if task >= _INSIDE:
+        _task.set(task - _INSIDE)
 
 
 def direct_write() -> bool:
-    """Before a journal's `append` sends its write: count it as a call of its own when it is a
-    direct write that is not its task's first (module docstring). True when it was counted, to be
-    handed to `direct_done` after the write is durable."""
-    if _inside.get():
+    """Before a journal's `append` sends its write: count it as a call of its own when the running
+    task is inside no call; a task's first such write marks the stretch as overlapping (module
+    docstring). True when it was counted, to be handed to `direct_done` after the write is durable."""
+    task = _task.get()
+    if task >= _INSIDE:
         return False
-    _count_in()
-    if not _wrote.get():
+    callers = _per_thread.callers
+    callers.count += 1
+    if callers.count > 1 or not task:
         # A first write takes the turn, and so does the next write after it (the stretch was
         # crowded): writers started together all find themselves first, and share one batch.
-        _wrote.set(True)
-        _callers.overlapping = True
+        callers.overlapping = True
+        if not task:
+            _task.set(_WROTE)
     return True
 
 
 def direct_done(counted: bool) -> None:
     """The matching end of one `direct_write()`, given what it returned."""
     if counted:
-        _count_out()
-
-
-def _count_in() -> None:
-    callers = _callers
-    callers.count += 1
-    if callers.count > 1:
-        callers.overlapping = True
-
-
-def _count_out() -> None:
-    callers = _callers
-    callers.count -= 1
-    if callers.count == 0:
-        callers.crowded, callers.overlapping = callers.overlapping, False
+        callers = _per_thread.callers
+        callers.count -= 1
+        if callers.count == 0:
+            callers.crowded, callers.overlapping = callers.overlapping, False
 
 
 def in_flight() -> int:
     """Calls in flight on this thread."""
-    return _callers.count
+    return _per_thread.callers.count
 
 
 def alone() -> bool:
     """Whether the running task may skip the batching turn: nobody could join its batch (see the
     module docstring). A True answer marks this pass of the loop as having had its lone writer."""
-    callers = _callers
+    callers = _per_thread.callers
     if callers.count != 1 or callers.overlapping or callers.crowded:
         return False
     try:
@@ -186,5 +189,6 @@ def alone() -> bool:
 
 
 def _pass_over() -> None:
-    _callers.skipped = None
-    _callers.skips = 0
+    callers = _per_thread.callers
+    callers.skipped = None
+    callers.skips = 0

@@ -249,13 +249,7 @@ async def test_a_step_committed_while_a_batch_waits_for_the_lock_is_kept_and_the
 
 async def lock_awaited(conn: psycopg.AsyncConnection[Any], lock: str) -> bool:
     """Whether a session waits for the advisory lock `hashtext(lock)` (taken as a bigint key)."""
-    cursor = await conn.execute(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
-        "AND objid::bigint = hashtext(%s)::bigint & 4294967295",
-        (lock,),
-    )
-    row = await cursor.fetchone()
-    return row is not None and row[0] > 0
+    return await lock_waiters(conn, lock) > 0
 
 
 async def test_a_batch_that_fails_fails_every_append_in_it_and_stores_none() -> None:
@@ -300,6 +294,44 @@ async def test_the_step_lookup_of_an_append_batch_goes_through_the_step_index(jo
         cursor = await conn.execute("EXPLAIN " + journal._append_many_sql, (journal._entries_lock, rows))
         plan = "\n".join(row[0] for row in await cursor.fetchall())
     assert "Seq Scan on entries" not in plan and "hashed SubPlan" not in plan and "entries_by_step" in plan, plan
+
+
+async def test_a_second_full_statement_goes_out_beside_the_one_in_flight(journal: PostgresJournal) -> None:
+    # A wave of twice `APPEND_BATCH_MAX_ITEMS` appends: two full statements. The first waits in
+    # the database (another session holds the entries' lock) while the second forms; the second
+    # takes the slot kept for full batches (`FULL_BATCH_SLOTS`) and is sent beside it rather than
+    # after it. Both then wait for the lock, and both land once it is free.
+    lock = journal._entries_lock
+    wave = 2 * APPEND_BATCH_MAX_ITEMS
+    async with await psycopg.AsyncConnection.connect(journal.settings.conninfo) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
+        before = (journal._appends.batches, journal._appends.items, journal._appends.beside)
+        outcomes: list[Any] = []
+
+        async def wave_of_appends() -> None:
+            outcomes.extend(await append_together(journal, [("p", "context_update", {"n": n}) for n in range(wave)]))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(wave_of_appends)
+            with anyio.fail_after(10):
+                while await lock_waiters(holder, lock) < 2:
+                    await anyio.sleep(0.01)
+            assert journal._appends.beside - before[2] == 1  # sent while the first waited
+            await holder.commit()
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (2, wave)
+    assert all(isinstance(outcome, JournalEntry) for outcome in outcomes)
+    assert await journal.entries() == sorted(outcomes, key=lambda entry: entry.seq)
+
+
+async def lock_waiters(conn: psycopg.AsyncConnection[Any], lock: str) -> int:
+    """How many sessions wait for the advisory lock `hashtext(lock)`."""
+    cursor = await conn.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND objid::bigint = hashtext(%s)::bigint & 4294967295",
+        (lock,),
+    )
+    row = await cursor.fetchone()
+    return 0 if row is None else int(row[0])
 
 
 async def test_callers_cancelled_while_their_batch_waits_still_learn_their_entries(journal: PostgresJournal) -> None:

@@ -274,14 +274,16 @@ async def _claim_into(won: list[bool], journal: Journal, record: CallRecord, now
     won.append((await journal.claim(record, now))[0])
 
 
-async def test_a_wave_of_callers_goes_out_as_full_statements_side_by_side(journal: PostgresJournal) -> None:
+async def test_a_wave_of_callers_goes_out_as_full_statements(journal: PostgresJournal) -> None:
     # 64 callers in step: each round's claims fill two statements of BATCH_MAX_ITEMS (32) items,
-    # the second run beside the first (a slot kept for full batches), not one of 64 or 64 of one.
+    # not one of 64 or 64 of one. Whether a round's second statement goes out beside the first (a
+    # slot kept for full batches) depends on whether the database has answered the first by then:
+    # held to wait, it does (tests/backends/test_postgres_appends.py, the same `Batcher` and
+    # settings); the rule itself is stepped through in `test_only_full_batches_take_the_slot_kept_for_them`.
     assert BATCH_MAX_ITEMS == 32
-    before = (journal._claims.items, journal._claims.batches, journal._claims.beside)
+    before = (journal._claims.items, journal._claims.batches)
     await _callers_in_step(journal, "w", callers=64, rounds=5)
     assert (journal._claims.items - before[0], journal._claims.batches - before[1]) == (320, 10)
-    assert journal._claims.beside - before[2] >= 3  # most rounds' second statement went out beside the first
 
 
 @pytest.mark.parametrize(
