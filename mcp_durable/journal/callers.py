@@ -128,13 +128,15 @@ def handed_off() -> None:
         _task.set(task - _INSIDE)
 
 
-def direct_write() -> bool:
+def direct_write() -> _Callers | None:
     """Before a journal's `append` sends its write: count it as a call of its own when the running
     task is inside no call; a task's first such write marks the stretch as overlapping (module
-    docstring). True when it was counted, to be handed to `direct_done` after the write is durable."""
+    docstring). What it returns is handed to `direct_done` after the write is durable (the
+    thread's count when it counted, else None: a second look-up of the thread-local would cost
+    about as much again)."""
     task = _task.get()
     if task >= _INSIDE:
-        return False
+        return None
     callers = _per_thread.callers
     callers.count += 1
     if callers.count > 1 or not task:
@@ -143,13 +145,13 @@ def direct_write() -> bool:
         callers.overlapping = True
         if not task:
             _task.set(_WROTE)
-    return True
+    return callers
 
 
-def direct_done(counted: bool) -> None:
+def direct_done(counted: _Callers | None) -> None:
     """The matching end of one `direct_write()`, given what it returned."""
-    if counted:
-        callers = _per_thread.callers
+    if counted is not None:
+        callers = counted
         callers.count -= 1
         if callers.count == 0:
             callers.crowded, callers.overlapping = callers.overlapping, False
