@@ -33,18 +33,19 @@ which every claim, take-over and task start goes through).
 A write made outside any call — a process journal's `append` from an agent or a worker, not
 from a tool — is a *direct write*. Counted as nothing, it always took the turn, and a writer
 appending one entry after another paid a pass of the loop for each. The journals' `append`
-brackets its write with `direct_write()` / `direct_done()`: a direct write counts as a call of its
-own, under the rules above, when
+brackets its write with `direct_write()` / `direct_done()`:
 
-- the running task is inside no call (`enter` and `leave` also move a count kept in the task's
-  context; a write inside a call — a durable step, an audit entry — is that call's and counts as
-  nothing more), and
+- a direct write counts as a call of its own, under the rules above, when the running task is
+  inside no call (`enter` and `leave` also move a count kept in the task's context). A write
+  inside a call — a durable step, an audit entry — is that call's, and counts as nothing more;
 - a task's first direct write marks its stretch as overlapping: it takes the turn, and so does
   the task's next write, the first of the next stretch. Writers started together (tasks each
   appending once, or in a loop) each find themselves first, and share one batch, where the
   first of them would otherwise go alone; their next writes take the turn and share one again.
   A writer appending in a loop skips the turn from its third append on while no other writer
-  overlaps it.
+  overlaps it. (A task started by one that has written directly inherits that, as it inherits
+  the rest of its context: writers it starts together go as one lone write and a batch of the
+  rest, as calls do after a quiet stretch.)
 
 Correctness never depends on the turn: a write that skips it is committed alone, with the same
 guarantees. Counted per thread (each event loop runs on one), so engines running on loops of
