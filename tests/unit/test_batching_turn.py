@@ -1,8 +1,9 @@
 """The batching turn (one `anyio.lowlevel.checkpoint` before a batch closes): a task ready to run
 joins the batch; the Postgres batcher sends a lone item alone (`run_one`) and gathers items
 submitted together into one batch. The turn is skipped only by the write of the one call in
-flight (`journal/callers.py`), and not by a second such write in the same pass of the loop, or
-by a direct write (outside any call) that is its task's first."""
+flight (`journal/callers.py`), and not by a second such write in the same pass of the loop;
+a direct write (outside any call) counts as a call of its own, and its task's first two take
+the turn."""
 
 from __future__ import annotations
 
