@@ -138,6 +138,8 @@ def direct_write() -> _Callers | None:
     task = _task.get()
     if task >= _INSIDE:
         return None
+    # `enter`'s count and `leave`'s below written out, not called: this is every append's path,
+    # and a Python call costs about as much as the count itself.
     callers = _per_thread.callers
     callers.count += 1
     if callers.count > 1 or not task:
@@ -152,10 +154,9 @@ def direct_write() -> _Callers | None:
 def direct_done(counted: _Callers | None) -> None:
     """The matching end of one `direct_write()`, given what it returned."""
     if counted is not None:
-        callers = counted
-        callers.count -= 1
-        if callers.count == 0:
-            callers.crowded, callers.overlapping = callers.overlapping, False
+        counted.count -= 1
+        if counted.count == 0:
+            counted.crowded, counted.overlapping = counted.overlapping, False
 
 
 def in_flight() -> int:
