@@ -139,6 +139,7 @@ async def _build_sqlite(root: Path, kind: str, count: int) -> None:
 
 def _fill_sqlite(path: Path, kind: str, count: int, batch: int = 50_000) -> None:
     from mcp_durable.journal.sqlite import _COLUMNS, _PLACEHOLDERS, _row
+    from mcp_durable.journal.sqlite_schema import fold_entries
 
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -157,6 +158,10 @@ def _fill_sqlite(path: Path, kind: str, count: int, batch: int = 50_000) -> None
                     "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",
                     ((PROCESS, *_entry_row(i + 1)) for i in range(start, stop)),
                 )
+            conn.execute("COMMIT")
+        if kind != "calls" and count:  # count the entries once, as the journal's appends would have
+            conn.execute("BEGIN IMMEDIATE")
+            fold_entries(conn, conn.execute("SELECT max(seq) FROM entries").fetchone()[0])
             conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:

@@ -65,7 +65,7 @@ from .sql_rows import LISTING_ORDER, counts_of, listing_clause, ranged_count_sql
 from .sql_rows import call_record as _record
 from .sql_rows import call_row as _row
 from .sql_rows import process_entry as _entry
-from .sqlite_schema import AUDIT_CALL, OPEN_INDEX, migrate
+from .sqlite_schema import AUDIT_CALL, ENTRY_FOLD, ENTRY_TALLY, OPEN_INDEX, fold_entries, migrate
 from .sqlite_writer import SQLiteWriter
 from .writer_lock import WriterLock
 
@@ -135,6 +135,8 @@ class SQLiteJournal:
     """A `Journal` in a SQLite database file (WAL mode)."""
 
     single_writer = False
+    #: An append whose seq is a multiple of this folds the entries' count (`fold_entries`).
+    entry_fold = ENTRY_FOLD
 
     def __init__(
         self,
@@ -336,7 +338,12 @@ class SQLiteJournal:
             # fence check and the insert (the transaction holds the database's write lock), and
             # `entries_by_step` answers "that step is stored" across processes.
             cursor = conn.execute(_APPEND_STEP, (process_id, STEP, payload, ts, index, *_held(identity, fence)))
-            return cursor.lastrowid if cursor.rowcount == 1 else None
+            seq = cursor.lastrowid
+            if cursor.rowcount != 1 or seq is None:
+                return None
+            if seq % self.entry_fold == 0:
+                fold_entries(conn, seq)
+            return seq
 
         seq = await self._write(body)
         return None if seq is None else JournalEntry(process_id, STEP, data, ts, seq)
@@ -420,7 +427,7 @@ class SQLiteJournal:
             try:
                 groups = conn.execute("SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0")
                 counts = counts_of(groups.fetchall())
-                (entries,) = conn.execute("SELECT n FROM tallies WHERE name = 'entries'").fetchone()
+                (entries,) = conn.execute(ENTRY_TALLY).fetchone()
                 oldest = _first(conn.execute(f"SELECT created_at FROM calls {_OLDEST}"))
             finally:
                 conn.execute("COMMIT")
@@ -443,8 +450,11 @@ class SQLiteJournal:
                     "INSERT INTO entries (process_id, entry_type, data, ts) VALUES (?, ?, ?, ?)",
                     (process_id, entry_type, payload, ts),
                 )
-            assert cursor.lastrowid is not None
-            return cursor.lastrowid
+            seq = cursor.lastrowid
+            assert seq is not None
+            if seq % self.entry_fold == 0:  # the entries' count, kept without a statement per row
+                fold_entries(conn, seq)
+            return seq
 
         counted = callers.direct_write()  # a writer appending in a loop need not wait for others
         try:

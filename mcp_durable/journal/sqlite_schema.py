@@ -16,7 +16,11 @@ Schema versions, kept in `meta` (`schema_version`):
    entries of one call);
 5. `calls_open`: the PENDING and IN_DOUBT records only (a partial index, `sql_rows.OPEN_CALLS`),
    in listing order per state, with `task_id` for the task watch's filter: the start-up sweep,
-   the task watch, recovery and the in-doubt listings read it instead of walking every record.
+   the task watch, recovery and the in-doubt listings read it instead of walking every record;
+6. the process entries counted without a statement per appended row (`ENTRY_TALLY`): the
+   `entries` tally holds the entries up to the seq in `entries_mark`, and a reader adds the
+   (few) entries past it. Since `seq` is `AUTOINCREMENT`, an entry past the mark is an entry no
+   tally holds yet, whoever inserted it (a release before this one too).
 
 What a database lacks is told by its columns (each is added once, in the migration that adds
 it) and its indexes (`CREATE INDEX IF NOT EXISTS`); the version recorded refuses a database of a
@@ -35,7 +39,7 @@ from .base import AUDIT_PROCESS, STEP
 from .record_json import step_index
 from .sql_rows import LEGACY_REASON_SQL, OPEN_CALLS
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: The tables as this release creates them; a database of an earlier schema keeps its tables
 #: and gains the columns `migrate` adds.
 _TABLES = (
@@ -72,11 +76,41 @@ _TRIGGERS = (
     "CREATE TRIGGER IF NOT EXISTS calls_counted_update AFTER UPDATE OF state ON calls "
     f"WHEN OLD.state IS NOT NEW.state BEGIN {_UNCOUNTED}; {_COUNTED}; END",
     f"CREATE TRIGGER IF NOT EXISTS calls_counted_delete AFTER DELETE ON calls BEGIN {_UNCOUNTED}; END",
-    "CREATE TRIGGER IF NOT EXISTS entries_counted_insert AFTER INSERT ON entries "
-    "BEGIN UPDATE tallies SET n = n + 1 WHERE name = 'entries'; END",
+    # Schema 6: an entry leaves the tally only if the tally holds it (it is at or below the mark).
     "CREATE TRIGGER IF NOT EXISTS entries_counted_delete AFTER DELETE ON entries "
+    "WHEN OLD.seq <= (SELECT n FROM tallies WHERE name = 'entries_mark') "
     "BEGIN UPDATE tallies SET n = n - 1 WHERE name = 'entries'; END",
 )
+#: Schema 4 and 5 counted every appended entry by a trigger: one more statement, and one more
+#: page written, per row (the lone append's share of issue 34's bookkeeping). Dropped by schema 6.
+_DROPPED_TRIGGERS = ("entries_counted_insert", "entries_counted_delete")
+
+#: The number of process entries (schema 6), as `stats` reads it: the tally, and the entries
+#: past its mark. An index range of the entries' rowid, at most about `ENTRY_FOLD` long while
+#: this release writes.
+ENTRY_TALLY = (
+    "SELECT (SELECT n FROM tallies WHERE name = 'entries') + "
+    "(SELECT count(*) FROM entries WHERE seq > (SELECT n FROM tallies WHERE name = 'entries_mark'))"
+)
+#: An append whose seq is a multiple of this folds the entries past the mark into the tally
+#: (`fold_entries`). A seq that no append returns (an insert that found its step stored, an
+#: entry another release wrote) only delays the fold to the next multiple.
+ENTRY_FOLD = 256
+_FOLD = (
+    "UPDATE tallies SET n = n + (SELECT count(*) FROM entries WHERE seq > "
+    "(SELECT n FROM tallies WHERE name = 'entries_mark') AND seq <= ?) WHERE name = 'entries'",
+    "UPDATE tallies SET n = ? WHERE name = 'entries_mark' AND n < ?",
+)
+
+
+def fold_entries(conn: sqlite3.Connection, seq: int) -> None:
+    """Add the entries past the tally's mark, up to `seq`, to the tally, and move the mark to
+    `seq`: two statements in the appending write transaction, which holds the database's write
+    lock, so no entry is counted twice or missed whichever process folds."""
+    conn.execute(_FOLD[0], (seq,))
+    conn.execute(_FOLD[1], (seq, seq))
+
+
 #: An audit entry's call, as `entries_by_audit` indexes it and `audit_entries` asks for it (the
 #: same expressions, or SQLite would not use the index). `data` is stored as a BLOB of JSON text.
 AUDIT_CALL = ", ".join(f"json_extract(CAST(data AS TEXT), '$.{name}')" for name in ("principal", "tool", "key"))
@@ -125,21 +159,8 @@ def migrate(conn: sqlite3.Connection) -> None:
                 f"sqlite journal schema is at version {version}, newer than this mcp-durable "
                 f"understands ({SCHEMA_VERSION}): upgrade mcp-durable"
             )
-        calls = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
-        if "task_id" not in calls:  # schema 1
-            conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")
-        if "reason" not in calls:  # schema 1 or 2
-            conn.execute("ALTER TABLE calls ADD COLUMN reason TEXT")
-            conn.execute(f"UPDATE calls SET reason = {LEGACY_REASON_SQL} WHERE state IN ('released', 'in_doubt')")
-        if "step_index" not in {row[1] for row in conn.execute("PRAGMA table_info(entries)")}:
-            conn.execute("ALTER TABLE entries ADD COLUMN step_index INTEGER")
-            _index_steps(conn)
-        if counted is None:  # schema 3 or earlier, or new: count what is there (inside the lock)
-            conn.execute(
-                "INSERT INTO call_counts SELECT principal, tool, state, count(*) FROM calls "
-                "GROUP BY principal, tool, state"
-            )
-            conn.execute("INSERT INTO tallies VALUES ('entries', (SELECT count(*) FROM entries))")
+        _add_columns(conn)
+        _count(conn, counted is not None, version)
         for statement in (*_TRIGGERS, *_INDEXES):
             conn.execute(statement)
         if version != SCHEMA_VERSION:
@@ -150,6 +171,35 @@ def migrate(conn: sqlite3.Connection) -> None:
             with contextlib.suppress(sqlite3.Error):  # closing the connection rolls it back too
                 conn.execute("ROLLBACK")
         raise
+
+
+def _add_columns(conn: sqlite3.Connection) -> None:
+    """The columns of schemas 2 and 3, added to a database that lacks them (and filled)."""
+    calls = {row[1] for row in conn.execute("PRAGMA table_info(calls)")}
+    if "task_id" not in calls:  # schema 1
+        conn.execute("ALTER TABLE calls ADD COLUMN task_id TEXT")
+    if "reason" not in calls:  # schema 1 or 2
+        conn.execute("ALTER TABLE calls ADD COLUMN reason TEXT")
+        conn.execute(f"UPDATE calls SET reason = {LEGACY_REASON_SQL} WHERE state IN ('released', 'in_doubt')")
+    if "step_index" not in {row[1] for row in conn.execute("PRAGMA table_info(entries)")}:
+        conn.execute("ALTER TABLE entries ADD COLUMN step_index INTEGER")
+        _index_steps(conn)
+
+
+def _count(conn: sqlite3.Connection, counted: bool, version: int | None) -> None:
+    """The kept counts of schemas 4 and 6, made from what the database holds (inside the
+    migration's lock, so no writer changes it meanwhile)."""
+    if not counted:  # schema 3 or earlier, or new: count what is there
+        conn.execute(
+            "INSERT INTO call_counts SELECT principal, tool, state, count(*) FROM calls GROUP BY principal, tool, state"
+        )
+        conn.execute("INSERT INTO tallies VALUES ('entries', (SELECT count(*) FROM entries))")
+    if version is None or version < 6:  # the entries' tally was exact to here: it holds them all
+        for name in _DROPPED_TRIGGERS:
+            conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+        conn.execute(
+            "INSERT OR IGNORE INTO tallies VALUES ('entries_mark', (SELECT coalesce(max(seq), 0) FROM entries))"
+        )
 
 
 def _current(conn: sqlite3.Connection) -> bool:
