@@ -61,11 +61,11 @@ from .masked_urls import display_url
 from .model import CallIdentity, CallRecord, CallState, Fence, JournalEntry, JournalStats
 from .record_json import step_data, step_index
 from .sql_rows import CALL_COLUMNS as _COLUMNS
-from .sql_rows import LISTING_ORDER, counts_of, listing_clause, ranged_count_sql
+from .sql_rows import LISTING_ORDER, OPEN_CALLS, counts_of, listing_clause, ranged_count_sql
 from .sql_rows import call_record as _record
 from .sql_rows import call_row as _row
 from .sql_rows import process_entry as _entry
-from .sqlite_schema import AUDIT_CALL, ENTRY_FOLD, ENTRY_TALLY, OPEN_INDEX, fold_entries, migrate
+from .sqlite_schema import AUDIT_CALL, ENTRY_FOLD, ENTRY_TALLY, OPEN_COUNTS, OPEN_INDEX, fold_entries, migrate
 from .sqlite_writer import SQLiteWriter
 from .writer_lock import WriterLock
 
@@ -122,9 +122,11 @@ _AUDITS = (
     f"WHERE process_id = '{AUDIT_PROCESS}' AND ({AUDIT_CALL}) = (?, ?, ?) AND entry_type = ? ORDER BY seq"
 )
 #: A call of every principal: the principals with a record of the tool (the kept counts know
-#: them), each looked up by the primary key (parameters: tool, tool, key).
+#: those with a final one, `calls_open` those with an open one), each looked up by the primary
+#: key (parameters: tool, tool, tool, key).
 _FIND = (
-    f"SELECT {_COLUMNS} FROM calls WHERE principal IN (SELECT principal FROM call_counts WHERE tool = ? AND n > 0) "
+    f"SELECT {_COLUMNS} FROM calls WHERE principal IN (SELECT principal FROM call_counts WHERE tool = ? AND n > 0 "
+    f"UNION SELECT principal FROM calls WHERE {OPEN_CALLS} AND tool = ?) "
     f"AND tool = ? AND key = ? {LISTING_ORDER}"
 )
 #: Values per `IN (…)` list (SQLite allows 32,766 parameters; far fewer keep statements small).
@@ -289,7 +291,7 @@ class SQLiteJournal:
         return None if row is None else _record(row)
 
     async def find_calls(self, tool: str, key: str) -> list[CallRecord]:
-        rows = await self._run(lambda conn: conn.execute(_FIND, (tool, tool, key)).fetchall())
+        rows = await self._run(lambda conn: conn.execute(_FIND, (tool, tool, tool, key)).fetchall())
         return [_record(row) for row in rows]
 
     async def get_task(self, principal: str, task_id: str) -> CallRecord | None:
@@ -411,7 +413,9 @@ class SQLiteJournal:
             conn.execute("BEGIN")
             try:
                 groups = conn.execute(
-                    f"SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 {mine}", args
+                    f"SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 {mine}"
+                    f"UNION ALL {OPEN_COUNTS.format(mine=mine)}",
+                    args * 2,
                 ).fetchall()
                 where = "WHERE principal = ?" if query.principal is not None else ""
                 oldest = _first(conn.execute(f"SELECT created_at FROM calls {where} {_OLDEST}", args))
@@ -425,7 +429,10 @@ class SQLiteJournal:
         def read(conn: sqlite3.Connection) -> JournalStats:
             conn.execute("BEGIN")
             try:
-                groups = conn.execute("SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0")
+                groups = conn.execute(
+                    "SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 "
+                    f"UNION ALL {OPEN_COUNTS.format(mine='')}"
+                )
                 counts = counts_of(groups.fetchall())
                 (entries,) = conn.execute(ENTRY_TALLY).fetchone()
                 oldest = _first(conn.execute(f"SELECT created_at FROM calls {_OLDEST}"))

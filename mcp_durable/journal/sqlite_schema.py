@@ -17,7 +17,9 @@ Schema versions, kept in `meta` (`schema_version`):
 5. `calls_open`: the PENDING and IN_DOUBT records only (a partial index, `sql_rows.OPEN_CALLS`),
    in listing order per state, with `task_id` for the task watch's filter: the start-up sweep,
    the task watch, recovery and the in-doubt listings read it instead of walking every record;
-6. the process entries counted without a statement per appended row (`ENTRY_TALLY`): the
+6. counts written only where they cannot be read off an index: `call_counts` keeps the final
+   records only, the open ones counted from `calls_open` when read (`OPEN_COUNTS`); and the
+   process entries counted without a statement per appended row (`ENTRY_TALLY`): the
    `entries` tally holds the entries up to the seq in `entries_mark`, and a reader adds the
    (few) entries past it. Since `seq` is `AUTOINCREMENT`, an entry past the mark is an entry no
    tally holds yet, whoever inserted it (a release before this one too).
@@ -65,25 +67,40 @@ _TABLES = (
     "CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, n INTEGER NOT NULL)",
 )
 #: The counts (schema 4) as the triggers keep them, and `stats` and `count_calls` read them: a
-#: group's row stays at 0 when its last record goes (readers skip it).
+#: group's row stays at 0 when its last record goes (readers skip it). Since schema 6 only the
+#: final records (COMPLETED, FAILED, RELEASED, CANCELLED) are kept; the open ones, which a claim
+#: makes and a completion ends, are counted when read from `calls_open` (`OPEN_COUNTS`), which
+#: holds only them: a claim writes no count, a completion one (as Postgres since migration 7).
 _COUNTED = """INSERT INTO call_counts VALUES (NEW.principal, NEW.tool, NEW.state, 1)
     ON CONFLICT (principal, tool, state) DO UPDATE SET n = n + 1"""
 _UNCOUNTED = (
     "UPDATE call_counts SET n = n - 1 WHERE principal = OLD.principal AND tool = OLD.tool AND state = OLD.state"
 )
+_FINAL_NEW, _FINAL_OLD = (f"{row}.state NOT IN ('pending', 'in_doubt')" for row in ("NEW", "OLD"))
+_MOVED = "OLD.state IS NOT NEW.state"
 _TRIGGERS = (
-    f"CREATE TRIGGER IF NOT EXISTS calls_counted_insert AFTER INSERT ON calls BEGIN {_COUNTED}; END",
+    f"CREATE TRIGGER IF NOT EXISTS calls_counted_insert AFTER INSERT ON calls WHEN {_FINAL_NEW} BEGIN {_COUNTED}; END",
+    "CREATE TRIGGER IF NOT EXISTS calls_uncounted_update AFTER UPDATE OF state ON calls "
+    f"WHEN {_MOVED} AND {_FINAL_OLD} BEGIN {_UNCOUNTED}; END",
     "CREATE TRIGGER IF NOT EXISTS calls_counted_update AFTER UPDATE OF state ON calls "
-    f"WHEN OLD.state IS NOT NEW.state BEGIN {_UNCOUNTED}; {_COUNTED}; END",
-    f"CREATE TRIGGER IF NOT EXISTS calls_counted_delete AFTER DELETE ON calls BEGIN {_UNCOUNTED}; END",
+    f"WHEN {_MOVED} AND {_FINAL_NEW} BEGIN {_COUNTED}; END",
+    f"CREATE TRIGGER IF NOT EXISTS calls_counted_delete AFTER DELETE ON calls WHEN {_FINAL_OLD} "
+    f"BEGIN {_UNCOUNTED}; END",
     # Schema 6: an entry leaves the tally only if the tally holds it (it is at or below the mark).
     "CREATE TRIGGER IF NOT EXISTS entries_counted_delete AFTER DELETE ON entries "
     "WHEN OLD.seq <= (SELECT n FROM tallies WHERE name = 'entries_mark') "
     "BEGIN UPDATE tallies SET n = n - 1 WHERE name = 'entries'; END",
 )
-#: Schema 4 and 5 counted every appended entry by a trigger: one more statement, and one more
-#: page written, per row (the lone append's share of issue 34's bookkeeping). Dropped by schema 6.
-_DROPPED_TRIGGERS = ("entries_counted_insert", "entries_counted_delete")
+#: The triggers of schemas 4 and 5 that schema 6 replaces: the calls' counted every record,
+#: open ones included; the entries' counted every appended entry (one more statement, and one
+#: more page written, per row: the lone append's share of issue 34's bookkeeping).
+_DROPPED_TRIGGERS = (
+    "calls_counted_insert",
+    "calls_counted_update",
+    "calls_counted_delete",
+    "entries_counted_insert",
+    "entries_counted_delete",
+)
 
 #: The number of process entries (schema 6), as `stats` reads it: the tally, and the entries
 #: past its mark. An index range of the entries' rowid, at most about `ENTRY_FOLD` long while
@@ -117,6 +134,14 @@ AUDIT_CALL = ", ".join(f"json_extract(CAST(data AS TEXT), '$.{name}')" for name 
 #: The partial index of open records (schema 5): what a listing of PENDING or IN_DOUBT records
 #: reads (`SQLiteJournal.listing`).
 OPEN_INDEX = "calls_open"
+#: The open records by principal, tool and state, counted from `calls_open` (schema 6), in the
+#: groups' shape of `sql_rows.counts_of`; `{mine}` is empty or `AND principal = ?`. The index is
+#: named: for a principal's, SQLite would rather walk all of the principal's records by the
+#: primary key.
+OPEN_COUNTS = (
+    f"SELECT principal, tool, state, NULL, count(*), NULL FROM calls INDEXED BY {OPEN_INDEX} WHERE {OPEN_CALLS} "
+    "{mine} GROUP BY principal, tool, state"
+)
 #: The indexes, created once their columns exist. `entries_by_step` holds the durable steps
 #: (`step_index` is NULL on every other entry): first writer wins, across processes.
 _INDEXES = (
@@ -197,6 +222,7 @@ def _count(conn: sqlite3.Connection, counted: bool, version: int | None) -> None
     if version is None or version < 6:  # the entries' tally was exact to here: it holds them all
         for name in _DROPPED_TRIGGERS:
             conn.execute(f"DROP TRIGGER IF EXISTS {name}")
+        conn.execute(f"DELETE FROM call_counts WHERE {OPEN_CALLS}")  # counted from `calls_open` now
         conn.execute(
             "INSERT OR IGNORE INTO tallies VALUES ('entries_mark', (SELECT coalesce(max(seq), 0) FROM entries))"
         )

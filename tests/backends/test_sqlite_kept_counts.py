@@ -1,10 +1,17 @@
-"""The SQLite journal's count of process entries (schema 6): a tally up to a mark, and the entries
-past the mark counted when read, so an append writes no tally row except when it folds.
+"""The SQLite journal's kept counts as schema 6 keeps them: written only where an index cannot
+answer them.
 
-The invariant: `stats().entries` is the number of rows in `entries`, whoever inserted or deleted
-them (this journal's appends and durable steps, a step insert that found its step stored and
-used up a seq, another connection's inserts and deletes: a release that does not fold), and the
-entries past the mark stay fewer than about `ENTRY_FOLD` while this release appends.
+- Calls: `call_counts` holds the final records only; the open ones (PENDING, IN_DOUBT) are
+  counted from `calls_open` when read, so a claim writes no count. The invariant:
+  `count_calls()` (all, and a principal's) equals the counts of the records themselves
+  (`CountQuery.count`), and `find_calls` finds a tool's key under every principal, whoever wrote
+  the records (this journal, or another connection: a release before this one).
+- Process entries: a tally up to a mark, and the entries past the mark counted when read, so an
+  append writes no tally row except when it folds. The invariant: `stats().entries` is the
+  number of rows in `entries`, whoever inserted or deleted them (this journal's appends and
+  durable steps, a step insert that found its step stored and used up a seq, another
+  connection's inserts and deletes), and the entries past the mark stay fewer than about
+  `ENTRY_FOLD` while this release appends.
 """
 
 from __future__ import annotations
@@ -18,10 +25,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_durable.journal import create_journal
+from mcp_durable.journal import CallIdentity, CallQuery, CallState, CountQuery, Journal, create_journal
 from mcp_durable.journal.base import step_process_id
+from mcp_durable.journal.sql_rows import CALL_COLUMNS, call_row
 from mcp_durable.journal.sqlite import SQLiteJournal
-from mcp_durable.journal.sqlite_schema import ENTRY_FOLD, SCHEMA_VERSION
+from mcp_durable.journal.sqlite_schema import ENTRY_FOLD, OPEN_COUNTS, SCHEMA_VERSION
 from tests.backends.test_open_index_sql import SQLITE_SCHEMA_4
 from tests.contract.test_calls import T0, pending
 
@@ -42,6 +50,45 @@ def _rows(path: Path, where: str = "1") -> int:
     with contextlib.closing(sqlite3.connect(path)) as conn:
         (n,) = conn.execute(f"SELECT count(*) FROM entries WHERE {where}").fetchone()
         return int(n)
+
+
+def _kept(path: Path) -> dict[tuple[str, str], int]:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return {(p, s): n for p, s, n in conn.execute("SELECT principal, state, n FROM call_counts WHERE n > 0")}
+
+
+async def test_a_claim_writes_no_count_and_a_completion_one(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = create_journal(f"sqlite:///{path}")
+    await journal.open()
+    try:
+        _, alice = await journal.claim(pending("k", principal="alice"), T0)
+        _, bob = await journal.claim(pending("k", principal="bob"), T0)
+        assert _kept(path) == {}  # schema 5 kept a PENDING row for each
+        assert (await journal.count_calls()).by_state == {"pending": 2}
+        assert (await journal.count_calls(CountQuery(principal="bob"))).by_state == {"pending": 1}
+        done = alice.evolve(state=CallState.COMPLETED, result=b"{}", owner=None, lease_until=None, completed_at=T0)
+        assert await journal.swap(alice.version, done)
+        assert _kept(path) == {("alice", "completed"): 1}
+        assert (await journal.count_calls()).by_state == {"pending": 1, "completed": 1}
+        # A key of the tool under every principal: bob's is open, so only `calls_open` knows him.
+        assert {r.identity.principal for r in await journal.find_calls("refund", "k")} == {"alice", "bob"}
+        assert bob.state is CallState.PENDING
+    finally:
+        await journal.aclose()
+
+
+async def test_the_open_records_are_counted_from_calls_open_alone(tmp_path: Path) -> None:
+    """Counting the open records reads `calls_open` (covering): not a principal's records by the
+    primary key, which SQLite would pick for a principal's count if the index were not named."""
+    path = tmp_path / "journal.db"
+    journal = create_journal(f"sqlite:///{path}")
+    await journal.open()
+    await journal.aclose()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        for mine, args in (("", ()), ("AND principal = ?", ("alice",))):
+            plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {OPEN_COUNTS.format(mine=mine)}", args)]
+            assert plan == ["SEARCH calls USING COVERING INDEX calls_open (state=?)", "USE TEMP B-TREE FOR GROUP BY"]
 
 
 async def test_an_append_writes_no_tally_row_until_its_seq_folds(tmp_path: Path) -> None:
@@ -155,3 +202,64 @@ def test_the_entry_count_is_exact_under_any_mix_of_writers(
 ) -> None:
     path = tmp_path_factory.mktemp("tally") / "journal.db"
     asyncio.run(_run(path, ops))
+
+
+_IDENTITIES = st.tuples(st.sampled_from(("alice", "bob")), st.sampled_from(("refund", "ship")), st.sampled_from("kl"))
+_CALL_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(("claim", "move", "other_move", "other_insert", "other_delete")),
+        _IDENTITIES,
+        st.sampled_from(list(CallState)),
+    ),
+    max_size=40,
+)
+
+
+async def _check_calls(journal: Journal, step: object) -> None:
+    records = await journal.list_calls(CallQuery(limit=10_000))
+    assert await journal.count_calls() == CountQuery().count(records), step
+    for principal in ("alice", "bob"):
+        mine = CountQuery(principal=principal)
+        assert await journal.count_calls(mine) == mine.count(records), step
+    for tool in ("refund", "ship"):
+        for key in "kl":
+            found = {r.identity for r in await journal.find_calls(tool, key)}
+            assert found == {r.identity for r in records if (r.identity.tool, r.identity.key) == (tool, key)}, step
+    stats, counts = await journal.stats(), CountQuery().count(records)
+    assert (stats.calls_by_state, stats.calls_by_tool) == (counts.by_state, counts.by_tool), step
+
+
+async def _run_calls(path: Path, ops: list[tuple[str, tuple[str, str, str], CallState]]) -> None:
+    journal = create_journal(f"sqlite:///{path}")
+    await journal.open()
+    other = sqlite3.connect(path, timeout=30, isolation_level=None)
+    marks = ", ".join("?" * len(CALL_COLUMNS.split(", ")))
+    try:
+        for op, (principal, tool, key), state in ops:
+            where, identity = "principal = ? AND tool = ? AND key = ?", (principal, tool, key)
+            if op == "claim":
+                await journal.claim(pending(key, principal=principal, tool=tool), T0)
+            elif op == "move":
+                record = await journal.get(CallIdentity(*identity))
+                if record is not None:
+                    assert await journal.swap(record.version, record.evolve(state=state))
+            elif op == "other_move":
+                other.execute(f"UPDATE calls SET state = ? WHERE {where}", (state.value, *identity))
+            elif op == "other_insert":
+                row = call_row(pending(key, principal=principal, tool=tool).evolve(state=state))
+                other.execute(f"INSERT OR IGNORE INTO calls ({CALL_COLUMNS}) VALUES ({marks})", row)
+            else:
+                other.execute(f"DELETE FROM calls WHERE {where}", identity)
+            await _check_calls(journal, (op, identity, state))
+    finally:
+        other.close()
+        await journal.aclose()
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=_CALL_OPS)
+def test_the_call_counts_are_exact_under_any_mix_of_writers(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, tuple[str, str, str], CallState]]
+) -> None:
+    path = tmp_path_factory.mktemp("counts") / "journal.db"
+    asyncio.run(_run_calls(path, ops))
