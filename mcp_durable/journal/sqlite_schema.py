@@ -76,7 +76,7 @@ _COUNTED = """INSERT INTO call_counts VALUES (NEW.principal, NEW.tool, NEW.state
 _UNCOUNTED = (
     "UPDATE call_counts SET n = n - 1 WHERE principal = OLD.principal AND tool = OLD.tool AND state = OLD.state"
 )
-_FINAL_NEW, _FINAL_OLD = (f"{row}.state NOT IN ('pending', 'in_doubt')" for row in ("NEW", "OLD"))
+_FINAL_NEW, _FINAL_OLD = (f"NOT {row}.{OPEN_CALLS}" for row in ("NEW", "OLD"))
 _MOVED = "OLD.state IS NOT NEW.state"
 _TRIGGERS = (
     f"CREATE TRIGGER IF NOT EXISTS calls_counted_insert AFTER INSERT ON calls WHEN {_FINAL_NEW} BEGIN {_COUNTED}; END",
