@@ -32,7 +32,8 @@ Contracts:
   session) and the resources subscribed to (`subscribe`, on the no-capability session only) are
   sent again on every new session.
 - Each session's tools are listed on its every connect and again after the upstream's
-  `notifications/tools/list_changed` on it, at its next `client()`; `listings` counts them.
+  `notifications/tools/list_changed` on it, at its next `client()` (one listing at a time: a
+  `client()` that comes while one is under way waits for it); `listings` counts them.
   Every notification of every session (but log messages, which go to its router) is handed to
   `on_notification`, in the order received.
 """
@@ -279,6 +280,9 @@ class UpstreamSession:
         #: How many times the tools were listed (each connect, each relisting after a change).
         self.listings = 0
         self._tools_stale = False
+        #: Held while the tools are listed again (`_fresh_tools`): a request that finds it held
+        #: waits for that listing, whose `_relist` cleared the stale mark before it was answered.
+        self._relisting = anyio.Lock()
 
     @property
     def spec(self) -> UpstreamSpec:
@@ -419,8 +423,8 @@ class UpstreamSession:
         Its tools are listed again first when the upstream said they changed."""
         live = self._live
         if live is not None and not live.ended.is_set():
-            if self._tools_stale:
-                await self._relist(live.client)
+            if self._tools_stale or self._relisting.locked():
+                await self._fresh_tools(live.client)
             return live.client
         async with self._lock:
             live = self._live
@@ -497,6 +501,15 @@ class UpstreamSession:
         self._last_ok = anyio.current_time()
         assert isinstance(result, CallToolResult | InputRequiredResult)
         return result
+
+    async def _fresh_tools(self, client: Client) -> None:
+        """List the tools again if the upstream said they changed, one listing at a time: a
+        request that comes while one is under way (the proxy starts one as soon as it hears the
+        change) waits for it. Answered from the listing before the change, a client that was
+        told of a new tool (by the reply to the call that made it) would not find it."""
+        async with self._relisting:
+            if self._tools_stale:
+                await self._relist(client)
 
     async def _relist(self, client: Client) -> None:
         """List the tools again after the upstream's `tools/list_changed`. A failure keeps the

@@ -11,6 +11,9 @@ session (the proxy's) is subscribed to.
 - `pid()`: `{"pid": ...}`, this process's id.
 - `grow()`: adds the tool `extra` and sends `notifications/tools/list_changed` before it answers.
 - `extra()` (after `grow`): `idempotentHint: true`; returns a new `run` id each time it runs.
+
+`SUBSCRIBABLE_SLOW_LIST_S` (seconds, default 0): how long `tools/list` takes to answer after
+`grow`, so a test can act while a listing of the changed tools is under way.
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ def _answer(value: dict[str, Any]) -> CallToolResult:
 
 
 async def list_tools(ctx: ServerRequestContext[Any], params: PaginatedRequestParams | None) -> ListToolsResult:
+    if GROWN:
+        await anyio.sleep(float(os.environ.get("SUBSCRIBABLE_SLOW_LIST_S", "0")))
     return ListToolsResult(tools=TOOLS + ([EXTRA] if GROWN else []))
 
 
