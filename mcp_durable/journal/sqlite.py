@@ -65,7 +65,7 @@ from .sql_rows import LISTING_ORDER, OPEN_CALLS, counts_of, listing_clause, rang
 from .sql_rows import call_record as _record
 from .sql_rows import call_row as _row
 from .sql_rows import process_entry as _entry
-from .sqlite_schema import AUDIT_CALL, ENTRY_FOLD, ENTRY_TALLY, OPEN_COUNTS, OPEN_INDEX, fold_entries, migrate
+from .sqlite_schema import AUDIT_CALL, COUNTED_GROUPS, ENTRY_FOLD, ENTRY_TALLY, OPEN_INDEX, fold_entries, migrate
 from .sqlite_writer import SQLiteWriter
 from .writer_lock import WriterLock
 
@@ -412,11 +412,7 @@ class SQLiteJournal:
             # One read transaction: the kept counts and the oldest record of one moment.
             conn.execute("BEGIN")
             try:
-                groups = conn.execute(
-                    f"SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 {mine}"
-                    f"UNION ALL {OPEN_COUNTS.format(mine=mine)}",
-                    args * 2,
-                ).fetchall()
+                groups = conn.execute(COUNTED_GROUPS.format(mine=mine), args * 2).fetchall()
                 where = "WHERE principal = ?" if query.principal is not None else ""
                 oldest = _first(conn.execute(f"SELECT created_at FROM calls {where} {_OLDEST}", args))
             finally:
@@ -429,10 +425,7 @@ class SQLiteJournal:
         def read(conn: sqlite3.Connection) -> JournalStats:
             conn.execute("BEGIN")
             try:
-                groups = conn.execute(
-                    "SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 "
-                    f"UNION ALL {OPEN_COUNTS.format(mine='')}"
-                )
+                groups = conn.execute(COUNTED_GROUPS.format(mine=""))
                 counts = counts_of(groups.fetchall())
                 (entries,) = conn.execute(ENTRY_TALLY).fetchone()
                 oldest = _first(conn.execute(f"SELECT created_at FROM calls {_OLDEST}"))

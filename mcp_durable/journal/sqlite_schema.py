@@ -78,6 +78,8 @@ _UNCOUNTED = (
 )
 _FINAL_NEW, _FINAL_OLD = (f"NOT {row}.{OPEN_CALLS}" for row in ("NEW", "OLD"))
 _MOVED = "OLD.state IS NOT NEW.state"
+#: The seq up to which the `entries` tally holds the process entries (schema 6, `ENTRY_TALLY`).
+_MARK = "(SELECT n FROM tallies WHERE name = 'entries_mark')"
 _TRIGGERS = (
     f"CREATE TRIGGER IF NOT EXISTS calls_counted_insert AFTER INSERT ON calls WHEN {_FINAL_NEW} BEGIN {_COUNTED}; END",
     "CREATE TRIGGER IF NOT EXISTS calls_uncounted_update AFTER UPDATE OF state ON calls "
@@ -88,7 +90,7 @@ _TRIGGERS = (
     f"BEGIN {_UNCOUNTED}; END",
     # Schema 6: an entry leaves the tally only if the tally holds it (it is at or below the mark).
     "CREATE TRIGGER IF NOT EXISTS entries_counted_delete AFTER DELETE ON entries "
-    "WHEN OLD.seq <= (SELECT n FROM tallies WHERE name = 'entries_mark') "
+    f"WHEN OLD.seq <= {_MARK} "
     "BEGIN UPDATE tallies SET n = n - 1 WHERE name = 'entries'; END",
 )
 #: The triggers of schemas 4 and 5 that schema 6 replaces: the calls' counted every record,
@@ -106,16 +108,15 @@ _DROPPED_TRIGGERS = (
 #: past its mark. An index range of the entries' rowid, at most about `ENTRY_FOLD` long while
 #: this release writes.
 ENTRY_TALLY = (
-    "SELECT (SELECT n FROM tallies WHERE name = 'entries') + "
-    "(SELECT count(*) FROM entries WHERE seq > (SELECT n FROM tallies WHERE name = 'entries_mark'))"
+    f"SELECT (SELECT n FROM tallies WHERE name = 'entries') + (SELECT count(*) FROM entries WHERE seq > {_MARK})"
 )
 #: An append whose seq is a multiple of this folds the entries past the mark into the tally
 #: (`fold_entries`). A seq that no append returns (an insert that found its step stored, an
 #: entry another release wrote) only delays the fold to the next multiple.
 ENTRY_FOLD = 256
 _FOLD = (
-    "UPDATE tallies SET n = n + (SELECT count(*) FROM entries WHERE seq > "
-    "(SELECT n FROM tallies WHERE name = 'entries_mark') AND seq <= ?) WHERE name = 'entries'",
+    f"UPDATE tallies SET n = n + (SELECT count(*) FROM entries WHERE seq > {_MARK} AND seq <= ?) "
+    "WHERE name = 'entries'",
     "UPDATE tallies SET n = ? WHERE name = 'entries_mark' AND n < ?",
 )
 
@@ -141,6 +142,11 @@ OPEN_INDEX = "calls_open"
 OPEN_COUNTS = (
     f"SELECT principal, tool, state, NULL, count(*), NULL FROM calls INDEXED BY {OPEN_INDEX} WHERE {OPEN_CALLS} "
     "{mine} GROUP BY principal, tool, state"
+)
+#: Every group's count, as `stats` and `count_calls` read them: the kept ones (final records) and
+#: the open ones (`OPEN_COUNTS`). `{mine}` as there; its parameter, if any, is given twice.
+COUNTED_GROUPS = (
+    "SELECT principal, tool, state, NULL, n, NULL FROM call_counts WHERE n > 0 {mine} UNION ALL " + OPEN_COUNTS
 )
 #: The indexes, created once their columns exist. `entries_by_step` holds the durable steps
 #: (`step_index` is NULL on every other entry): first writer wins, across processes.
