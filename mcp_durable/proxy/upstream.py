@@ -280,8 +280,8 @@ class UpstreamSession:
         #: How many times the tools were listed (each connect, each relisting after a change).
         self.listings = 0
         self._tools_stale = False
-        #: Held while the tools are listed again (`_fresh_tools`): a request that finds it held
-        #: waits for that listing, whose `_relist` cleared the stale mark before it was answered.
+        #: Held while the tools are listed again (`_relist`): a request that finds it held waits
+        #: for that listing, which cleared the stale mark before the upstream answered it.
         self._relisting = anyio.Lock()
 
     @property
@@ -424,7 +424,7 @@ class UpstreamSession:
         live = self._live
         if live is not None and not live.ended.is_set():
             if self._tools_stale or self._relisting.locked():
-                await self._fresh_tools(live.client)
+                await self._relist(live.client)
             return live.client
         async with self._lock:
             live = self._live
@@ -502,27 +502,24 @@ class UpstreamSession:
         assert isinstance(result, CallToolResult | InputRequiredResult)
         return result
 
-    async def _fresh_tools(self, client: Client) -> None:
-        """List the tools again if the upstream said they changed, one listing at a time: a
-        request that comes while one is under way (the proxy starts one as soon as it hears the
-        change) waits for it. Answered from the listing before the change, a client that was
-        told of a new tool (by the reply to the call that made it) would not find it."""
-        async with self._relisting:
-            if self._tools_stale:
-                await self._relist(client)
-
     async def _relist(self, client: Client) -> None:
-        """List the tools again after the upstream's `tools/list_changed`. A failure keeps the
-        last listing (and the mark, to try again on the next request)."""
-        self._tools_stale = False
-        try:
-            tools = await _all_tools(client)
-        except (MCPError, *_BROKEN) as exc:
-            self._tools_stale = True
-            logger.warning("upstream %s: could not list its changed tools: %s", self.describe(), exc)
-            return
-        self.tools = {tool.name: tool for tool in tools}
-        self.listings += 1
+        """List the tools again if the upstream said they changed (`tools/list_changed`), one
+        listing at a time: a request that comes while one is under way (the proxy starts one as
+        soon as it hears the change) waits for it. Answered from the listing before the change, a
+        client that was told of a new tool (by the reply to the call that made it) would not find
+        it. A failure keeps the last listing (and the mark, to try again on the next request)."""
+        async with self._relisting:
+            if not self._tools_stale:
+                return
+            self._tools_stale = False  # a change announced during the listing marks it again
+            try:
+                tools = await _all_tools(client)
+            except (MCPError, *_BROKEN) as exc:
+                self._tools_stale = True
+                logger.warning("upstream %s: could not list its changed tools: %s", self.describe(), exc)
+                return
+            self.tools = {tool.name: tool for tool in tools}
+            self.listings += 1
 
     async def subscribe(self, uri: str) -> None:
         """Subscribe to the upstream resource `uri`, now and on every new session, until
