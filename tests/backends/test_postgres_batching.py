@@ -323,6 +323,33 @@ async def test_only_full_batches_take_the_slot_kept_for_them(
     assert (most, seen, batcher.beside) == (most_side_by_side, sizes, most_side_by_side - 1)
 
 
+@pytest.mark.parametrize(("ordered", "started"), [(False, [0, 5, 1]), (True, [0, 1, 5])])
+async def test_an_ordered_batcher_starts_its_batches_in_the_order_they_opened(
+    ordered: bool, started: list[int]
+) -> None:
+    # A (item 0) is in flight on the batch slot. B (items 1-4) opens, and its leader waits for
+    # that slot while B fills; C (items 5-8) fills next and finds the slot kept for full batches
+    # free. Unordered, C is sent before B; the appends' batcher (ordered) sends B first, since
+    # their statements take the entries' lock in the order they are sent.
+    order: list[int] = []
+
+    async def run_batch(batch: list[int]) -> list[int]:
+        order.append(batch[0])
+        await anyio.sleep(0.1)
+        return batch
+
+    batcher: Batcher[int, int] = Batcher(run_batch, slots=1, max_items=4, full_slots=1, ordered=ordered)
+    async with anyio.create_task_group() as group:
+        group.start_soon(batcher.submit, 0)
+        await anyio.sleep(0.02)
+        for item in (1, 2):
+            group.start_soon(batcher.submit, item)
+        await anyio.sleep(0.02)  # B's leader now waits for the batch slot, B not full yet
+        for item in range(3, 9):
+            group.start_soon(batcher.submit, item)
+    assert order == started
+
+
 async def test_claims_made_together_that_meet_stored_records_are_answered_by_their_statement(
     journal: PostgresJournal,
 ) -> None:

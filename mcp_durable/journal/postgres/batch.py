@@ -18,6 +18,12 @@ call do not grow (docs/performance.md, "Waves of callers and full batches").
     claim B ─┼─ batch ─▶ INSERT … SELECT … FROM json_to_recordset(…) ──┼─▶ B: lost to the stored record
     claim C ─┘           ON CONFLICT DO NOTHING RETURNING …            └─▶ C: won
 
+With `ordered=True` batches start in the order they were opened: a batch's leader waits until
+the batch opened before it has started before it looks for a slot. Without it, a full batch may
+take the slot kept for full batches while an earlier batch still waits for the other slot, and
+be sent first. The appends need the order (their statements take the entries' lock in the
+order sent: journal.py); the other kinds decide each row on its own and do not.
+
 A batch that closes with a single item — calls made one at a time — is sent by `run_one(item)`
 when given: a single-row statement, with no JSON array to build and parse and no batch plan.
 Such an item still takes the batching turn (one pass of the event loop, so that calls made
@@ -49,7 +55,7 @@ O = TypeVar("O")  # noqa: E741 - its outcome
 
 
 class _Batch(Generic[I, O]):
-    __slots__ = ("items", "futures", "closed", "outcomes")
+    __slots__ = ("items", "futures", "closed", "outcomes", "started", "after")
 
     def __init__(self) -> None:
         self.items: list[I] = []
@@ -57,6 +63,9 @@ class _Batch(Generic[I, O]):
         self.closed = False
         #: Each item's outcome, set once the statement ended (before the futures are resolved).
         self.outcomes: Sequence[O | BaseException] | None = None
+        #: Ordered batchers: set when this batch starts, and the start of the batch opened before.
+        self.started: asyncio.Future[None] | None = None
+        self.after: asyncio.Future[None] | None = None
 
 
 class Batcher(Generic[I, O]):
@@ -64,7 +73,7 @@ class Batcher(Generic[I, O]):
 
     `run_batch(items)` returns one outcome per item, in order: a value, or an exception to raise
     in that item's caller. At most `max_items` items share a batch; `full_slots` more slots
-    serve only batches that are full.
+    serve only batches that are full. `ordered`: batches start in the order they were opened.
     """
 
     def __init__(
@@ -75,6 +84,7 @@ class Batcher(Generic[I, O]):
         max_items: int = 256,
         full_slots: int = 0,
         run_one: Callable[[I], Awaitable[O]] | None = None,
+        ordered: bool = False,
     ) -> None:
         self._run_batch = run_batch
         self._run_one = run_one
@@ -82,6 +92,9 @@ class Batcher(Generic[I, O]):
         self._full_slots = anyio.Semaphore(full_slots) if full_slots > 0 else None
         self._max_items = max_items
         self._open: _Batch[I, O] | None = None
+        self._ordered = ordered
+        #: Ordered batchers: the start of the batch opened last (the next one starts after it).
+        self._last_start: asyncio.Future[None] | None = None
         #: Batches run and items in them (for tests and measurements: items / batches = batch size).
         self.batches = 0
         self.items = 0
@@ -92,6 +105,9 @@ class Batcher(Generic[I, O]):
         batch = self._open
         if batch is None or batch.closed:
             batch = self._open = _Batch()
+            if self._ordered:
+                batch.after = self._last_start
+                batch.started = self._last_start = asyncio.get_running_loop().create_future()
         future: asyncio.Future[O] = asyncio.get_running_loop().create_future()
         index = len(batch.items)
         batch.items.append(item)
@@ -150,14 +166,25 @@ class Batcher(Generic[I, O]):
         # where nobody could join (`callers.alone`: this call is the only one in flight).
         if not alone():
             await anyio.lowlevel.checkpoint()
-        slot = self._take_slot_now(batch)
-        if slot is None:
-            await self._slots.acquire()
-            slot = self._slots
+        try:
+            if batch.after is not None and not batch.after.done():
+                await batch.after  # ordered: the batch opened before this one starts first
+            slot = self._take_slot_now(batch)
+            if slot is None:
+                await self._slots.acquire()
+                slot = self._slots
+        except BaseException:
+            self._started(batch)
+            raise
         try:
             await self._run(batch)
         finally:
             slot.release()
+
+    @staticmethod
+    def _started(batch: _Batch[I, O]) -> None:
+        if batch.started is not None and not batch.started.done():
+            batch.started.set_result(None)
 
     def _take_slot_now(self, batch: _Batch[I, O]) -> anyio.Semaphore | None:
         """A slot free now (without the turn `Semaphore.acquire` always yields): a batch slot, or
@@ -178,6 +205,9 @@ class Batcher(Generic[I, O]):
 
     async def _run(self, batch: _Batch[I, O]) -> None:
         self._close(batch)
+        # Ordered: the next batch may start now. Its leader runs at a later turn of the loop, and
+        # `run_batch` sends (appends: `Pipeline.rows`) before it awaits anything.
+        self._started(batch)
         self.batches += 1
         self.items += len(batch.items)
         began = time.perf_counter()
