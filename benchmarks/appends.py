@@ -5,8 +5,9 @@ as they can. The baseline is written here, as simply as it can be: each append w
 of the same size to a file and fsyncs it before the next (`write` + `fsync`, inline, no thread
 hop: the fastest a journal without group commit can be). The file journal shares one fsync among
 the appends that arrive while one is in progress; SQLite (its writer thread's one transaction per
-batch) and Postgres (one multi-row statement and commit per batch, at most 64 appends, a second batch
-in flight only beside a full one) are shown beside it.
+batch) and Postgres (one multi-row statement and commit per batch, at most 32 appends, sent back
+to back over one pipelined connection, a second batch in flight only beside a full one) are shown
+beside it.
 """
 
 from __future__ import annotations

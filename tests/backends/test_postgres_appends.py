@@ -1,7 +1,8 @@
 """The Postgres journal's process-entry appends: appends made together share one statement and one
-commit, each still gets an entry and a `seq` of its own, in batch order, and a step entry counts
-as that step exactly as if the batch's appends had been made one after the other (the real
-database, a schema per test)."""
+commit, each still gets an entry and a `seq` of its own, in the order the appends were made
+(across batches too: every batch goes through one pipelined connection, in the order the
+batches opened), and a step entry counts as that step exactly as if the batch's appends had
+been made one after the other (the real database, a schema per test)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, JournalEntry, create_journal
 from mcp_durable.journal.base import STEP, step_process_id
 from mcp_durable.journal.postgres import PostgresJournal
-from mcp_durable.journal.postgres.journal import APPEND_BATCH_MAX_ITEMS, BATCH_MAX_ITEMS
+from mcp_durable.journal.postgres.journal import BATCH_MAX_ITEMS
 from tests.conftest import scratch_postgres_url
 
 pytestmark = pytest.mark.postgres
@@ -114,26 +115,89 @@ async def test_concurrent_appends_share_statements_and_each_gets_its_own_seq_in_
     assert await journal.entries(process_id="p1") == [entries[n] for n in range(1, 64, 3)]
 
 
-async def test_a_wave_of_64_appends_commits_once_and_a_larger_one_spills_into_a_second_batch(
+async def test_a_wave_of_64_appends_goes_out_as_two_full_statements_and_a_larger_one_spills_into_a_third(
     journal: PostgresJournal,
 ) -> None:
-    # Append statements take turns on the entries' lock up to their commit, so a batch's commit
-    # serves its own items only: appends batch by more than the other kinds' 32, and 64 writers
-    # in step commit once per round, not twice one after the other.
-    assert APPEND_BATCH_MAX_ITEMS == 64 > BATCH_MAX_ITEMS
+    # Appends batch as the other kinds (32 a statement): a wave of 64 writers in step is two
+    # statements, the second sent into the pipeline while the first commits, two commits.
+    assert BATCH_MAX_ITEMS == 32
     before = (journal._appends.batches, journal._appends.items)
     wave = await append_together(journal, [(f"p{n % 4}", "tick", {"n": n}) for n in range(64)])
-    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (1, 64)
-    assert await transactions(journal, wave) == 1
-    # One more than a batch holds: the 65th opens the next batch, which commits after the first,
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (2, 64)
+    assert await transactions(journal, wave[:32]) == 1 and await transactions(journal, wave) == 2
+    # One more than two batches hold: the 65th opens a third, which commits after the others,
     # and seqs still increase in the order the appends were made.
     before = (journal._appends.batches, journal._appends.items)
     spill = await append_together(journal, [("p", "tick", {"n": n}) for n in range(65)])
-    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (2, 65)
-    assert await transactions(journal, spill[:64]) == 1 and await transactions(journal, spill) == 2
+    assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (3, 65)
+    assert await transactions(journal, spill) == 3
     seqs = [entry.seq for entry in wave + spill]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert await journal.entries() == wave + spill
+
+
+async def test_batches_queued_behind_the_lock_keep_the_order_the_appends_were_made(journal: PostgresJournal) -> None:
+    # Another session holds the entries' lock. A lone append goes out and waits for it; 10
+    # appends open a batch whose leader waits for the batch slot; 60 more fill that batch and a
+    # full one after it, which finds the slot kept for full batches free. Sent on connections
+    # of their own, the later full batch could take the lock first (its seqs below the earlier
+    # batch's); the batches start in the order they opened and share one pipelined connection,
+    # so every seq follows the order the appends were made.
+    lock = journal._entries_lock
+    entries: dict[int, JournalEntry] = {}
+
+    async def append(n: int) -> None:
+        entries[n] = await journal.append("p", "context_update", {"n": n}, T0 + n)
+
+    async with await psycopg.AsyncConnection.connect(journal.settings.conninfo) as holder:
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
+        async with anyio.create_task_group() as group:
+            group.start_soon(append, 0)
+            with anyio.fail_after(10):
+                while not await lock_awaited(holder, lock):
+                    await anyio.sleep(0.01)
+            for n in range(1, 11):
+                group.start_soon(append, n)
+            await anyio.sleep(0.05)  # the second batch's leader now waits for the batch slot
+            for n in range(11, 71):
+                group.start_soon(append, n)
+            await anyio.sleep(0.05)
+            await holder.commit()
+    assert len(entries) == 71
+    seqs = [entries[n].seq for n in range(71)]
+    assert seqs == sorted(seqs), seqs
+    assert await journal.entries() == [entries[n] for n in range(71)]
+
+
+async def test_appends_in_flight_when_the_pipeline_connection_dies_fail_and_the_next_ones_reconnect(
+    journal: PostgresJournal,
+) -> None:
+    # The appends' connection is killed while a batch waits in the database for the entries'
+    # lock: every append of it fails as the database being unavailable (none is stored: the
+    # transaction died with its session), and the next appends connect again and are stored.
+    await journal.append("p", "context_update", {"n": -1}, T0)
+    pipeline = journal._pipeline
+    assert pipeline is not None and pipeline.connections == 1
+    lock = journal._entries_lock
+    async with await psycopg.AsyncConnection.connect(journal.settings.conninfo, autocommit=True) as holder:
+        await holder.execute("SELECT pg_advisory_lock(hashtext(%s))", (lock,))
+        outcomes: list[Any] = []
+
+        async def appends() -> None:
+            outcomes.extend(await append_together(journal, [("p", "context_update", {"n": n}) for n in range(8)]))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(appends)
+            with anyio.fail_after(10):
+                while not await lock_awaited(holder, lock):
+                    await anyio.sleep(0.01)
+            await holder.execute("SELECT pg_terminate_backend(%s)", (pipeline.backend_pid,))
+        await holder.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock,))
+    assert len(outcomes) == 8 and all(isinstance(outcome, JournalError) for outcome in outcomes)
+    assert all("unavailable" in str(outcome) for outcome in outcomes)
+    after = await append_together(journal, [("p", "context_update", {"n": n}) for n in range(3)])
+    assert all(isinstance(entry, JournalEntry) for entry in after) and pipeline.connections == 2
+    assert [entry.data["n"] for entry in await journal.entries()] == [-1, 0, 1, 2]
 
 
 async def test_a_reader_tailing_by_seq_never_misses_an_entry_committed_by_a_batch() -> None:
@@ -291,18 +355,20 @@ async def test_the_step_lookup_of_an_append_batch_goes_through_the_step_index(jo
         await journal.append(f"steps/r{i % 5}", STEP, {"index": i}, T0)
     rows = '[{"n": 0, "p": "steps/r1", "t": "step", "d": {"index": 1}, "ts": 1.0, "s": 1}]'
     async with journal._connection() as conn:
-        cursor = await conn.execute("EXPLAIN " + journal._append_many_sql, (journal._entries_lock, rows))
+        cursor = await conn.execute(
+            "EXPLAIN " + journal._append_many_sql.replace("$1", "%s").replace("$2", "%s"), (journal._entries_lock, rows)
+        )
         plan = "\n".join(row[0] for row in await cursor.fetchall())
     assert "Seq Scan on entries" not in plan and "hashed SubPlan" not in plan and "entries_by_step" in plan, plan
 
 
 async def test_a_second_full_statement_goes_out_beside_the_one_in_flight(journal: PostgresJournal) -> None:
-    # A wave of twice `APPEND_BATCH_MAX_ITEMS` appends: two full statements. The first waits in
-    # the database (another session holds the entries' lock) while the second forms; the second
-    # takes the slot kept for full batches (`FULL_BATCH_SLOTS`) and is sent beside it rather than
-    # after it. Both then wait for the lock, and both land once it is free.
+    # A wave of twice `BATCH_MAX_ITEMS` appends: two full statements. The first waits in the
+    # database (another session holds the entries' lock) while the second forms; the second
+    # takes the slot kept for full batches (`FULL_BATCH_SLOTS`) and is sent into the pipeline
+    # behind it rather than after its answer. Both land once the lock is free, in order.
     lock = journal._entries_lock
-    wave = 2 * APPEND_BATCH_MAX_ITEMS
+    wave = 2 * BATCH_MAX_ITEMS
     async with await psycopg.AsyncConnection.connect(journal.settings.conninfo) as holder:
         await holder.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lock,))
         before = (journal._appends.batches, journal._appends.items, journal._appends.beside)
@@ -314,13 +380,13 @@ async def test_a_second_full_statement_goes_out_beside_the_one_in_flight(journal
         async with anyio.create_task_group() as group:
             group.start_soon(wave_of_appends)
             with anyio.fail_after(10):
-                while await lock_waiters(holder, lock) < 2:
+                while not await lock_awaited(holder, lock) or journal._appends.beside == before[2]:
                     await anyio.sleep(0.01)
-            assert journal._appends.beside - before[2] == 1  # sent while the first waited
+            assert journal._appends.batches - before[0] == 2  # both sent while the first waited
             await holder.commit()
     assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (2, wave)
-    assert all(isinstance(outcome, JournalEntry) for outcome in outcomes)
-    assert await journal.entries() == sorted(outcomes, key=lambda entry: entry.seq)
+    assert await transactions(journal, outcomes) == 2
+    assert await journal.entries() == outcomes  # in the order the appends were made
 
 
 async def lock_waiters(conn: psycopg.AsyncConnection[Any], lock: str) -> int:

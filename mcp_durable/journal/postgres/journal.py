@@ -26,7 +26,10 @@
   under the entries' advisory lock, held to commit, so `seq` order is commit order; the rows go
   in batch order, so their seqs increase along the batch. A step entry is stored as its step
   (`step_index`) unless one is stored or came earlier in the batch: the outcome of appending the
-  batch's entries one after the other. Every caller returns after the one commit.
+  batch's entries one after the other. Every caller returns after the one commit. Every batch
+  goes through one connection in libpq's pipeline mode (`pipeline.py`), in the order the
+  batches opened: the server runs them in that order, so seqs follow the order the appends were
+  made across batches too, and the next batch is sent while the one before it commits.
 - **Wake-ups**: a trigger sends `pg_notify` in the transaction that changes a *watched* record;
   one LISTEN connection per journal (`Listener`) turns those into in-process `ChangeSignals`.
   A waiter marks the record watched first (`UPDATE … SET watched WHERE version = <read>`), so
@@ -51,7 +54,7 @@ import binascii
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import anyio
 import orjson
@@ -89,6 +92,7 @@ from .batch import Batcher
 from .counts import KeptCounts
 from .lane import Lane, Lanes
 from .listener import Listener
+from .pipeline import Pipeline
 from .schema import COUNTED_BY_STATEMENT, COUNTED_SETTING, migrate, quote_ident
 from .settings import PostgresSettings
 
@@ -144,15 +148,16 @@ BATCH_SLOTS = 1
 #: a batch, so there one stays in flight as before.
 BATCH_MAX_ITEMS = 32
 FULL_BATCH_SLOTS = 1
+
+
+class _Batching(TypedDict):
+    slots: int
+    max_items: int
+    full_slots: int
+
+
 #: How each batcher of the journal batches (above).
-_BATCHING: dict[str, int] = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
-#: At most this many appends share a statement. More than the other kinds: append statements
-#: take turns on the entries' lock up to their commit (`seq` order is commit order), so one
-#: batch's commit, and the statement's fixed costs on both sides, are shared only by its own
-#: items. A wave of 64 writers in step then commits once instead of twice, one after the other:
-#: fewer appends per commit cost more than two statements side by side gain
-#: (docs/benchmarks.md, "Postgres appends: batches of 64").
-APPEND_BATCH_MAX_ITEMS = 64
+_BATCHING: _Batching = {"slots": BATCH_SLOTS, "max_items": BATCH_MAX_ITEMS, "full_slots": FULL_BATCH_SLOTS}
 #: The columns of an append batch's rows (`_append_batch`): its place in the batch, the entry,
 #: and the step index it may be stored as.
 _APPEND_RECORDSET = "n integer, p text, t text, d json, ts float8, s bigint"
@@ -444,15 +449,20 @@ class PostgresJournal:
         # The batch's JSON is parsed before the lock is taken (`l` waits for the count of `v`):
         # the lock serialises every append statement up to its commit, so what runs under it
         # is what bounds appends per second; the parse need not.
-        self._append_many_sql = (
-            "WITH k AS (SELECT hashtext(%s) AS key), "
-            f"v AS MATERIALIZED (SELECT * FROM json_to_recordset(%s::json) AS r({_APPEND_RECORDSET})), "
+        insert_batch = (
+            "WITH k AS (SELECT hashtext($1) AS key), "
+            f"v AS MATERIALIZED (SELECT * FROM json_to_recordset($2::json) AS r({_APPEND_RECORDSET})), "
             "l AS (SELECT pg_advisory_xact_lock(k.key) FROM k, (SELECT count(*) FROM v) AS parsed) "
             f"INSERT INTO {self._entries} (process_id, entry_type, data, ts, step_index) "
-            "SELECT v.p, v.t, v.d, v.ts, CASE WHEN x.stored IS NULL THEN v.s END FROM l, v LEFT JOIN LATERAL "
-            f"(SELECT true AS stored FROM {self._entries} e WHERE e.process_id = v.p AND e.step_index = v.s LIMIT 1) x "
-            "ON true ORDER BY v.n RETURNING seq"
         )
+        self._append_many_sql = (
+            f"{insert_batch}SELECT v.p, v.t, v.d, v.ts, CASE WHEN x.stored IS NULL THEN v.s END FROM l, v "
+            f"LEFT JOIN LATERAL (SELECT true AS stored FROM {self._entries} e "
+            "WHERE e.process_id = v.p AND e.step_index = v.s LIMIT 1) x ON true ORDER BY v.n RETURNING seq"
+        )
+        # A batch without step entries (`s` NULL in every row, as for most process entries)
+        # has no step to look up: the same statement without the lookup's join.
+        self._append_plain_sql = f"{insert_batch}SELECT v.p, v.t, v.d, v.ts, NULL FROM l, v ORDER BY v.n RETURNING seq"
         # A durable step. The record's row is locked (FOR SHARE) while PENDING under the fence,
         # before the entries' lock: a take-over, resolve or cancel (an UPDATE of that row) then
         # waits for this insert to commit, or commits first and this statement, re-reading the row
@@ -474,10 +484,16 @@ class PostgresJournal:
         self._gets: Batcher[CallIdentity, tuple[CallRecord, bool] | None | _Alone] = Batcher(
             self._get_batch, **_BATCHING, run_one=self._get_one
         )
-        # Appends batch as the others do, in larger batches (`APPEND_BATCH_MAX_ITEMS`).
-        self._appends: Batcher[_Append, int | _Alone] = Batcher(
-            self._append_batch, **{**_BATCHING, "max_items": APPEND_BATCH_MAX_ITEMS}, run_one=self._append_one
-        )
+        # Appends batch as the other kinds (32 a statement, a full batch sent beside the one in
+        # flight), in the order their batches opened (`ordered`), every batch, of one item or
+        # many, through the one pipelined connection (`pipeline.py`). Their statements take the
+        # entries' lock up to their commit, so only one commits at a time: on connections of
+        # their own, a batch sent second could take the lock first, and batches of 64 (one in
+        # flight for a wave of 64 writers) left the client and the server taking turns.
+        # Pipelined, the second batch is sent while the first commits, and runs after it
+        # (docs/benchmarks.md, "Postgres appends through one pipelined connection").
+        self._appends: Batcher[_Append, int | _Alone] = Batcher(self._append_batch, **_BATCHING, ordered=True)
+        self._pipeline: Pipeline | None = None
 
     @classmethod
     def from_url(cls, url: str) -> PostgresJournal:
@@ -510,12 +526,30 @@ class PostgresJournal:
             raise JournalError(
                 f"postgres journal unavailable: no connection within {self.settings.pool_timeout:g}s"
             ) from exc
-        except (psycopg.OperationalError, psycopg.InterfaceError, OSError) as exc:
+        except BaseException as exc:
+            self._raise_driver_error(exc)
+            raise
+
+    async def _pipelined(self, sql: str, params: Sequence[bytes | None]) -> list[tuple[bytes | None, ...]]:
+        """The rows of `sql` run through the appends' pipeline (`pipeline.py`), after every
+        statement sent there before it; driver failures become `JournalError` as in `_connection`."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            raise JournalError(f"journal {self.settings.schema!r} is not open")
+        try:
+            return await pipeline.rows(sql, params)
+        except BaseException as exc:
+            self._raise_driver_error(exc)
+            raise
+
+    def _raise_driver_error(self, exc: BaseException) -> None:
+        """Raise `exc` as the `JournalError` it means (cause attached), if it is a driver's failure."""
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, OSError)):
             self._check_pool()
             raise JournalError(f"postgres journal unavailable: {display_url(str(exc))}") from exc
-        except psycopg.Error as exc:
+        if isinstance(exc, psycopg.Error):
             raise JournalError(f"postgres journal error: {display_url(str(exc))}") from exc
-        except UnicodeEncodeError as exc:  # a text the driver cannot send (a lone surrogate)
+        if isinstance(exc, UnicodeEncodeError):  # a text the driver cannot send (a lone surrogate)
             raise JournalError(f"postgres journal error: {exc}") from exc
 
     def _check_pool(self) -> None:
@@ -601,6 +635,7 @@ class PostgresJournal:
         # New lanes (a journal may be opened again after a close); none on a pool too small to
         # keep three connections out of it and still serve everything else.
         self._lanes = Lanes(LANES if s.pool_max >= LANES_MIN_POOL else 0)
+        self._pipeline = Pipeline(s.conninfo, options=options)
         self._listener = Listener(s.conninfo, s.channel, self._on_notify, self._on_listen_state)
         self._listener.start()
         # Not fatal if slow: waiters poll until the LISTEN is up.
@@ -611,6 +646,9 @@ class PostgresJournal:
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None
         listener, self._listener = self._listener, None
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            await pipeline.aclose()
         if self._check_task is not None:
             self._check_task.cancel()
             self._check_task = None
@@ -926,6 +964,7 @@ class PostgresJournal:
         ALONE for every item when the statement failed because of one of them."""
         steps: set[tuple[str, int]] = set()
         rows = []
+        any_step = False
         for n, item in enumerate(items):
             step = item.step
             if step is not None:
@@ -935,6 +974,7 @@ class PostgresJournal:
                     step = None
                 else:
                     steps.add((item.process_id, step))
+                    any_step = True
             rows.append(
                 {
                     "n": n,
@@ -945,17 +985,20 @@ class PostgresJournal:
                     "s": step,
                 }
             )
-        result = await self._batch_rows(
-            self._append_many_sql,
-            lambda: (self._entries_lock, orjson.dumps(rows).decode()),
-            self._lanes.free(),
-        )
-        if result is None:
+        try:
+            sql = self._append_many_sql if any_step else self._append_plain_sql
+            result = await self._pipelined(sql, (self._entries_lock.encode(), orjson.dumps(rows)))
+        except orjson.JSONEncodeError:
             return [ALONE] * len(items)
-        if len(result) != len(items):
-            raise JournalError(f"postgres journal error: a batch of {len(items)} appends stored {len(result)}")
+        except JournalError as exc:
+            if _broken_by_an_item(exc) or isinstance(exc.__cause__, _ROLLED_BACK):
+                return [ALONE] * len(items)  # as `_batch_rows`: each decided alone, only a culprit fails
+            raise
+        seqs = [int(seq) for seq, *_ in result if seq is not None]
+        if len(seqs) != len(items):
+            raise JournalError(f"postgres journal error: a batch of {len(items)} appends stored {len(seqs)}")
         # The rows were numbered as they were inserted, in batch order: the smallest seq is the first item's.
-        return sorted(int(row[0]) for row in result)
+        return sorted(seqs)
 
     async def _append_one(self, item: _Append) -> int:
         """Append one item alone: as its step when it is one and none is stored, else as a plain entry."""
