@@ -6,12 +6,15 @@ been made one after the other (the real database, a schema per test)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallIdentity, CallRecord, CallState, JournalEntry, create_journal
@@ -432,3 +435,61 @@ async def test_callers_cancelled_while_their_batch_waits_still_learn_their_entri
     assert (journal._appends.batches - before[0], journal._appends.items - before[1]) == (1, 8)
     assert sorted(entry.data["n"] for entry in returned) == list(range(8)) and went_on == []
     assert await journal.entries() == sorted(returned, key=lambda entry: entry.seq)
+
+
+_WAVES = st.lists(
+    st.one_of(
+        st.tuples(st.just("wave"), st.integers(1, 70), st.booleans()),  # appends started together; some steps
+        st.tuples(st.just("pause"), st.integers(0, 20), st.just(False)),  # milliseconds
+        st.tuples(st.just("lock"), st.just(0), st.just(False)),  # another session takes the entries' lock
+        st.tuples(st.just("unlock"), st.just(0), st.just(False)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(waves=_WAVES)
+def test_seqs_follow_the_order_appends_were_made_under_any_waves_and_lock_holds(
+    waves: list[tuple[str, int, bool]],
+) -> None:
+    # Whatever batches form (full or not, waiting for a slot or beside one in flight, plain or
+    # with step entries) and however long the entries' lock is held elsewhere, the seqs of
+    # one journal's appends follow the order its `append` calls were made.
+    asyncio.run(_run_waves(waves))
+
+
+async def _run_waves(waves: list[tuple[str, int, bool]]) -> None:
+    journal = await opened(scratch_postgres_url("appends_order"))
+    made: list[JournalEntry | None] = []
+    try:
+        async with await psycopg.AsyncConnection.connect(journal.settings.conninfo, autocommit=True) as holder:
+            held = False
+            lock = "SELECT pg_advisory_{}lock(hashtext(%s))"
+
+            async def append(n: int, step: bool) -> None:
+                data: dict[str, Any] = {"index": n} if step else {"n": n}
+                made[n] = await journal.append("steps/order" if step else "order", STEP if step else "tick", data, T0)
+
+            async with anyio.create_task_group() as group:
+                for kind, size, steps in waves:
+                    if kind == "wave":
+                        for i in range(size):
+                            made.append(None)
+                            group.start_soon(append, len(made) - 1, steps and i % 3 == 0)
+                    elif kind == "pause":
+                        await anyio.sleep(size / 1000)
+                    elif (kind == "lock") != held:
+                        await holder.execute(lock.format("" if kind == "lock" else "un"), (journal._entries_lock,))
+                        held = not held
+                if held:
+                    await anyio.sleep(0.01)
+                    await holder.execute(lock.format("un"), (journal._entries_lock,))
+        entries = [entry for entry in made if entry is not None]
+        assert len(entries) == len(made)
+        seqs = [entry.seq for entry in entries]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
+        assert await journal.entries() == entries
+    finally:
+        await journal.aclose()
