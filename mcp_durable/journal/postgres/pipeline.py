@@ -136,27 +136,22 @@ class Pipeline:
             return self._conn
 
     def _flush(self) -> None:
-        """Send what libpq holds; the rest when the socket takes it (`_write`)."""
-        conn = self._conn
-        if conn is None or self._writing:
-            return
-        try:
-            if conn.pgconn.flush() == 1:
-                self._writing = True
-                asyncio.get_running_loop().add_writer(self._fd, self._write)
-        except psycopg.Error as exc:
-            self._lost(exc)
-
-    def _write(self) -> None:
+        """Send what libpq holds; while some is left, again each time the socket takes more."""
         conn = self._conn
         if conn is None:
             return
         try:
-            if conn.pgconn.flush() == 0:
-                self._writing = False
-                asyncio.get_running_loop().remove_writer(self._fd)
+            left = conn.pgconn.flush() == 1
         except psycopg.Error as exc:
             self._lost(exc)
+            return
+        if left != self._writing:
+            loop = asyncio.get_running_loop()
+            if left:
+                loop.add_writer(self._fd, self._flush)
+            else:
+                loop.remove_writer(self._fd)
+            self._writing = left
 
     def _read(self) -> None:
         """Take every result the server has sent; answer each statement at its Sync."""
