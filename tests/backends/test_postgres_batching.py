@@ -140,10 +140,17 @@ async def test_a_batch_statement_the_server_cannot_plan_fails_instead_of_going_r
     # A batch statement broken by an item (a NUL, above) is retried one item at a time. One the
     # server cannot parse or plan is broken for every batch: retried row by row it would hide
     # (a swap statement naming a column its rows lacked once passed every test that way).
-    assert await journal._batch_rows("SELECT 1", lambda: (), None) == [(1,)]
+    assert await journal._batch_rows(lambda: journal._fetchall("SELECT 1")) == [(1,)]
     with pytest.raises(JournalError):
-        await journal._batch_rows("SELECT v.missing FROM (SELECT 1 AS present) AS v", lambda: (), None)
-    assert await journal._batch_rows("SELECT %s::text", lambda: ("bad\x00text",), None) is None
+        await journal._batch_rows(lambda: journal._fetchall("SELECT v.missing FROM (SELECT 1 AS present) AS v"))
+    assert await journal._batch_rows(lambda: journal._fetchall("SELECT %s::text", ("bad\x00text",))) is None
+    # The same through the appends' pipeline (its statements take `$n` parameters, as text).
+    assert await journal._batch_rows(lambda: journal._pipelined("SELECT 1", ())) == [(b"1",)]
+    with pytest.raises(JournalError):
+        await journal._batch_rows(lambda: journal._pipelined("SELECT v.missing FROM (SELECT 1 AS present) AS v", ()))
+    assert (
+        await journal._batch_rows(lambda: journal._pipelined("SELECT $1::json ->> 'a'", (b'{"a": "\\u0000"}',))) is None
+    )
 
 
 async def test_the_engine_sends_no_read_before_a_claim(journal: PostgresJournal) -> None:

@@ -53,8 +53,8 @@ import asyncio
 import binascii
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from typing import Any, NamedTuple, TypedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from typing import Any, NamedTuple, TypedDict, TypeVar
 
 import anyio
 import orjson
@@ -248,6 +248,8 @@ def _broken_by_an_item(exc: JournalError) -> bool:
     )
 
 
+#: The rows a batch statement returns (`_batch_rows`): psycopg's rows, or the pipeline's text rows.
+_R = TypeVar("_R")
 #: A statement the database rolled back whole to break a deadlock or a serialisation conflict.
 _ROLLED_BACK = (
     psycopg.errors.DeadlockDetected,
@@ -576,12 +578,14 @@ class PostgresJournal:
             cur = await conn.execute(sql, params)
             return await cur.fetchall()
 
-    async def _batch_rows(self, sql: str, params: Callable[[], tuple[Any, ...]], lane: Lane | None) -> list[Row] | None:
-        """The rows a batch statement returns, or None when one of its items broke it (a text JSON
-        or the database cannot carry, e.g. a lone surrogate or a NUL): the caller then answers
-        ALONE for every item, each is decided by itself, and only the culprit fails."""
+    async def _batch_rows(self, run: Callable[[], Awaitable[list[_R]]]) -> list[_R] | None:
+        """The rows a batch statement returns (`run`: sent on a pooled connection or lane, or
+        through the appends' pipeline; its parameters encoded inside it), or None when one of its
+        items broke it (a text JSON or the database cannot carry, e.g. a lone surrogate or a
+        NUL): the caller then answers ALONE for every item, each is decided by itself, and only
+        the culprit fails."""
         try:
-            return await self._fetchall(sql, params(), lane)
+            return await run()
         except orjson.JSONEncodeError:
             return None
         except JournalError as exc:
@@ -764,7 +768,8 @@ class PostgresJournal:
             if first.setdefault(record.identity, index) == index:
                 sent.append(record)
         sent.sort(key=_lock_order)
-        rows = await self._batch_rows(self._claim_many_sql, lambda: (_rows_json(sent),), self._lanes.free())
+        lane = self._lanes.free()
+        rows = await self._batch_rows(lambda: self._fetchall(self._claim_many_sql, (_rows_json(sent),), lane))
         if rows is None:
             return [ALONE] * len(records)
         found: dict[CallIdentity, tuple[bool, CallRecord | None, bool]] = {}
@@ -808,10 +813,13 @@ class PostgresJournal:
 
     async def _get_batch(self, identities: list[CallIdentity]) -> list[tuple[CallRecord, bool] | None | _Alone]:
         unique = list(dict.fromkeys(identities))
+        lane = self._lanes.free()
         rows = await self._batch_rows(
-            self._get_many_sql,
-            lambda: ([i.principal for i in unique], [i.tool for i in unique], [i.key for i in unique]),
-            self._lanes.free(),
+            lambda: self._fetchall(
+                self._get_many_sql,
+                ([i.principal for i in unique], [i.tool for i in unique], [i.key for i in unique]),
+                lane,
+            )
         )
         if rows is None:
             return [ALONE] * len(identities)
@@ -861,10 +869,13 @@ class PostgresJournal:
             if first.setdefault(item.record.identity, index) == index:
                 sent.append(item)
         sent.sort(key=lambda item: _lock_order(item.record))
+        lane = self._lanes.free()
         rows = await self._batch_rows(
-            self._swap_many_sql,
-            lambda: (_rows_json([s.record for s in sent], [s.version for s in sent], [s.run_id for s in sent]),),
-            self._lanes.free(),
+            lambda: self._fetchall(
+                self._swap_many_sql,
+                (_rows_json([s.record for s in sent], [s.version for s in sent], [s.run_id for s in sent]),),
+                lane,
+            )
         )
         if rows is None:
             return [ALONE] * len(items)
@@ -985,15 +996,10 @@ class PostgresJournal:
                     "s": step,
                 }
             )
-        try:
-            sql = self._append_many_sql if any_step else self._append_plain_sql
-            result = await self._pipelined(sql, (self._entries_lock.encode(), orjson.dumps(rows)))
-        except orjson.JSONEncodeError:
+        sql = self._append_many_sql if any_step else self._append_plain_sql
+        result = await self._batch_rows(lambda: self._pipelined(sql, (self._entries_lock.encode(), orjson.dumps(rows))))
+        if result is None:
             return [ALONE] * len(items)
-        except JournalError as exc:
-            if _broken_by_an_item(exc) or isinstance(exc.__cause__, _ROLLED_BACK):
-                return [ALONE] * len(items)  # as `_batch_rows`: each decided alone, only a culprit fails
-            raise
         seqs = [int(seq) for seq, *_ in result if seq is not None]
         if len(seqs) != len(items):
             raise JournalError(f"postgres journal error: a batch of {len(items)} appends stored {len(seqs)}")
