@@ -61,8 +61,20 @@ class MemoryJournal:
         return None if record is None else _facts_of(record)
 
     def _store(self, record: CallRecord, before: CallRecord | None) -> None:
-        self._calls[record.identity] = record
-        self._tally.changed(record.identity, None if before is None else _facts_of(before), _facts_of(record))
+        identity = record.identity
+        self._calls[identity] = record
+        if before is not None and before.created_at == record.created_at:
+            # A swap or renewal (the identity, so principal and tool, is the same): only the
+            # state and expiry can move in the tally.
+            self._tally.moved(
+                identity,
+                identity.principal,
+                identity.tool,
+                (before.state, before.expires_at),
+                (record.state, record.expires_at),
+            )
+        else:
+            self._tally.changed(identity, None if before is None else _facts_of(before), _facts_of(record))
         self._reopen(before, record)
         self._index_task(record)
         self._signals.notify(record.identity)

@@ -77,6 +77,16 @@ class TimeRuns(Generic[R]):
 
     def add(self, t: float, ref: R) -> None:
         starts = self.starts
+        last = len(starts) - 1
+        if last >= 0 and t >= starts[last] and len(self.runs[last]) < self.limits[last]:
+            # The commonest addition (times come mostly in order): into the last run, which has
+            # room, so no run is made or split. The same steps as below, fewer checks.
+            self.runs[last].append(ref)
+            if t > self.highs[last]:
+                self.highs[last] = t
+            if self._first_known and (self._first is None or t < self._first[1]):
+                self._first = (ref, t)
+            return
         if not starts or t < starts[0]:
             if not starts or len(self.runs[0]) >= self.limits[0]:
                 self._insert(0, t, [], -math.inf)
@@ -305,6 +315,22 @@ class RecordTally(Generic[R]):
             if old[4] == expires:
                 return
         if expires is not None and expires < math.inf:
+            self.expiry.add(expires, ref)
+
+    def moved(
+        self,
+        ref: R,
+        principal: Hashable,
+        tool: Hashable,
+        old: tuple[Hashable, float | None],
+        new: tuple[Hashable, float | None],
+    ) -> None:
+        """`changed` for a record whose principal, tool and creation time stay (its commonest
+        change): its `(state, expires)` move from `old` to `new`."""
+        if old[0] != new[0]:
+            self.counts.move(principal, tool, old[0], new[0])
+        expires = new[1]
+        if old[1] != expires and expires is not None and expires < math.inf:
             self.expiry.add(expires, ref)
 
     def stream(self, principal: Hashable, tool: Hashable) -> TimeRuns[R]:

@@ -182,3 +182,40 @@ async def _reopened_from_snapshot(directory: Path) -> AsyncIterator[FileJournal]
         yield journal
     finally:
         await journal.aclose()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tally_and_open_sets_kept_through_puts_agree_with_ones_rebuilt_from_the_arrays(seed: int) -> None:
+    """A put of a record already in the index with its tool, principal and creation time kept
+    (a completion, a renewal) takes a shorter path than a put that changes them or makes a new
+    slot; whichever way each went, the counts, the creation and expiry indexes and the open sets
+    are what the arrays alone rebuild."""
+    rng = random.Random(seed)
+    index = CallIndex()
+    hashes = [rng.getrandbits(128) for _ in range(400)]
+    created = {h: T0 for h in hashes}
+    for step in range(6000):
+        h = rng.choice(hashes)
+        roll = rng.random()
+        slot = index.find(h)
+        if roll < 0.1 and slot is not None:
+            index.delete(slot)
+            continue
+        if roll < 0.2 or slot is None:
+            created[h] = T0 + step  # a new claim of the key: a new creation time
+        tool, principal = ("refund", "alice") if roll < 0.9 else (f"t{step % 3}", f"p{step % 2}")
+        state = rng.randint(1, 5)
+        expires = rng.choice([None, created[h] + rng.randint(0, 50), float("inf")])
+        index.put_fields(h, step, state, created[h], expires, tool, principal, step, rng.randint(1, 400))
+    kept_counts = index.tally.counts.by_principal
+    kept_open = {code: set(slots) for code, slots in index.open.items()}
+    kept_size = index.live_size()
+    newest = sorted(index.tally.newest())
+    due = sorted(index.tally.expiry.take(T0 + 3000))
+    index.rebuild_tally()
+    index.after_load()
+    assert index.tally.counts.by_principal == kept_counts
+    assert index.open == kept_open
+    assert index.live_size() == kept_size
+    assert sorted(index.tally.newest()) == newest
+    assert sorted(index.tally.expiry.take(T0 + 3000)) == due

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import math
 from typing import Any
@@ -76,6 +77,11 @@ _DERIVED_PREFIX = "sha256:"
 #: checking costs a parse and a dump on write, and reading one a parse and a dump, so a large
 #: result (whose escaped quotes are a smaller share of it anyway) stays text, read at string speed.
 EMBED_MAX = 16 * 1024
+#: How many recent encodings of a hex digest, and of arguments of up to `RECENT_ARGUMENTS_MAX`
+#: bytes, are kept: a record's completion, renewal or release writes the fingerprint, run id and
+#: arguments its claim wrote, and finds them here while the calls in flight number fewer.
+RECENT = 1024
+RECENT_ARGUMENTS_MAX = 1024
 
 
 def identity_hash(key: bytes, identity: CallIdentity) -> int:
@@ -118,7 +124,7 @@ def record_to_list(record: CallRecord) -> list[Any]:
         record.attempts,
         created,
         _time_out(updated, created),
-        _bytes_out(record.arguments),
+        _arguments_out(record.arguments),
         record.owner,
         _time_out(record.lease_until, updated),
         _time_out(record.completed_at, updated),
@@ -128,8 +134,10 @@ def record_to_list(record: CallRecord) -> list[Any]:
         record.task_id,
         None if record.reason is None else record.reason.value,
     ]
-    while out[-1] is None:
-        out.pop()
+    end = len(out)
+    while out[end - 1] is None:
+        end -= 1
+    del out[end:]
     return out
 
 
@@ -197,9 +205,11 @@ def _stored_record(r: Any) -> CallRecord:
 record_from_dict = stored_decoder("call record")(_stored_record)
 
 
+@functools.lru_cache(maxsize=RECENT)
 def _hex_out(value: str) -> Any:
     """`value` as `[base64]` of the bytes it spells when it is lower-case hex (a SHA-256 digest,
-    a run id: 32 bytes in 43 characters, not 64), else itself."""
+    a run id: 32 bytes in 43 characters, not 64), else itself. A tuple (orjson writes it as an
+    array), as the recent ones are shared."""
     if len(value) < 16 or len(value) % 2:
         return value
     try:
@@ -208,7 +218,7 @@ def _hex_out(value: str) -> Any:
         return value
     if raw.hex() != value:  # upper case or spaces: not what decoding gives back
         return value
-    return [binascii.b2a_base64(raw, newline=False).rstrip(b"=").decode("ascii")]
+    return (binascii.b2a_base64(raw, newline=False).rstrip(b"=").decode("ascii"),)
 
 
 def _hex_in(value: Any) -> str:
@@ -222,16 +232,20 @@ def _time_out(value: float | None, base: float) -> Any:
     """`value` as `[d]`, `d` whole seconds after `base` (a lease, a retention, the same time),
     when adding them gives `value` back exactly; else itself. Whole seconds only: they are what
     the engine adds (no decimals to write) and the only offsets sure to be shorter."""
-    if type(value) is not float or type(base) is not float:
-        return value
-    d = value - base
-    if not d.is_integer() or abs(d) >= 2**53:  # not whole, or not finite (is_integer is False)
-        return value
-    n = int(d)
-    back = base + n
-    if back != value or (value == 0.0 and math.copysign(1.0, value) != math.copysign(1.0, back)):
-        return value  # rounded on the way, or a zero of the other sign
-    return [n]
+    if type(value) is float and type(base) is float:
+        d = value - base
+        # Whole and finite (is_integer is False for infinities and NaN), and exact as an int.
+        if d.is_integer() and -_EXACT < d < _EXACT:
+            n = int(d)
+            back = base + n
+            # Not rounded on the way, and not a zero of the other sign.
+            if back == value and (value != 0.0 or math.copysign(1.0, value) == math.copysign(1.0, back)):
+                return (n,)
+    return value
+
+
+#: The magnitude below which every whole float is an exact int (2^53).
+_EXACT = float(2**53)
 
 
 def _time_in(value: Any, base: float) -> Any:
@@ -261,6 +275,16 @@ def _bytes_out(value: bytes | None) -> Any:
         return value.decode("utf-8")
     except UnicodeDecodeError:
         return [base64.b64encode(value).decode("ascii")]
+
+
+def _arguments_out(value: bytes | None) -> Any:
+    """`_bytes_out` of a record's arguments, the recent small ones' kept (`RECENT`)."""
+    if type(value) is bytes and len(value) <= RECENT_ARGUMENTS_MAX:  # hashable: bytes only
+        return _recent_bytes_out(value)
+    return _bytes_out(value)
+
+
+_recent_bytes_out = functools.lru_cache(maxsize=RECENT)(_bytes_out)
 
 
 def _bytes_in(value: Any) -> bytes | None:

@@ -315,23 +315,59 @@ class CallIndex(Columns):
         if bucket < 0 and (self.used + 1) * 10 > len(self.table) * 7:
             self.rehash()  # before the new slot exists, so the rebuilt table has room for it
             bucket = self._bucket(lo, hi)
-        slot = self.table[bucket] if bucket >= 0 else self._new_slot(lo, hi, -1 - bucket)
-        before = self.facts(slot) if bucket >= 0 else None
+        tool_id, principal_id = self.tools.id(tool), self.principals.id(principal)
+        expiry = NO_EXPIRY if expires is None else expires
+        if bucket >= 0:
+            slot = self.table[bucket]
+            if self.tool[slot] == tool_id and self.principal[slot] == principal_id and self.created[slot] == created:
+                # The commonest put of a record already here (a completion, a renewal, a
+                # release): its identity and creation time stay, so only its frame, version,
+                # state and expiry are written, and the tally moves its state and expiry.
+                self._update(slot, version, state, expiry, position, size)
+                return slot
+            before = self.facts(slot)
+        else:
+            slot, before = self._new_slot(lo, hi, -1 - bucket), None
         if self._live_size is not None:
-            self._live_size += size - (self.size[slot] if bucket >= 0 else 0)
-        self.set_position(slot, position)
-        self.put_narrow("size", slot, size)
-        self.put_narrow("version", slot, version)
+            self._live_size += size - (self.size[slot] if before is not None else 0)
+        self._set_frame(slot, position, size, version)
         self.state[slot] = state
         self.created[slot] = created
-        self.expires[slot] = NO_EXPIRY if expires is None else expires
-        self.put_narrow("tool", slot, self.tools.id(tool))
-        self.put_narrow("principal", slot, self.principals.id(principal))
+        self.expires[slot] = expiry
+        self.put_narrow("tool", slot, tool_id)
+        self.put_narrow("principal", slot, principal_id)
         self.tally.changed(slot, before, self.facts(slot))
         was = DEAD if before is None else cast(int, before[2])
         if was != state:
             self._reopen(slot, was, state)
         return slot
+
+    def _update(self, slot: int, version: int, state: int, expiry: float, position: int, size: int) -> None:
+        """`put_fields` of a live slot whose tool, principal and creation time are unchanged."""
+        was, was_expiry = self.state[slot], self.expires[slot]
+        if self._live_size is not None:
+            self._live_size += size - self.size[slot]
+        self._set_frame(slot, position, size, version)
+        self.state[slot] = state
+        self.expires[slot] = expiry
+        self.tally.moved(slot, self.principal[slot], self.tool[slot], (was, was_expiry), (state, expiry))
+        if was != state:
+            self._reopen(slot, was, state)
+
+    def _set_frame(self, slot: int, position: int, size: int, version: int) -> None:
+        """Set `slot`'s frame position, frame size and version, widening a narrow column that a
+        value does not fit (`put_narrow`); the plain stores first, as a value mostly fits."""
+        segment, offset = position >> SEGMENT_SHIFT, position & OFFSET_MASK
+        try:
+            self.segment[slot] = segment
+            self.offset[slot] = offset
+            self.size[slot] = size
+            self.version[slot] = version
+        except OverflowError:  # stores already made are made again: each is a plain set
+            self.put_narrow("segment", slot, segment)
+            self.put_narrow("offset", slot, offset)
+            self.put_narrow("size", slot, size)
+            self.put_narrow("version", slot, version)
 
     def _reopen(self, slot: int, was: int, now: int) -> None:
         """Move `slot` between the open sets as its state code changes from `was` to `now`."""
