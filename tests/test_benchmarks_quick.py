@@ -52,8 +52,8 @@ def test_the_quick_benchmark_suite_runs_every_case_and_writes_its_report(tmp_pat
 
 def test_the_engine_misses_harness_makes_its_misses_and_prints_a_median(tmp_path: Path) -> None:
     """`benchmarks/engine_misses.py` (the harness behind benchmarks.md's engine-alone figures)
-    runs as its docstring says, with derived and with callers' keys, and its misses are real
-    ones: each left a completed record."""
+    runs as its docstring says, with derived and with callers' keys, one caller or 64 at once,
+    and its misses are real ones: each left a completed record."""
     url = f"sqlite:///{tmp_path}/journal.db"
 
     def harness(*args: str) -> subprocess.CompletedProcess[str]:
@@ -74,5 +74,10 @@ def test_the_engine_misses_harness_makes_its_misses_and_prints_a_median(tmp_path
         assert db.execute("select count(*) from calls where tool = 'noop' and state = 'completed'").fetchone() == (60,)
         callers_keys = db.execute("select count(*) from calls where key like 'k%'").fetchone()
         assert callers_keys == (20,)  # the caller's keys, not keys derived from the arguments
+    concurrent = harness("130", "30", "caller", "64")
+    assert concurrent.returncode == 0, concurrent.stderr[-4000:]
+    assert float(concurrent.stdout.strip()) > 0
+    with sqlite3.connect(tmp_path / "journal.db") as db:
+        assert db.execute("select count(*) from calls where tool = 'noop' and state = 'completed'").fetchone() == (190,)
     refused = harness("10", "10")
     assert refused.returncode != 0 and "WARM < N" in refused.stderr
