@@ -3,16 +3,19 @@
 An `Engine` on the journal at URL makes N durable misses of a no-op one after another (new
 arguments each time; KEYS `derived`, the default: the key derived from them, or `caller`: a
 caller's key in `_meta`, which trees older than `key="derived"` also take) and prints the median
-seconds per miss after the first WARM, in microseconds. With CALLERS above 1 (the default), that
-many tasks make the misses at once, each its share of the first WARM and then of the rest, and
-what is printed is the wall time of the rest divided by their number: the throughput's inverse. No MCP client or server: what a change
-to the engine or a journal costs a miss, measured without the SDK's share. For two trees side
-by side, run it in fresh processes with `PYTHONPATH` set to each tree in turn (alternating,
-order flipped each pair), or under `valgrind --tool=callgrind` at two values of N: the
-difference in instructions divided by the difference in N is a miss's count, independent of
-the machine's load. Run this file by its path from a directory outside both trees: `python -m`
-puts the working directory first on `sys.path`, so from a tree's root it imports that tree's
-`mcp_durable` whatever `PYTHONPATH` says.
+seconds per miss after the first WARM, in microseconds. With CALLERS (1 by default) above 1,
+that many tasks make the misses at once, each its share of the first WARM and then of the
+rest, and what is printed is the wall time of the rest divided by their number (the inverse of
+the throughput).
+
+No MCP client or server: what a change to the engine or a journal costs a miss, measured
+without the SDK's share. For two trees side by side, run it in fresh processes with
+`PYTHONPATH` set to each tree in turn (alternating, order flipped each pair), or under
+`valgrind --tool=callgrind` at two values of N: the difference in instructions divided by the
+difference in N is a miss's count, independent of the machine's load. Run this file by its
+path from a directory outside both trees: `python -m` puts the working directory first on
+`sys.path`, so from a tree's root it imports that tree's `mcp_durable` whatever `PYTHONPATH`
+says.
 """
 
 from __future__ import annotations
