@@ -249,8 +249,18 @@ class GroupCounts:
         groups = self.by_principal.get(principal)
         if groups is None:
             groups = self.by_principal[principal] = {}
-        _bump(groups, (tool, old), -1)
-        _bump(groups, (tool, new), 1)
+        # `_bump` twice, written out: every completion comes here.
+        was, now = (tool, old), (tool, new)
+        left = groups.get(was, 0) - 1
+        if left:
+            groups[was] = left
+        else:
+            del groups[was]
+        left = groups.get(now, 0) + 1
+        if left:
+            groups[now] = left
+        else:
+            del groups[now]
         if not groups:
             del self.by_principal[principal]
 

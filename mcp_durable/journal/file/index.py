@@ -315,7 +315,9 @@ class CallIndex(Columns):
         if bucket < 0 and (self.used + 1) * 10 > len(self.table) * 7:
             self.rehash()  # before the new slot exists, so the rebuilt table has room for it
             bucket = self._bucket(lo, hi)
-        tool_id, principal_id = self.tools.id(tool), self.principals.id(principal)
+        tool_id, principal_id = self.tools.ids.get(tool), self.principals.ids.get(principal)
+        if tool_id is None or principal_id is None:  # a name not seen before: numbered now
+            tool_id, principal_id = self.tools.id(tool), self.principals.id(principal)
         expiry = NO_EXPIRY if expires is None else expires
         if bucket >= 0:
             slot = self.table[bucket]

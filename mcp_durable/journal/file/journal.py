@@ -258,6 +258,9 @@ class FileJournal:
         return self._commit
 
     def _writable(self) -> GroupCommit:
+        commit = self._commit
+        if commit is not None and commit.failure is None and not self.read_only:
+            return commit  # every write's path: open, writable, no failed flush to heal from
         self._opened()
         if self.read_only:
             raise JournalError(f"journal {self.url} is open read-only")
@@ -416,9 +419,11 @@ class FileJournal:
         else:
             self._open_runs.pop(h, None)
         seq, position, size, batch = self._submit(call_payload(record))
-        slot = self._calls.put(h, record, position, size)
-        self._calls.queue(slot, seq, self._opened().durable_seq)
-        self._calls.put_task(record.task_id, h, record.identity.principal)
+        calls = self._calls
+        slot = calls.put(h, record, position, size)
+        calls.queue(slot, seq, self._opened().durable_seq)
+        if record.task_id is not None:
+            calls.put_task(record.task_id, h, record.identity.principal)
         self._signals.notify(record.identity)
         return batch
 
