@@ -80,14 +80,9 @@ class TimeRuns(Generic[R]):
         last = len(starts) - 1
         if last >= 0 and t >= starts[last] and len(self.runs[last]) < self.limits[last]:
             # The commonest addition (times come mostly in order): into the last run, which has
-            # room, so no run is made or split. The same steps as below, fewer checks.
-            self.runs[last].append(ref)
-            if t > self.highs[last]:
-                self.highs[last] = t
-            if self._first_known and (self._first is None or t < self._first[1]):
-                self._first = (ref, t)
-            return
-        if not starts or t < starts[0]:
+            # room, so no run is made and none needs looking for.
+            i = last
+        elif not starts or t < starts[0]:
             if not starts or len(self.runs[0]) >= self.limits[0]:
                 self._insert(0, t, [], -math.inf)
             else:
@@ -249,18 +244,8 @@ class GroupCounts:
         groups = self.by_principal.get(principal)
         if groups is None:
             groups = self.by_principal[principal] = {}
-        # `_bump` twice, written out: every completion comes here.
-        was, now = (tool, old), (tool, new)
-        left = groups.get(was, 0) - 1
-        if left:
-            groups[was] = left
-        else:
-            del groups[was]
-        left = groups.get(now, 0) + 1
-        if left:
-            groups[now] = left
-        else:
-            del groups[now]
+        _bump(groups, (tool, old), -1)
+        _bump(groups, (tool, new), 1)
         if not groups:
             del self.by_principal[principal]
 

@@ -359,7 +359,7 @@ class CallIndex(Columns):
     def _set_frame(self, slot: int, position: int, size: int, version: int) -> None:
         """Set `slot`'s frame position, frame size and version, widening a narrow column that a
         value does not fit (`put_narrow`); the plain stores first, as a value mostly fits."""
-        segment, offset = position >> SEGMENT_SHIFT, position & OFFSET_MASK
+        segment, offset = unpack(position)
         try:
             self.segment[slot] = segment
             self.offset[slot] = offset
