@@ -20,6 +20,11 @@ round a new seeded order of operations and journals), so that the machine's drif
 size alike. Before that, each journal's time to be ready (open and fetch one record) and its peak
 RSS are measured in a fresh process (`_scale_child`), three times per journal and size.
 
+The records a run replays and shows are drawn with a seed of its own, printed with the table:
+a run that drew the same records as the one before it would find their pages in memory, which
+at 10^7 is most of what `journal show` and a replay cost on SQLite (docs/benchmarks.md,
+2026-12-07). `MCP_DURABLE_BENCH_SCALE_SEED=N` draws run N's records again.
+
 Sizes and backends can be narrowed with `MCP_DURABLE_BENCH_SCALE_SIZES=10000,100000` and
 `MCP_DURABLE_BENCH_SCALE_BACKENDS=file,sqlite`; `--quick` measures 1,000 and 3,000 records. The
 benchmark's own calls (misses, lifecycle entries, a checkpoint per retention pass) are written
@@ -72,6 +77,7 @@ SIZES_FULL = (10_000, 100_000, 1_000_000, 10_000_000)
 SIZES_QUICK = (1_000, 3_000)
 SIZES_ENV = "MCP_DURABLE_BENCH_SCALE_SIZES"
 BACKENDS_ENV = "MCP_DURABLE_BENCH_SCALE_BACKENDS"
+SEED_ENV = "MCP_DURABLE_BENCH_SCALE_SEED"
 TARGET_SIZE = 10_000_000
 TARGET_RATIO = 2.0
 READY_SECONDS = 1.5
@@ -224,6 +230,12 @@ OPERATIONS: dict[str, tuple[Operation, int]] = {
 # -- the case ---------------------------------------------------------------------------------------
 
 
+def _seed() -> int:
+    """`SEED_ENV`'s seed, or a new one: a run reads records no run before it read, unless told."""
+    chosen = os.environ.get(SEED_ENV, "").strip()
+    return int(chosen) if chosen else random.SystemRandom().randrange(1_000_000)
+
+
 def _sizes(settings: Settings) -> tuple[int, ...]:
     chosen = os.environ.get(SIZES_ENV, "")
     if chosen.strip():
@@ -307,16 +319,17 @@ async def run(settings: Settings) -> CaseResult:
             urls[(backend, size)], built[(backend, size)] = await scale_build.ensure(backend, size, settings.cache_dir)
     ready = await _measure_ready(urls, settings.pick(1, 3), random.Random(12))
     rounds = settings.pick(2, 15)
+    seed = _seed()
     async with AsyncExitStack() as stack:
         subjects = []
         for (backend, size), url in urls.items():
             server = _server(url)
             client = await stack.enter_async_context(Client(server))
             misses = itertools.count(-time.time_ns() // 1000, -1)  # new keys, never a built record's
-            subjects.append(Subject(backend, size, server, client, random.Random(size), misses))
+            subjects.append(Subject(backend, size, server, client, random.Random(f"{seed}-{size}"), misses))
         samples = await _sample_rounds(subjects, rounds)
     medians = {key: median(values) for key, values in samples.items()}
-    result.tables.append(_operations_table(medians, sizes, backends, rounds))
+    result.tables.append(_operations_table(medians, sizes, backends, rounds, seed))
     result.tables.append(_ready_table(ready, built, sizes, backends))
     result.targets.extend(_operation_targets(medians, sizes, backends))
     result.targets.append(_ready_target(ready))
@@ -324,7 +337,7 @@ async def run(settings: Settings) -> CaseResult:
 
 
 def _operations_table(
-    medians: dict[tuple[str, str, int], float], sizes: tuple[int, ...], backends: list[str], rounds: int
+    medians: dict[tuple[str, str, int], float], sizes: tuple[int, ...], backends: list[str], rounds: int, seed: int
 ) -> Table:
     table = Table(
         "12. Scale: each operation's median as the journal grows",
@@ -337,7 +350,8 @@ def _operations_table(
             table.add(name, backend, *[_duration(x) for x in row], ratio(grown), verdict(grown <= TARGET_RATIO))
     table.notes.append(
         f"median of {rounds} interleaved rounds (after one warm-up round), every journal and size open at once; "
-        f"per round {OPERATIONS['miss'][1]} misses and replays, one of each other operation"
+        f"per round {OPERATIONS['miss'][1]} misses and replays, one of each other operation; the records replayed "
+        f"and shown drawn with seed {seed} ({SEED_ENV}={seed} draws them again)"
     )
     table.notes.append(
         "records: 4 principals, 4 tools, 97.5 % completed, 1 % failed, 0.5 % released, 1 % tasks, "
