@@ -123,10 +123,12 @@ _AUDITS = (
 )
 #: A call of every principal: the principals with a record of the tool (the kept counts know
 #: those with a final one, `calls_open` those with an open one), each looked up by the primary
-#: key (parameters: tool, tool, tool, key).
+#: key (parameters: tool, tool, tool, key). `calls_open` is named: without statistics, SQLite
+#: would answer "open records of the tool" from any index that leads with `tool` instead, which
+#: walks every record of the tool (docs/benchmarks.md, 2026-12-07).
 _FIND = (
     f"SELECT {_COLUMNS} FROM calls WHERE principal IN (SELECT principal FROM call_counts WHERE tool = ? AND n > 0 "
-    f"UNION SELECT principal FROM calls WHERE {OPEN_CALLS} AND tool = ?) "
+    f"UNION SELECT principal FROM calls INDEXED BY {OPEN_INDEX} WHERE {OPEN_CALLS} AND tool = ?) "
     f"AND tool = ? AND key = ? {LISTING_ORDER}"
 )
 #: Values per `IN (…)` list (SQLite allows 32,766 parameters; far fewer keep statements small).

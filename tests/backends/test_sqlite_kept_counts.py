@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_durable.journal import CallIdentity, CallQuery, CallState, CountQuery, Journal, create_journal
+from mcp_durable.journal import sqlite as sqlite_journal
 from mcp_durable.journal.base import step_process_id
 from mcp_durable.journal.sql_rows import CALL_COLUMNS, call_row
 from mcp_durable.journal.sqlite import SQLiteJournal
@@ -89,6 +90,36 @@ async def test_the_open_records_are_counted_from_calls_open_alone(tmp_path: Path
         for mine, args in (("", ()), ("AND principal = ?", ("alice",))):
             plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {OPEN_COUNTS.format(mine=mine)}", args)]
             assert plan == ["SEARCH calls USING COVERING INDEX calls_open (state=?)", "USE TEMP B-TREE FOR GROUP BY"]
+
+
+async def test_journal_show_reads_the_open_principals_from_calls_open_whatever_other_index_leads_with_the_tool(
+    tmp_path: Path,
+) -> None:
+    """`find_calls` (`journal show`) looks its key up by the primary key once per principal with
+    a record of the tool, the principals with an open one read from `calls_open`. An index that
+    leads with `tool` (here one on `(tool, key)`, as a later schema or an operator might add)
+    must not take that part over: without statistics SQLite would walk every record of the tool
+    with it."""
+    path = tmp_path / "journal.db"
+    journal = create_journal(f"sqlite:///{path}")
+    await journal.open()
+    await journal.aclose()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE INDEX calls_by_tool_key ON calls (tool, key)")
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sqlite_journal._FIND}", ("t", "t", "t", "k"))]
+    assert plan[0] == "SEARCH calls USING INDEX sqlite_autoindex_calls_1 (principal=? AND tool=? AND key=?)", plan
+    assert "SEARCH calls USING COVERING INDEX calls_open (state=?)" in plan, plan
+    assert not [step for step in plan if "calls_by_tool_key" in step or step.startswith("SCAN calls")], plan
+    journal = create_journal(f"sqlite:///{path}")  # and the journal still finds the key under each principal
+    await journal.open()
+    try:
+        _, alice = await journal.claim(pending("k", principal="alice"), T0)
+        await journal.claim(pending("k", principal="bob"), T0)
+        done = alice.evolve(state=CallState.COMPLETED, result=b"{}", owner=None, lease_until=None, completed_at=T0)
+        assert await journal.swap(alice.version, done)
+        assert {r.identity.principal for r in await journal.find_calls("refund", "k")} == {"alice", "bob"}
+    finally:
+        await journal.aclose()
 
 
 async def test_an_append_writes_no_tally_row_until_its_seq_folds(tmp_path: Path) -> None:
