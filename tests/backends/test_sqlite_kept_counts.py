@@ -26,10 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_durable.journal import CallIdentity, CallQuery, CallState, CountQuery, Journal, create_journal
-from mcp_durable.journal import sqlite as sqlite_journal
 from mcp_durable.journal.base import step_process_id
 from mcp_durable.journal.sql_rows import CALL_COLUMNS, call_row
-from mcp_durable.journal.sqlite import SQLiteJournal
+from mcp_durable.journal.sqlite import _FIND, SQLiteJournal
 from mcp_durable.journal.sqlite_schema import ENTRY_FOLD, OPEN_COUNTS, SCHEMA_VERSION
 from tests.backends.test_open_index_sql import SQLITE_SCHEMA_4
 from tests.contract.test_calls import T0, pending
@@ -106,7 +105,7 @@ async def test_journal_show_reads_the_open_principals_from_calls_open_whatever_o
     await journal.aclose()
     with contextlib.closing(sqlite3.connect(path)) as conn:
         conn.execute("CREATE INDEX calls_by_tool_key ON calls (tool, key)")
-        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sqlite_journal._FIND}", ("t", "t", "t", "k"))]
+        plan = [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {_FIND}", ("t", "t", "t", "k"))]
     assert plan[0] == "SEARCH calls USING INDEX sqlite_autoindex_calls_1 (principal=? AND tool=? AND key=?)", plan
     assert "SEARCH calls USING COVERING INDEX calls_open (state=?)" in plan, plan
     assert not [step for step in plan if "calls_by_tool_key" in step or step.startswith("SCAN calls")], plan
