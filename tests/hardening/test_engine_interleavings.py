@@ -83,10 +83,11 @@ The invariants, checked after every step (numbered as the lead cites them):
 8. Between steps no record is left PENDING by a run that ended: every PENDING record is held by
    a run parked at a gate (stalled, or of a crashed engine). In particular an exception under
    `exceptions="persist"` never leaves its record PENDING.
-9. What the journal keeps beside its records agrees with them: `count_calls` (kept counts, with
-   the oldest record; and counted in buckets over a time range) is `CountQuery.count` of the
-   records `list_calls` returns, and a listing of an open state (PENDING, IN_DOUBT) or of tasks
-   alone (each read from its own index) holds exactly the records of that state, or the tasks.
+9. What the journal keeps beside its records agrees with them (`tests/journal_kept.py`):
+   `count_calls` (kept counts, with the oldest record; and counted in buckets over a time
+   range) is `CountQuery.count` of the records `list_calls` returns, and a listing of an open
+   state (PENDING, IN_DOUBT) or of tasks alone (each read from its own index) holds exactly the
+   records of that state, or the tasks.
 
 "E" marks an answer no rule can explain (an unexpected exception type, `key_reuse` for a key
 called with one set of arguments, a journal error on a live engine).
@@ -105,7 +106,7 @@ import os
 import shutil
 import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,6 @@ from mcp_durable.errors import (
     TaskCancelledError,
 )
 from mcp_durable.journal import CallIdentity, CallQuery, CallRecord, CallState, Journal, create_journal
-from mcp_durable.journal.base import ALL_CALLS, CallCounts, CountQuery
 from mcp_durable.journal.postgres import PostgresJournal
 from mcp_durable.keys import KEY_META
 from mcp_durable.operations.retention import RetentionSchedule, retention_pass
@@ -158,6 +158,7 @@ from tests.hardening.interleaving_model import (
     held,
     task_terminal,
 )
+from tests.journal_kept import kept_disagreements
 
 # A quarter to half a minute each on a quiet machine. Memory and file run the same single-writer
 # rules (one shared object), so they split what memory alone ran before the file journal joined.
@@ -181,43 +182,6 @@ tools = st.sampled_from(sorted(TOOLS))
 
 def examples(backend: str) -> int:
     return int(os.environ.get("MCP_DURABLE_PROPERTY_EXAMPLES", DEFAULT_EXAMPLES[backend]))
-
-
-#: The states a record holds while a run may still own it: each is listed from an index of its own.
-OPEN = (CallState.PENDING, CallState.IN_DOUBT)
-#: The width of the buckets invariant 9 counts in (seconds of the examples' clock).
-BUCKET_S = 7.0
-
-
-@dataclass(eq=False)
-class Kept:
-    """One read of the journal's kept counts and indexes (invariant 9), with the records they
-    stand for (`listed`: every record, as `list_calls` returns them)."""
-
-    listed: list[CallRecord]
-    counts: dict[CountQuery, CallCounts]
-    open: dict[CallState, list[CallRecord]]
-    tasks: list[CallRecord]
-
-    def problems(self) -> list[str]:
-        found = []
-        for query, counts in self.counts.items():
-            expected = query.count(self.listed)
-            if counts != expected:
-                found.append(f"count_calls({query}) answered {counts}, the records count {expected}")
-        for state, records in self.open.items():
-            got, want = _names(records), _names(r for r in self.listed if r.state == state)
-            if got != want:
-                found.append(f"the listing of {state.value} records holds {got}, the records say {want}")
-        got, want = _names(self.tasks), _names(r for r in self.listed if r.task_id is not None)
-        if got != want:
-            found.append(f"the listing of tasks holds {got}, the records say {want}")
-        return found
-
-
-def _names(records: Iterable[CallRecord]) -> list[tuple[str, str, str]]:
-    """The identities of `records`, sorted, each once per time it is given."""
-    return sorted((r.identity.principal, r.identity.tool, r.identity.key) for r in records)
 
 
 @dataclass(eq=False)
@@ -298,7 +262,7 @@ class Interleavings(RuleBasedStateMachine):
     def drive(self, work: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Do `work` on the event loop, then read the journal for the invariants (one trip)."""
 
-        async def then_read() -> tuple[dict[Ident, CallRecord], dict[str, list[int]], Kept]:
+        async def then_read() -> tuple[dict[Ident, CallRecord], dict[str, list[int]], list[str]]:
             await work(*args)
             return await self.read_all()
 
@@ -540,9 +504,9 @@ class Interleavings(RuleBasedStateMachine):
 
     @invariant()
     def the_invariants_hold(self) -> None:
-        records, steps, kept = self.snapshot
+        records, steps, kept_off = self.snapshot
         self.records = records
-        for problem in kept.problems():
+        for problem in kept_off:
             self.violate("9", problem)
         parked = {op.run.fence for op in self.ops if op.run.parked}
         for ident in IDENTS:
@@ -553,28 +517,12 @@ class Interleavings(RuleBasedStateMachine):
                 self.violate("4", f"the step log of {process[:14]} has index(es) {twice} more than once: {indexes}")
         assert not self.violations, "\n".join(self.violations)
 
-    async def read_all(self) -> tuple[dict[Ident, CallRecord], dict[str, list[int]], Kept]:
+    async def read_all(self) -> tuple[dict[Ident, CallRecord], dict[str, list[int]], list[str]]:
         steps: dict[str, list[int]] = defaultdict(list)
         for entry in await self.observer.entries():
             if entry.process_id.startswith("steps/") and entry.entry_type == "step":
                 steps[entry.process_id].append(int(entry.data["index"]))
-        return await self.read_records(), steps, await self.read_kept()
-
-    async def read_kept(self) -> Kept:
-        """What the journal answers from its counts and indexes, beside every record it lists."""
-        journal = self.observer
-        listed = await journal.list_calls(CallQuery(limit=500))
-        # A range from the oldest record to just before the newest, in buckets: the ranged path
-        # (a walk of the runs or rows in the range), not the kept counts.
-        created = sorted(r.created_at for r in listed)
-        since, until = (created[0], created[-1]) if created else (T0, None)
-        ranged = CountQuery(since=since, until=until, bucket_s=BUCKET_S)
-        return Kept(
-            listed=listed,
-            counts={query: await journal.count_calls(query) for query in (ALL_CALLS, ranged)},
-            open={state: await journal.list_calls(CallQuery(state=state, limit=500)) for state in OPEN},
-            tasks=await journal.list_calls(CallQuery(tasks_only=True, limit=500)),
-        )
+        return await self.read_records(), steps, await kept_disagreements(self.observer)
 
     def observe(self, ident: Ident, record: CallRecord | None, parked: set[Fence | None]) -> None:
         live = record if record is not None and not record.is_expired(self.now) else None

@@ -13,7 +13,8 @@ For each state, in order:
 2. the next boot: `Engine(journal).start()` (recovery, then orphaned claims marked in doubt);
    a `DurableError` is a refusal (its message is reported), any other exception a crash;
 3. every acknowledged result read back (`get`), every durable claim looked up, every
-   acknowledged durable step read back (`entries(process_id=…)`);
+   acknowledged durable step read back (`entries(process_id=…)`), and the counts and open and
+   task listings the journal keeps compared with its records (`tests/journal_kept.py`);
 4. the journal closed, and `journal verify` again.
 """
 
@@ -36,6 +37,7 @@ from mcp_durable.errors import DurableError
 from mcp_durable.journal import CallIdentity, CallState
 from mcp_durable.journal.base import Journal
 
+from ..journal_kept import kept_disagreements
 from .workload import journal_path
 
 FINAL = {CallState.COMPLETED.value, CallState.FAILED.value}
@@ -124,8 +126,9 @@ def check(request: dict[str, Any]) -> dict[str, Any]:
 async def boot(request: dict[str, Any], report: dict[str, Any]) -> None:
     """The next boot of the state, recorded in `report`: its outcome ("opened", "refused" or
     "crash", with the error), and once opened the repairs recovery made, the orphaned claims
-    it marked in doubt and what it lost of `request`'s acks, claims and steps (what was found
-    lost before a crash while reading back is kept)."""
+    it marked in doubt, what it lost of `request`'s acks, claims and steps (what was found
+    lost before a crash while reading back is kept), and where its kept counts and listings
+    disagree with its records."""
     kind, root = request["kind"], Path(request["root"])
     journal = open_journal(kind, root)
     engine = Engine(journal)
@@ -137,17 +140,19 @@ async def boot(request: dict[str, Any], report: dict[str, Any]) -> None:
     lost_acks: list[list[Any]] = []
     lost_claims: list[list[Any]] = []
     lost_steps: list[list[Any]] = []
+    kept_off: list[str] = []
     try:
         await _find_lost_acks(journal, request["acks"], lost_acks)
         await _find_lost_claims(journal, request["claims"], lost_claims)
         await _find_lost_steps(journal, request["steps"], lost_steps)
+        kept_off += await kept_disagreements(journal)
     except Exception as exc:  # noqa: BLE001 - reading back what recovery kept must not fail
         report["outcome"] = "crash"
         report["error"] = "reading back: " + "".join(traceback.format_exception(exc))
     finally:
         with contextlib.suppress(Exception):
             await engine.aclose()
-    report.update(lost_acks=lost_acks, lost_claims=lost_claims, lost_steps=lost_steps)
+    report.update(lost_acks=lost_acks, lost_claims=lost_claims, lost_steps=lost_steps, kept_off=kept_off)
 
 
 async def _start(engine: Engine, report: dict[str, Any]) -> bool:

@@ -352,7 +352,8 @@ def judge(report: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _lost(report: dict[str, Any]) -> list[tuple[str, str]]:
     """A violation for each acknowledged result, durable claim and durable step the checker
-    found lost, in that order."""
+    found lost, in that order, then one for each count or listing that disagrees with the
+    records after recovery."""
     found: list[tuple[str, str]] = []
     for tool, key, why in report.get("lost_acks", []):
         found.append(("lost_ack", f"{tool}/{key}: {why}"))
@@ -360,6 +361,8 @@ def _lost(report: dict[str, Any]) -> list[tuple[str, str]]:
         found.append(("lost_claim", f"{tool}/{key}: a durable claim is gone"))
     for process_id, index in report.get("lost_steps", []):
         found.append(("lost_step", f"{process_id} step {index}"))
+    for why in report.get("kept_off", []):
+        found.append(("kept_counts", why))
     return found
 
 
