@@ -26,6 +26,7 @@ from pathlib import Path
 from mcp_durable.journal import CallQuery, CallState, create_journal
 from tests.crash.kill import kill_when_ready
 from tests.crash.sqlite_caller import claim_of, done_of, identity, renewed_lease
+from tests.journal_kept import kept_disagreements
 
 TRIALS = int(os.environ.get("MCP_DURABLE_TRIALS", "12"))
 CALLERS = 32
@@ -84,6 +85,9 @@ async def test_a_batch_killed_mid_commit_loses_no_acknowledged_call_and_half_wri
                 else:
                     assert n not in acked["renewed"], f"trial {trial}: acknowledged renewal {n} is lost"
                     assert record == claimed, f"trial {trial}: claimed record {n} differs from what was written"
+            # The kept counts and the open listing are written in the same transactions as the
+            # records: a kill mid-commit leaves both or neither.
+            assert await kept_disagreements(journal) == [], f"trial {trial}"
             # The journal takes calls after the crash.
             fresh = claim_of(next_n - 1)
             won, _ = await journal.claim(fresh, fresh.created_at)
