@@ -3,6 +3,7 @@
     from tests.journal_kept import kept_disagreements
 
     assert await kept_disagreements(journal) == []
+    assert await kept_disagreements_at(url) == []  # a journal of its own, opened and closed
 
 Each backend answers `count_calls`, a listing of an open state (PENDING, IN_DOUBT) and a listing
 of tasks from what it keeps for them (counts, open sets and indexes, count rows), not by reading
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mcp_durable.journal import CallQuery, CallRecord, CallState, Journal
+from mcp_durable.journal import CallQuery, CallRecord, CallState, Journal, create_journal
 from mcp_durable.journal.base import ALL_CALLS, CountQuery, each_call
 
 #: The states a record holds while a run may still own it: each is listed from an index of its own.
@@ -50,6 +51,17 @@ async def kept_disagreements(journal: Journal) -> list[str]:
     if got != want:
         found.append(f"the listing of tasks holds {got}, the records say {want}")
     return found
+
+
+async def kept_disagreements_at(url: str) -> list[str]:
+    """`kept_disagreements` of the journal at `url`, opened for it and closed after (what a test
+    reads after the processes that wrote it are gone)."""
+    journal = create_journal(url)
+    await journal.open()
+    try:
+        return await kept_disagreements(journal)
+    finally:
+        await journal.aclose()
 
 
 async def _all(journal: Journal, query: CallQuery) -> list[CallRecord]:

@@ -20,6 +20,7 @@ from mcp import Client
 from mcp_durable.demo.ledger import PaymentProvider
 from tests.crash.replicas import serve_http_together
 from tests.helpers import ServedHttp, key_meta
+from tests.journal_kept import kept_disagreements_at
 
 pytestmark = pytest.mark.postgres
 
@@ -78,6 +79,8 @@ async def test_five_hundred_calls_over_three_replicas_run_each_of_fifty_keys_exa
     effects = ledger.effects()
     assert len(effects) == 50 and len(ledger.requests()) == 50  # 50 executions, no duplicate request
     assert {e["idempotency_key"]: e["id"] for e in effects} == {k: ids.pop() for k, ids in by_key.items()}
+    # Three replicas' kept counts (a row per session) add up to the records they wrote.
+    assert await kept_disagreements_at(journal) == []
 
 
 def _keep_stderr(replicas: list[ServedHttp], tmp_path: Path, *, shown: bool) -> None:

@@ -22,6 +22,7 @@ from mcp_durable.demo.ledger import PaymentProvider
 from tests.crash.replicas import serve_http_together
 from tests.crash.test_replicas_concurrency import TARGET
 from tests.helpers import key_meta, meta_of
+from tests.journal_kept import kept_disagreements_at
 
 pytestmark = pytest.mark.postgres
 
@@ -77,3 +78,6 @@ async def test_a_call_on_a_killed_replica_is_taken_over_by_another_by_its_in_dou
         assert result.is_error and result.structured_content is not None
         assert meta_of(result)["mcp-durable/error"]["error"] == "in_doubt"
         assert [r["outcome"] for r in requests] == ["applied"]  # B did not run it
+    # A died inside its transaction's window: what the replicas keep beside the records (counts
+    # by session, the open index) holds no trace of a half-written change.
+    assert await kept_disagreements_at(journal) == []
