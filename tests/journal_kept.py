@@ -10,8 +10,8 @@ of tasks from what it keeps for them (counts, open sets and indexes, count rows)
 every record. `kept_disagreements` reads every record page by page and says, one line each,
 where those answers differ from the records: the counts without a range (with the oldest record),
 the counts of a range in buckets (the ranged path), and the open and task listings. Used by the
-engine interleavings (invariant 9) and the power-loss checker (after recovery); the journal must
-not change while it reads.
+engine interleavings (invariant 9), the power-loss checker (after recovery) and the SIGKILL tests
+of SQLite and of Postgres replicas; the journal must not change while it reads.
 """
 
 from __future__ import annotations
