@@ -27,6 +27,7 @@ from mcp_durable.demo.ledger import PaymentProvider
 from mcp_durable.demo.outbox import Outbox
 from tests.crash.crash_servers.harness import StdioServer, error_code, journal_url
 from tests.crash.crash_servers.hooks import POINTS, Counter, CrashPlan
+from tests.journal_kept import kept_disagreements_at
 
 TRIALS = int(os.environ.get("MCP_DURABLE_TRIALS", "3"))
 TARGET = "tests.crash.crash_servers.danger:make_server"
@@ -58,7 +59,13 @@ class Run:
             "CRASH_LEASE": "0.5",
             "CRASH_WAIT": "10",
         }
-        self.server = StdioServer(TARGET, journal_url(self.journal, self.tmp), env)
+        self.url = journal_url(self.journal, self.tmp)  # on Postgres a fresh schema: made once
+        self.server = StdioServer(TARGET, self.url, env)
+
+    async def check_kept(self) -> None:
+        """After the last server stopped: the journal's kept counts and open listings, rebuilt or
+        carried through every SIGKILL, agree with its records (`tests/journal_kept.py`)."""
+        assert await kept_disagreements_at(self.url) == []
 
     def report(self, name: str) -> None:
         print(
@@ -97,6 +104,7 @@ async def test_a_tool_whose_downstream_honours_the_key_never_duplicates_or_loses
             run.outcomes["replayed" if (result.meta or {}).get(REPLAYED) else f"retried after {point}"] += 1
     requests = run.ledger.requests()
     assert sum(r["outcome"] == "applied" for r in requests) == TRIALS
+    await run.check_kept()
     run.report("pay/retry")
 
 
@@ -128,6 +136,7 @@ async def test_a_mail_the_outbox_would_send_twice_is_sent_once_under_reconcile(j
                     "after_journal": "replayed",
                 }[point]
             ] += 1
+    await run.check_kept()
     run.report("send_email/reconcile")
 
 
@@ -172,4 +181,5 @@ async def test_a_mail_under_refuse_never_runs_twice_automatically_and_stays_in_d
             mails = run.outbox.mails(key=key)
             assert len(mails) == 1, f"trial {trial} ({point}): {len(mails)} mails sent"
             assert result.structured_content is not None and result.structured_content["id"] == mails[0]["id"]
+    await run.check_kept()
     run.report("send_email/refuse")
