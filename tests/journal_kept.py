@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mcp_durable.journal import CallQuery, CallRecord, CallState, Journal, create_journal
-from mcp_durable.journal.base import ALL_CALLS, CountQuery, each_call
+from mcp_durable.journal import CallQuery, CallRecord, Journal, create_journal
+from mcp_durable.journal.base import ALL_CALLS, OPEN_STATES, CountQuery, each_call
 
-#: The states a record holds while a run may still own it: each is listed from an index of its own.
-OPEN = (CallState.PENDING, CallState.IN_DOUBT)
 #: The width of the buckets the ranged count uses (seconds).
 BUCKET_S = 7.0
 #: Records read per page.
@@ -41,7 +39,7 @@ async def kept_disagreements(journal: Journal) -> list[str]:
         counts, expected = await journal.count_calls(query), query.count(records)
         if counts != expected:
             found.append(f"count_calls({query}) answered {counts}, the records count {expected}")
-    for state in OPEN:
+    for state in sorted(OPEN_STATES):  # each listed from an index of its own
         got = _names(await _all(journal, CallQuery(state=state, limit=PAGE)))
         want = _names(r for r in records if r.state == state)
         if got != want:

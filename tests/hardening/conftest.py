@@ -17,6 +17,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 from mcp_durable import ToolPolicy
 from mcp_durable.journal import CallQuery, Journal
+from mcp_durable.journal.base import each_call
 from mcp_durable.journal.model import CallRecord, JournalEntry
 from mcp_durable.server import DurableServer
 from tests.conftest import _backend_available, make_journal_factory
@@ -28,16 +29,7 @@ MODES = ["legacy", "auto"]
 
 async def snapshot(journal: Journal) -> tuple[list[CallRecord], list[JournalEntry]]:
     """Every call record and every process entry the journal holds (compare two to prove no change)."""
-    records: list[CallRecord] = []
-    cursor = None
-    while True:
-        page = await journal.list_calls(CallQuery(limit=500, cursor=cursor))
-        records.extend(page)
-        if len(page) < 500:
-            break
-        from mcp_durable.journal import CallCursor
-
-        cursor = CallCursor.after(page[-1])
+    records = [record async for record in each_call(journal, CallQuery(limit=500))]
     return records, await journal.entries()
 
 
