@@ -9,11 +9,13 @@ by applying the migrations that had shipped. Real files and a real Postgres sche
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import orjson
 import psycopg
 import pytest
@@ -336,3 +338,79 @@ async def test_the_postgres_migration_wakes_no_waiter(schema_url: str) -> None:
         await journal.open()
         await journal.aclose()
         assert list(conn.notifies(timeout=0.5)) == []
+
+
+def _calls_lock_waiters(base: str, schema: str) -> int:
+    """Sessions waiting for a lock on `schema`'s `calls` (ungranted rows of `pg_locks`)."""
+    with psycopg.connect(base, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+            "WHERE NOT l.granted AND c.relname = 'calls' AND c.relnamespace = %s::regnamespace",
+            (f'"{schema}"',),
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.postgres
+async def test_a_postgres_migration_beside_a_writer_of_the_earlier_release_deadlocks_neither(
+    schema_url: str,
+) -> None:
+    """A rolling upgrade: a replica of the earlier release (schema 4) is inside a transaction
+    that has read `calls` (an ACCESS SHARE lock, as the first relation of its claim statement
+    takes) when a replica of this release opens and migrates; the older one then writes
+    `calls`. Taking its locks as its statements came, the migration held an index build's SHARE
+    lock (which the write waits for) while waiting for ACCESS EXCLUSIVE (DROP INDEX, which
+    waits for the reader): Postgres found the deadlock and aborted one side, here the newer
+    replica's start (`deadlock detected`) or the older one's write. Both must go through."""
+    base = postgres_or_skip()
+    _postgres_at(schema_url, base, 4)
+    schema = PostgresSettings.from_url(schema_url).schema
+    s = f'"{schema}"'
+    insert = _INSERT_CALL.format(calls=f"{s}.calls", marks=", ".join(["%s"] * 13))
+    with psycopg.connect(base) as older:  # one transaction, as a statement of the older replica
+        older.execute(f"SELECT count(*) FROM {s}.calls").fetchone()
+        journal = create_journal(schema_url)
+        opening = asyncio.create_task(journal.open())
+        try:
+            for _ in range(500):  # the newer replica's migration waits for the older one's lock
+                waiting: int = await anyio.to_thread.run_sync(_calls_lock_waiters, base, schema)
+                if opening.done() or waiting:
+                    break
+                await anyio.sleep(0.01)
+            assert not opening.done(), "the migration did not wait for the open transaction on calls"
+            await anyio.to_thread.run_sync(older.execute, insert, _call_values("written-meanwhile", "completed", None))
+            older.commit()
+            await opening
+            assert isinstance(journal, PostgresJournal)
+            assert journal.migrations_applied == [m.version for m in MIGRATIONS[4:]]
+            record = await journal.get(CallIdentity("local", "refund", "written-meanwhile"))
+            assert record is not None and record.state is CallState.COMPLETED
+            assert (await journal.count_calls()).total == len(_old_calls()) + 1
+        finally:
+            if not opening.done():
+                opening.cancel()
+            await journal.aclose()
+
+
+@pytest.mark.postgres
+async def test_a_postgres_migration_is_not_cut_short_by_the_replicas_statement_timeout(schema_url: str) -> None:
+    """A replica's `statement_timeout` guards its calls (15 s by default); a migration's index
+    builds and counts over every record of a large journal take longer (minutes at 10^7), and
+    a replica that starts while another migrates waits for it. With a timeout far below what
+    the migration of 50,000 records takes, the journal still opens migrated."""
+    base = postgres_or_skip()
+    _postgres_at(schema_url, base, 4)
+    s = f'"{PostgresSettings.from_url(schema_url).schema}"'
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {s}.calls (principal, tool, key, fingerprint, state, version, run_id, attempts, "
+            "created_at, updated_at, result) SELECT 'local', 'bulk', 'k' || n, repeat('f', 64), 'completed', 2, "
+            f"'run-' || n, 1, {T0} + n, {T0} + n, '\\x7b7d' FROM generate_series(1, 50000) AS n"
+        )
+    journal = create_journal(f"{schema_url}&statement_timeout=0.01")
+    await journal.open()
+    try:
+        assert isinstance(journal, PostgresJournal)
+        assert journal.migrations_applied == [m.version for m in MIGRATIONS[4:]]
+    finally:
+        await journal.aclose()

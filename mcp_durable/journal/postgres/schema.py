@@ -14,6 +14,8 @@ point, exactly as the other backends (Python string order) do.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 import psycopg
@@ -287,11 +289,54 @@ def quote_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+#: How long a migration waits for its tables' lock before it lets go and tries again
+#: (`migrate`): well under Postgres's `deadlock_timeout` (1 s unless set lower), so when a
+#: replica of an earlier release holds one of the tables and waits for the other, the
+#: migration steps back before the deadlock check aborts either side.
+MIGRATION_LOCK_TIMEOUT_MS = 100
+#: How long `migrate` keeps trying for that lock before it gives up (`JournalError`).
+MIGRATION_LOCK_PATIENCE = 60.0
+
+
 async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]], schema: str, channel: str) -> list[int]:
-    """Bring `schema` up to `LATEST`; returns the versions applied now (empty: already current)."""
+    """Bring `schema` up to `LATEST`; returns the versions applied now (empty: already current).
+
+    A schema that has tables and is behind is locked first, whole (`calls` and `entries`,
+    ACCESS EXCLUSIVE), before any migration statement runs: replicas of the earlier release
+    keep working during a rolling upgrade, and their statements take weaker locks on those
+    tables one after another. A migration that took its locks as its statements came (an
+    index build's SHARE, then a DROP INDEX's ACCESS EXCLUSIVE) could hold one such replica
+    back while waiting for it: Postgres broke that deadlock by aborting the migration (the
+    newer replica failed to start) or the older replica's statement. Taken first, the lock
+    waits for the transactions in flight and holds nothing they need; while it waits, the
+    other side goes first (a lock wait of `MIGRATION_LOCK_TIMEOUT_MS`, then a new attempt).
+    """
+    deadline = time.monotonic() + MIGRATION_LOCK_PATIENCE
+    pause = 0.01
+    while True:
+        try:
+            return await _migrate_once(conn, schema, channel)
+        except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected) as exc:
+            if time.monotonic() >= deadline:
+                raise JournalError(
+                    f"cannot migrate postgres journal schema {schema!r}: its tables stayed locked by other "
+                    f"sessions for {MIGRATION_LOCK_PATIENCE:g} s"
+                ) from exc
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+
+async def _migrate_once(conn: psycopg.AsyncConnection[tuple[object, ...]], schema: str, channel: str) -> list[int]:
+    """One attempt of `migrate`, in one transaction (rolled back whole when it fails)."""
     s = quote_ident(schema)
     applied: list[int] = []
     async with conn.transaction():
+        # No statement timeout here (the connection's is a guard for calls, seconds): a
+        # migration builds indexes over and counts every record, which takes longer on a large
+        # journal (docs/deployment.md, "Upgrades"), and a replica starting beside the one that
+        # migrates waits for it at the lock below. Both end: the work is bounded, and the lock
+        # is let go when the migrating session ends, however it ends.
+        await conn.execute("SET LOCAL statement_timeout = 0")
         # Serialise replicas migrating the same schema; released at commit.
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"mcp_durable.migrate.{schema}",))
         await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
@@ -307,6 +352,10 @@ async def migrate(conn: psycopg.AsyncConnection[tuple[object, ...]], schema: str
                 f"journal schema {schema!r} is at version {current}, newer than this mcp-durable "
                 f"understands ({LATEST}): upgrade mcp-durable on every replica"
             )
+        if 0 < current < LATEST:  # migration 1 made both tables
+            await conn.execute(f"SET LOCAL lock_timeout = {MIGRATION_LOCK_TIMEOUT_MS}")
+            await conn.execute(f"LOCK TABLE {s}.calls, {s}.entries IN ACCESS EXCLUSIVE MODE")
+            await conn.execute("SET LOCAL lock_timeout = DEFAULT")
         for migration in MIGRATIONS:
             if migration.version <= current:
                 continue
