@@ -22,7 +22,7 @@ from mcp_durable.journal import CallIdentity, CallQuery, CallState, CountQuery, 
 from mcp_durable.journal.base import AUDIT_PROCESS
 from mcp_durable.journal.postgres import PostgresJournal, PostgresSettings
 from mcp_durable.journal.postgres.schema import MIGRATIONS
-from mcp_durable.journal.sqlite_schema import SCHEMA_VERSION
+from mcp_durable.journal.sqlite_schema import COUNT_CALLS_SQL, SCHEMA_VERSION
 from tests.backends.pg_cluster import scratch_schema
 from tests.conftest import postgres_or_skip
 from tests.contract.test_calls import pending
@@ -143,6 +143,22 @@ async def test_a_sqlite_journal_of_schema_3_is_counted_by_its_migration_and_then
         await _check_counted(again, 1)
     finally:
         await again.aclose()
+
+
+def test_the_sqlite_migration_counts_by_reading_the_table_in_order_not_through_an_index(tmp_path: Path) -> None:
+    """The migration's count reads every record inside the write lock that processes of the
+    earlier release wait on: a scan of the table, not a walk of the primary key's index that
+    looks each row up in the table again for its state (a random read a record)."""
+    path = tmp_path / "journal.db"
+    _sqlite_at(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute(
+            "CREATE TABLE call_counts (principal TEXT NOT NULL, tool TEXT NOT NULL, state TEXT NOT NULL, "
+            "n INTEGER NOT NULL, PRIMARY KEY (principal, tool, state))"
+        )
+        plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + COUNT_CALLS_SQL)]
+    scans = [step for step in plan if step.startswith("SCAN calls")]
+    assert scans == ["SCAN calls"], plan
 
 
 async def test_writes_of_another_sqlite_connection_are_counted_too(tmp_path: Path) -> None:
