@@ -220,8 +220,8 @@ def _add_columns(conn: sqlite3.Connection) -> None:
 #: The counts a migration to schema 4 or later makes of what a database holds, read from the
 #: table in its own order (`NOT INDEXED`): left to itself, the planner walked the primary key's
 #: index for its (principal, tool) order and looked each row up in the table for its state, one
-#: random read a record, 4.5 times as long as a scan at 10^6 records with the database in memory
-#: (docs/deployment.md, "Upgrades"), the whole of it inside the write lock that processes of the
+#: random read a record, several times as long as the scan (docs/benchmarks.md, "Upgrading a
+#: journal of the release before"), the whole of it inside the write lock that processes of the
 #: earlier release wait on.
 COUNT_CALLS_SQL = (
     "INSERT INTO call_counts SELECT principal, tool, state, count(*) FROM calls NOT INDEXED "
