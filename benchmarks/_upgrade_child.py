@@ -4,12 +4,11 @@ on `PYTHONPATH`: `build BACKEND N CACHE` and `write URL CALLERS` with the earlie
 a line on stdin).
 
 Written against what both releases have (`create_journal`, `Engine.execute`, `ToolPolicy`,
-the earlier release's `benchmarks.build`), so it runs on either.
+`benchmarks.build` and `benchmarks.common.PG_BASE`), so it runs on either.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import resource
@@ -21,13 +20,13 @@ from typing import Any
 import anyio
 import orjson
 
-PG_BASE = os.environ.get("MCP_DURABLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+# Imported from the tree on `PYTHONPATH` (this file is run by path, not as a module of it).
+from benchmarks import build as built_journals
+from benchmarks.common import PG_BASE
 
 
 async def build(backend: str, count: int, cache: Path) -> dict[str, Any]:
     """A journal of `count` COMPLETED records as the release on `PYTHONPATH` writes them."""
-    from benchmarks import build as old_build  # the earlier release's builder
-
     began = time.perf_counter()
     if backend == "postgres":
         import psycopg
@@ -41,9 +40,9 @@ async def build(backend: str, count: int, cache: Path) -> dict[str, Any]:
                 if row is not None and row[0] == count:  # built before
                     return {"source": schema, "seconds": 0.0}
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        await old_build._build_api(f"{PG_BASE}?schema={schema}", "calls", count)
+        await built_journals._build_api(f"{PG_BASE}?schema={schema}", "calls", count)
         return {"source": schema, "seconds": time.perf_counter() - began}
-    url, _ = await old_build.ensure(backend, "calls", count, cache)
+    url, _ = await built_journals.ensure(backend, "calls", count, cache)
     root = url.split("://", 1)[1].lstrip("/")
     return {"source": str(Path("/" + root).parent), "seconds": time.perf_counter() - began}
 
@@ -51,14 +50,12 @@ async def build(backend: str, count: int, cache: Path) -> dict[str, Any]:
 async def open_journal(url: str, count: int) -> dict[str, Any]:
     """Open (and so migrate) with the release on `PYTHONPATH`, then read the last built record."""
     from mcp_durable.journal import create_journal
-    from mcp_durable.journal.model import CallIdentity
 
     began = time.perf_counter()
     journal = create_journal(url)
     await journal.open()
     opened = time.perf_counter()
-    last = CallIdentity("local", "noop", "sha256:" + hashlib.sha256(b'{"n":%d}' % (count - 1)).hexdigest())
-    record = await journal.get(last)
+    record = await journal.get(built_journals.call_identity(count - 1))
     ready = time.perf_counter()
     applied = getattr(journal, "migrations_applied", None)
     await journal.aclose()

@@ -79,8 +79,8 @@ def _drop_postgres(schema: str) -> None:
 
 def trial(backend: str, source: str, opener: Path, earlier: Path, records: int, scratch: Path) -> dict[str, Any]:
     """One copy of the built journal opened by `opener`'s tree beside a writer of `earlier`'s."""
+    schema = f"{source}_trial"
     if backend == "postgres":
-        schema = f"{source}_trial"
         _copy_postgres(source, schema)
         url = f"{PG_BASE}?schema={schema}"
     else:
@@ -116,7 +116,7 @@ def trial(backend: str, source: str, opener: Path, earlier: Path, records: int, 
         if writer is not None and writer.poll() is None:
             writer.kill()
         if backend == "postgres":
-            _drop_postgres(f"{source}_trial")
+            _drop_postgres(schema)
         else:
             shutil.rmtree(scratch, ignore_errors=True)
 
