@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import heapq
+import logging
 import math
 import os
 import time
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from .compaction import CompactionReport, PhaseHook
 
 SEGMENT_BYTES = 64 * 1024 * 1024
+logger = logging.getLogger(__name__)
 #: A snapshot is written once this many frames were appended since the last one (and at close),
 #: so recovery after a crash replays at most this tail after loading the snapshot.
 SNAPSHOT_EVERY = 100_000
@@ -157,7 +159,8 @@ class FileJournal:
         assert self.recovery is not None
         self.recovery = dataclasses.replace(self.recovery, duration_s=time.perf_counter() - started)
         if not self.read_only and (self._since_snapshot >= SNAPSHOT_EVERY or self._snapshot_outdated):
-            await self.snapshot()  # an outdated one: its rebuild is not paid again at the next open
+            # an outdated one: its rebuild is not paid again at the next open
+            await self._snapshot_as_cache("the journal is open")
 
     def _open_sync(self) -> None:
         if self.read_only:
@@ -221,7 +224,7 @@ class FileJournal:
             if self._commit is not None and self._commit.failure is None and not self.read_only:
                 await self._commit.wait_seq(self._next_seq - 1)
                 if self._since_snapshot >= SNAPSHOT_ON_CLOSE:
-                    await self.snapshot()
+                    await self._snapshot_as_cache("the journal closes, every write on disk")
                 clean = True
         finally:
             self._close_files(clean=clean)
@@ -328,7 +331,7 @@ class FileJournal:
         assert self._commit is not None
         await self._commit.wait(batch)
         if self._since_snapshot >= SNAPSHOT_EVERY and not self._maintenance.locked():
-            await self.snapshot()
+            await self._snapshot_as_cache("the write that started it stands")
 
     def _hash(self, identity: CallIdentity) -> int:
         h = self._hash_cache.get(identity)
@@ -839,6 +842,16 @@ class FileJournal:
                 await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
                 path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
                 return path.name
+
+    async def _snapshot_as_cache(self, meanwhile: str) -> None:
+        """A snapshot the journal takes on its own (at open, every `SNAPSHOT_EVERY` frames, at
+        close). A snapshot is a cache: one that fails (a disk too full for it, say) costs the
+        next open a longer replay, so it is logged and the open, the write or the close that
+        started it goes on; an operator's `snapshot()` raises instead."""
+        try:
+            await self.snapshot()
+        except JournalError as exc:
+            logger.warning("%s; %s", exc, meanwhile)
 
     async def compact(self, now: float, *, at_phase: PhaseHook | None = None) -> CompactionReport:
         """Drop expired records and superseded versions by rewriting the sealed segments.
