@@ -9,8 +9,10 @@ configure it):
   the claim is RELEASED), `temp` (5 s retention, expired and purged by the compactions);
 - repeats of earlier keys (replayed from the journal);
 - the file journal with 8 KiB segments (rotation every few calls), a snapshot every 60
-  frames and on close, `compact()` twice while calls go on; SQLite with its own checkpoints (at close and on
-  its default autocheckpoint) and `purge_expired` where the file journal compacts;
+  frames and on close (written by a forked child before the restart, from a copy after it:
+  strace follows the child, which opens nothing but its temp file), `compact()` twice while
+  calls go on; SQLite with its own checkpoints (at close and on its default autocheckpoint)
+  and `purge_expired` where the file journal compacts;
 - a restart in the middle (engine and journal closed and opened again: recovery, orphan
   cleanup, the snapshot written on close).
 
@@ -59,13 +61,16 @@ def journal_path(kind: str, root: Path) -> Path:
     return root / "journal" if kind == "file" else root / "journal" / "journal.db"
 
 
-def make_journal(kind: str, root: Path, synchronous: str | None = None) -> Journal:
+def make_journal(kind: str, root: Path, synchronous: str | None = None, *, snapshot_in_child: bool = False) -> Journal:
+    """The journal under test. `snapshot_in_child`: the file journal's snapshots are written by a
+    forked child (`snapshot_child`, traced too: strace follows it) rather than from a copy."""
     if kind == "file":
         from mcp_durable.journal.file import FileJournal
         from mcp_durable.journal.file import journal as file_journal
 
         file_journal.SNAPSHOT_EVERY = SNAPSHOT_EVERY  # small, so snapshots happen in the recording
         file_journal.SNAPSHOT_ON_CLOSE = SNAPSHOT_EVERY
+        file_journal.SNAPSHOT_IN_CHILD_AT = 0 if snapshot_in_child else 10**12
         return FileJournal(journal_path(kind, root), segment_bytes=SEGMENT_BYTES)
     from mcp_durable.journal.sqlite import SQLiteJournal
 
@@ -178,7 +183,8 @@ class Workload:
         half = self.first_key + self.calls // 2
         n = self.first_key
         for boot in range(2):
-            journal = make_journal(self.kind, self.root, self.synchronous)
+            # Before the restart a forked child writes each snapshot, after it a copy does.
+            journal = make_journal(self.kind, self.root, self.synchronous, snapshot_in_child=boot == 0)
             engine = Engine(journal, clock=self.clock)
             self.mark(m="window", name="restart", phase="end" if boot else "open")
             await engine.start()

@@ -44,6 +44,7 @@ from ..record_json import step_data, step_index
 from ..tally import TimeRuns
 from ..writer_lock import WriterLock
 from . import snapshot as snapshots
+from . import snapshot_child
 from .codec import (
     call_payload,
     entry_from_dict,
@@ -65,10 +66,17 @@ if TYPE_CHECKING:
 
 SEGMENT_BYTES = 64 * 1024 * 1024
 logger = logging.getLogger(__name__)
+
 #: A snapshot is written once this many frames were appended since the last one (and at close),
 #: so recovery after a crash replays at most this tail after loading the snapshot.
 SNAPSHOT_EVERY = 100_000
 SNAPSHOT_ON_CLOSE = 1_000
+#: A snapshot of an index of this many records and entries or more is written by a forked child
+#: (`snapshot_child`, where available) instead of from a copy made in the event loop: below it,
+#: the copy costs the loop less than the fork.
+SNAPSHOT_IN_CHILD_AT = 100_000
+#: Seconds a snapshot's child may take before it is killed and the snapshot fails.
+SNAPSHOT_CHILD_PATIENCE = 600.0
 #: A listing of tasks (not of an open state) sorts the task slots when there are at most this
 #: many, and otherwise reads the creation-time runs newest first, skipping what is no task.
 TASK_LISTING = 4096
@@ -836,9 +844,7 @@ class FileJournal:
             with self._storage_faults("cannot write a snapshot"):
                 seq = self._next_seq - 1
                 segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
-                data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
-                self._since_snapshot = 0
-                tmp = await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
+                tmp = await self._write_snapshot(seq, segments)
                 await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
                 path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
                 return path.name
@@ -852,6 +858,24 @@ class FileJournal:
             await self.snapshot()
         except JournalError as exc:
             logger.warning("%s; %s", exc, meanwhile)
+
+    async def _write_snapshot(self, seq: int, segments: tuple[int, ...]) -> Path:
+        """Write the index as it is now into a temp file (`snapshots.write_temp`).
+
+        A large index is written by a forked child (`snapshot_child`): the loop pays a fork,
+        not a copy of every array, and the process does not hold the index twice meanwhile.
+        A small one, or one where no child can be forked, is copied here and written by a
+        worker thread. Either way the image is the index at this call's first line: nothing
+        before the fork or the copy awaits."""
+        child = None
+        if len(self._calls) + len(self._entries) >= SNAPSHOT_IN_CHILD_AT:
+            child = snapshot_child.start(self.directory, self._calls, self._entries, seq, segments, self._active_end)
+        if child is None:
+            data = snapshots.capture(self._calls, self._entries, seq, segments, self._active_end)
+            self._since_snapshot = 0
+            return await anyio.to_thread.run_sync(snapshots.write_temp, self.directory, data)
+        self._since_snapshot = 0
+        return await anyio.to_thread.run_sync(snapshot_child.wait, child, SNAPSHOT_CHILD_PATIENCE)
 
     async def compact(self, now: float, *, at_phase: PhaseHook | None = None) -> CompactionReport:
         """Drop expired records and superseded versions by rewriting the sealed segments.

@@ -44,7 +44,7 @@ def segment_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def write_synced(path: Path, chunks: Iterable[bytes], *, create_new: bool = False) -> None:
+def write_synced(path: Path, chunks: Iterable[bytes | memoryview], *, create_new: bool = False) -> None:
     """Create (or truncate) `path` holding `chunks` in order, and fsync it before returning;
     with `create_new`, a `path` that exists is an error (`FileExistsError`), not truncated.
 

@@ -80,34 +80,49 @@ def list_snapshots(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
+#: A section's bytes: a copy (`bytes`), or a byte view of an index array as it is (`memoryview`).
+Blob: TypeAlias = "bytes | memoryview"
+
+
 @dataclass(slots=True)
 class SnapshotData:
-    """A copy of the index taken in the event loop, written later by a worker thread."""
+    """The index as a snapshot's sections: a copy taken in the event loop and written later by
+    a worker thread, or views of the arrays taken and written by a forked child (`child`)."""
 
     seq: int
     segments: tuple[int, ...]
     end: int
-    sections: list[tuple[str, str, bytes]]
+    sections: list[tuple[str, str, Blob]]
     tools: list[str]
     principals: list[str]
     counts: list[tuple[Any, ...]]
     used: int
 
 
-def capture(calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int) -> SnapshotData:
-    """Copy the index (array copies: fast, and consistent because the loop does not yield).
+def capture(
+    calls: CallIndex, entries: EntryIndex, seq: int, segments: tuple[int, ...], end: int, *, copy: bool = True
+) -> SnapshotData:
+    """The index as sections. With `copy` (in the event loop), every array is copied: consistent
+    because the loop does not yield before it returns, and the loop may change the index while
+    a worker thread writes the copy. Without (`child`: in a forked child, where nothing changes
+    the index), the arrays' own bytes are the sections, and only what is kept in dicts (steps,
+    tasks, the tally's runs) is built into new arrays.
 
     The call index's slots after the last live one (the spare ones of its last growth) are left
     out: no bucket names them, and a load is that much smaller."""
     slots = len(calls.state.rstrip(b"\x00"))  # DEAD is 0
-    sections: list[tuple[str, str, bytes]] = []
+
+    def blob(view: memoryview) -> Blob:
+        return view.tobytes() if copy else view.cast("B")
+
+    sections: list[tuple[str, str, Blob]] = []
     for name, _ in CallIndex.ARRAYS:
         column: array[Any] = getattr(calls, name)
-        kept = column if name == "table" else memoryview(column)[:slots]
-        sections.append((f"call.{name}", column.typecode, kept.tobytes()))
-    sections.append(("call.state", "B", bytes(memoryview(calls.state)[:slots])))
+        kept = memoryview(column) if name == "table" else memoryview(column)[:slots]
+        sections.append((f"call.{name}", column.typecode, blob(kept)))
+    sections.append(("call.state", "B", blob(memoryview(calls.state)[:slots])))
     for name, code in EntryIndex.ARRAYS:
-        sections.append((f"entry.{name}", code, getattr(entries, name).tobytes()))
+        sections.append((f"entry.{name}", code, blob(memoryview(getattr(entries, name)))))
     for name in ("last", "checkpoint"):
         mapping: dict[int, int] = getattr(entries, name)
         sections.append((f"entry.{name}.keys", "Q", array("Q", mapping.keys()).tobytes()))
