@@ -80,8 +80,17 @@ def list_snapshots(directory: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-#: A section's bytes: a copy (`bytes`), or a byte view of an index array as it is (`memoryview`).
-Blob: TypeAlias = "bytes | memoryview"
+#: A section's bytes: a copy (`bytes`), a byte view of an index array as it is (`memoryview`),
+#: or the views of several arrays, one after another (`list`: the tally's runs).
+Blob: TypeAlias = "bytes | memoryview | list[memoryview]"
+
+
+def _pieces(blob: Blob) -> list[bytes | memoryview]:
+    return list(blob) if isinstance(blob, list) else [blob]
+
+
+def _size(blob: Blob) -> int:
+    return sum(len(piece) for piece in _pieces(blob))
 
 
 @dataclass(slots=True)
@@ -137,7 +146,7 @@ def capture(
     sections.append(("entry.steps.indexes", "q", indexes.tobytes()))
     sections.append(("entry.steps.counts", "Q", array("Q", entries.steps.values()).tobytes()))
     sections.extend(_task_sections(calls))
-    sections.extend(_tally_sections(calls.tally))
+    sections.extend(_tally_sections(calls.tally, copy))
     counts = list(calls.tally.counts.items())
     names = list(calls.tools.names), list(calls.principals.names)
     return SnapshotData(seq, segments, end, sections, *names, counts, calls.used)
@@ -165,10 +174,12 @@ def _task_sections(calls: CallIndex) -> list[tuple[str, str, bytes]]:
     ]
 
 
-def _tally_sections(tally: RecordTally[int]) -> list[tuple[str, str, bytes]]:
+def _tally_sections(tally: RecordTally[int], copy: bool) -> list[tuple[str, str, Blob]]:
     """The tally's runs as sections: per run its principal and tool (creation only), start and
-    length, and the slots of every run one after another (`load` slices them back)."""
-    principals, tools, starts, lengths, refs = array("I"), array("I"), array("d"), array("Q"), array("I")
+    length, and the slots of every run one after another (`load` slices them back): copied
+    into one `bytes` with `copy`, else the runs' own bytes (`capture`)."""
+    principals, tools, starts, lengths = array("I"), array("I"), array("d"), array("Q")
+    runs_in_order: list[memoryview] = []
     for principal, streams in tally.created.items():
         for tool, runs in streams.items():
             for start, run in zip(runs.starts, runs.runs, strict=True):
@@ -176,22 +187,31 @@ def _tally_sections(tally: RecordTally[int]) -> list[tuple[str, str, bytes]]:
                 tools.append(cast(int, tool))
                 starts.append(start)
                 lengths.append(len(run))
-                refs.extend(run)
+                runs_in_order.append(_run_view(run))
     expiry = tally.expiry
-    expiry_starts, expiry_lengths, expiry_refs = array("d", expiry.starts), array("Q"), array("I")
-    for run in expiry.runs:
-        expiry_lengths.append(len(run))
-        expiry_refs.extend(run)
+    expiry_starts, expiry_lengths = array("d", expiry.starts), array("Q", map(len, expiry.runs))
+    expiry_runs = [_run_view(run) for run in expiry.runs]
+
+    def refs(views: list[memoryview]) -> Blob:
+        return b"".join(views) if copy else views
+
     return [
         ("tally.runs.principals", "I", principals.tobytes()),
         ("tally.runs.tools", "I", tools.tobytes()),
         ("tally.runs.starts", "d", starts.tobytes()),
         ("tally.runs.lengths", "Q", lengths.tobytes()),
-        ("tally.runs.refs", "I", refs.tobytes()),
+        ("tally.runs.refs", "I", refs(runs_in_order)),
         ("tally.expiry_runs.starts", "d", expiry_starts.tobytes()),
         ("tally.expiry_runs.lengths", "Q", expiry_lengths.tobytes()),
-        ("tally.expiry_runs.refs", "I", expiry_refs.tobytes()),
+        ("tally.expiry_runs.refs", "I", refs(expiry_runs)),
     ]
+
+
+def _run_view(run: object) -> memoryview:
+    """A run's slots as bytes of typecode `I` (`index._slots`), as the section saves them."""
+    if not isinstance(run, array) or run.typecode != "I":
+        run = array("I", cast("list[int]", run))
+    return memoryview(run).cast("B")
 
 
 #: The section read as a bytearray (the call index's state); every other one is an array.
@@ -242,7 +262,8 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
     """Write `data` to a temp file and fsync it; `publish` then puts it in place."""
     crc = 0
     for _, _, blob in data.sections:
-        crc = zlib.crc32(blob, crc)
+        for piece in _pieces(blob):
+            crc = zlib.crc32(piece, crc)
     header = {
         "format": FORMAT,
         "seq": data.seq,
@@ -250,14 +271,14 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "end": data.end,
         "byteorder": sys.byteorder,
         "crc": crc,
-        "sections": [[name, code, len(blob)] for name, code, blob in data.sections],
+        "sections": [[name, code, _size(blob)] for name, code, blob in data.sections],
         "tools": data.tools,
         "principals": data.principals,
         "counts": data.counts,
         "used": data.used,
     }
     tmp = directory / (snapshot_name(data.seq) + ".tmp")
-    write_synced(tmp, [orjson.dumps(header) + b"\n", *(b for _, _, b in data.sections)])
+    write_synced(tmp, [orjson.dumps(header) + b"\n", *(piece for _, _, b in data.sections for piece in _pieces(b))])
     return tmp
 
 
