@@ -44,6 +44,14 @@ def segment_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+#: A whole file is synced every this many bytes as it is written, not only at its end. A file
+#: system that commits metadata together with the data written before it (ext4's default,
+#: `data=ordered`) makes the segments' next `fdatasync` wait for every dirty byte its commit
+#: carries: a snapshot or a compacted segment of hundreds of megabytes written whole would hold
+#: the calls being committed meanwhile for as long as the disk takes to write all of it.
+SYNC_EVERY = 8 * 1024 * 1024
+
+
 def write_synced(path: Path, chunks: Iterable[bytes | memoryview], *, create_new: bool = False) -> None:
     """Create (or truncate) `path` holding `chunks` in order, and fsync it before returning;
     with `create_new`, a `path` that exists is an error (`FileExistsError`), not truncated.
@@ -55,10 +63,16 @@ def write_synced(path: Path, chunks: Iterable[bytes | memoryview], *, create_new
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if create_new else os.O_TRUNC)
     fd = os.open(path, flags, FILE_MODE)
     try:
+        unsynced = 0
         for chunk in chunks:
             view = memoryview(chunk)
             while view:
-                view = view[os.write(fd, view) :]
+                written = os.write(fd, view[:SYNC_EVERY])
+                view = view[written:]
+                unsynced += written
+                if unsynced >= SYNC_EVERY:
+                    os.fdatasync(fd)  # bounds what the segments' next sync may wait for
+                    unsynced = 0
         os.fsync(fd)
     finally:
         os.close(fd)
