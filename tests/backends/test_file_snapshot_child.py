@@ -20,6 +20,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import anyio
 import pytest
 
 from mcp_durable.errors import JournalError
@@ -176,8 +177,6 @@ def test_a_child_holds_nothing_of_its_parent_and_dies_with_it(tmp_path: Path) ->
         finally:
             await journal.aclose()
 
-    import anyio
-
     assert anyio.run(reopen) == 10
     assert not _temp(path, 10).exists()  # the orphaned FIFO was removed at the open
 
@@ -246,5 +245,44 @@ async def test_a_failed_snapshot_by_a_child_does_not_fail_the_write_that_started
             await journal.claim(record(f"k{i}"), T0)  # the tenth's snapshot is written
         assert [p.name for p in path.glob("*.snap")] == [snapshot_name(10)]
         assert _children(os.getpid()) == []
+    finally:
+        await journal.aclose()
+
+
+@needs_fork
+async def test_while_a_snapshot_is_written_every_flush_runs_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush's `fdatasync` may wait for the snapshot's writeback, which the group commit's
+    moving average cannot foresee: inline, that wait would hold the event loop."""
+    monkeypatch.setattr(file_journal, "SNAPSHOT_IN_CHILD_AT", 0)
+    monkeypatch.setattr(file_journal, "SNAPSHOT_CHILD_PATIENCE", 2.0)
+    path = tmp_path / "j"
+    journal = await opened(path)
+    commit = journal._commit
+    assert commit is not None
+    try:
+        for i in range(10):
+            await journal.claim(record(f"k{i}"), T0)
+        commit.flush_s = 0.0  # as on a fast disk: a flush would run inline
+        threaded = commit.threaded
+        await journal.claim(record("before"), T0)
+        assert commit.threaded == threaded  # inline
+        os.mkfifo(_temp(path, 11))
+
+        async def snapshot() -> None:
+            with pytest.raises(JournalError, match="did not finish"):
+                await journal.snapshot()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(snapshot)
+            while not _children(os.getpid()):
+                await anyio.sleep(0.01)
+            commit.flush_s = 0.0
+            await journal.claim(record("during"), T0)
+            assert commit.threaded == threaded + 1
+        commit.flush_s = 0.0
+        await journal.claim(record("after"), T0)
+        assert commit.threaded == threaded + 1  # inline again
     finally:
         await journal.aclose()

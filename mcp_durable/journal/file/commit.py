@@ -12,7 +12,8 @@ Nobody returns before the flush of its own frame:
     writer B  ─────────add──wait──────────────────[flush 2: B C]──▶ returns
     writer C  ────────────add──wait───────────────[flush 2: B C]──▶ returns
 
-Where the flush runs is measured, not guessed. Handing it to a worker thread costs ~70 µs of
+Where the flush runs is measured, not guessed (and while a snapshot or a compaction writes a
+whole file beside the segments, always in a thread: `big_writes`). Handing it to a worker thread costs ~70 µs of
 the event loop's time per batch (more when the loop is busy: the thread waits for the GIL to
 report back), while a fast `fdatasync` costs ~100 µs. So while flushes are fast (under
 `INLINE_FLUSH_S`, a moving average) the leader writes and syncs inline, blocking the loop for
@@ -87,8 +88,14 @@ class GroupCommit:
         self.flushing: Batch | None = None
         self.durable_seq = durable_seq
         self.failure: BaseException | None = None
-        #: Batches flushed since start (for tests and measurements, as `SQLiteWriter.batches`).
+        #: Batches flushed since start (for tests and measurements, as `SQLiteWriter.batches`),
+        #: and how many of them in a worker thread.
         self.batches = 0
+        self.threaded = 0
+        #: Whole files being written beside the segments (a snapshot, a compaction): while any
+        #: is, every flush runs in a thread. Its `fdatasync` may wait for their writeback, which
+        #: the moving average cannot foresee, and inline that wait would hold the event loop.
+        self.big_writes = 0
 
     def add(self, segment: int, offset: int, frame: bytes, seq: int) -> Batch:
         batch = self.current
@@ -161,9 +168,10 @@ class GroupCommit:
         began = time.perf_counter()
         try:
             if batch.chunks:
-                if self.flush_s < INLINE_FLUSH_S:
+                if self.flush_s < INLINE_FLUSH_S and not self.big_writes:
                     self._write(batch)
                 else:
+                    self.threaded += 1
                     # Shielded: once the bytes are handed to the thread, their fate must be known.
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(self._write, batch)

@@ -21,6 +21,7 @@ SIGKILLs the process there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
@@ -62,6 +63,8 @@ class CompactionTarget(Protocol):
     ) -> tuple[int, int]: ...
 
     async def snapshot(self) -> str | None: ...
+
+    def writing_big_file(self) -> contextlib.AbstractContextManager[None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +122,14 @@ async def compact(journal: CompactionTarget, now: float, *, at_phase: PhaseHook 
         sealed, target = await journal.seal()
         items, dropped = journal.live_frames(sealed)
         bytes_before = await anyio.to_thread.run_sync(_segment_bytes, directory, sealed)
-        offsets = await anyio.to_thread.run_sync(_copy, directory, items, target)
-        phase("compaction:copied")
-        segments_after = await journal.switch(sealed, target)
-        phase("compaction:switched")
-        kept_records, kept_entries = journal.relocate(items, offsets, target, dropped)
-        await anyio.to_thread.run_sync(_delete, directory, sealed)
-        phase("compaction:deleted")
+        with journal.writing_big_file():  # the copy, and the deletes that free the sealed segments
+            offsets = await anyio.to_thread.run_sync(_copy, directory, items, target)
+            phase("compaction:copied")
+            segments_after = await journal.switch(sealed, target)
+            phase("compaction:switched")
+            kept_records, kept_entries = journal.relocate(items, offsets, target, dropped)
+            await anyio.to_thread.run_sync(_delete, directory, sealed)
+            phase("compaction:deleted")
         bytes_after = await anyio.to_thread.run_sync(_segment_bytes, directory, (target,))
     await journal.snapshot()
     return CompactionReport(

@@ -841,13 +841,27 @@ class FileJournal:
         if commit is None or self._keeper is None:
             return None
         async with self._maintenance:
-            with self._storage_faults("cannot write a snapshot"):
+            with self._storage_faults("cannot write a snapshot"), self.writing_big_file():
                 seq = self._next_seq - 1
                 segments = tuple(s for s in self._keeper.current.segments if s != self._active) + (self._active,)
                 tmp = await self._write_snapshot(seq, segments)
                 await commit.wait_seq(seq)  # the snapshot may only cover frames that are on disk
                 path = await anyio.to_thread.run_sync(snapshots.publish, tmp)
                 return path.name
+
+    @contextlib.contextmanager
+    def writing_big_file(self) -> Iterator[None]:
+        """Around writing a whole file beside the segments (a snapshot, a compaction's copy):
+        the group commit flushes in a thread meanwhile (`GroupCommit.big_writes`)."""
+        commit = self._commit
+        if commit is None:
+            yield
+            return
+        commit.big_writes += 1
+        try:
+            yield
+        finally:
+            commit.big_writes -= 1
 
     async def _snapshot_as_cache(self, meanwhile: str) -> None:
         """A snapshot the journal takes on its own (at open, every `SNAPSHOT_EVERY` frames, at
