@@ -262,10 +262,16 @@ def skipped_journals() -> list[str]:
     return notes
 
 
+def default_cache_dir() -> Path:
+    """Where built journals are kept between runs: `$MCP_DURABLE_BENCH_CACHE`, or
+    `<tmp>/mcp-durable-bench-cache`."""
+    return Path(os.environ.get("MCP_DURABLE_BENCH_CACHE", Path(tempfile.gettempdir()) / "mcp-durable-bench-cache"))
+
+
 def make_settings(quick: bool) -> Settings:
     """A run's settings; measures the fsync latency of the disk the journals are written to."""
     workdir = Path(tempfile.mkdtemp(prefix="mcp-durable-bench-"))
-    cache = Path(os.environ.get("MCP_DURABLE_BENCH_CACHE", Path(tempfile.gettempdir()) / "mcp-durable-bench-cache"))
+    cache = default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     fsync_s = measure_fsync(workdir, samples=50 if quick else 300)
     return Settings(quick=quick, workdir=workdir, cache_dir=cache, fsync_s=fsync_s)

@@ -54,8 +54,11 @@ Recovery (recovery.py): the newest usable snapshot, then every frame after its e
 segments in 8 MiB windows. Snapshots (snapshot.py, format 4: one JSON header line with the
 covered segments, end offset, seq, CRC-32 and section list, then the index arrays raw, hash
 table included, so loading builds nothing) are written every 100,000 frames (by the writer
-that crossed the mark) and at close: temp file, fsync, rename, fsync directory; older ones are
-then deleted. A stale (pre-compaction) or damaged snapshot is ignored, the segments are read.
+that crossed the mark) and at close: temp file, synced every 8 MiB and at its end, rename,
+fsync directory; older ones are then deleted. A large index is written by a forked child
+(snapshot_child.py), a small one from a copy made in the event loop. A stale (pre-compaction)
+or damaged snapshot is ignored, the segments are read; one that cannot be written is logged,
+and the write, open or close that started it goes on.
 
 Corruption policy: a torn or corrupt tail (damage no valid frame follows) is cut off at open,
 its bytes kept in `<segment>.torn-<offset>` and reported (`recovery.bytes_truncated`,
