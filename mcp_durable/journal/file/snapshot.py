@@ -122,7 +122,10 @@ def capture(
     slots = len(calls.state.rstrip(b"\x00"))  # DEAD is 0
 
     def blob(view: memoryview) -> Blob:
-        return view.tobytes() if copy else view.cast("B")
+        if not copy:
+            return view.cast("B")
+        with view:  # released at once: an array with a view exported cannot grow
+            return view.tobytes()
 
     sections: list[tuple[str, str, Blob]] = []
     for name, _ in CallIndex.ARRAYS:
@@ -193,7 +196,13 @@ def _tally_sections(tally: RecordTally[int], copy: bool) -> list[tuple[str, str,
     expiry_runs = [_run_view(run) for run in expiry.runs]
 
     def refs(views: list[memoryview]) -> Blob:
-        return b"".join(views) if copy else views
+        if not copy:
+            return views
+        try:
+            return b"".join(views)
+        finally:
+            for view in views:
+                view.release()  # as in `capture`: the runs must stay free to grow
 
     return [
         ("tally.runs.principals", "I", principals.tobytes()),
