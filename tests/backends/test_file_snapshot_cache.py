@@ -1,7 +1,7 @@
 """A snapshot is a cache: one the file journal takes on its own (every `SNAPSHOT_EVERY` frames,
 at close, at open) and cannot write never fails the write, the close or the open that started
-it; only an operator's `snapshot()` raises. The fault: a directory where the snapshot's temp
-file would be written."""
+it, whether it is written from a copy or by a forked child; only an operator's `snapshot()`
+raises. The fault: a directory where the snapshot's temp file would be written."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mcp_durable.journal.file import journal as file_journal
+from mcp_durable.journal.file import snapshot_child
 from mcp_durable.journal.file.snapshot import snapshot_name
 from tests.backends.test_file_recovery import T0, opened, record
 
@@ -18,9 +19,13 @@ def _temp(path: Path, seq: int) -> Path:
     return path / (snapshot_name(seq) + ".tmp")
 
 
+@pytest.mark.parametrize("in_child", [False, True], ids=["copied", "child"])
 async def test_a_snapshot_that_fails_does_not_fail_the_write_that_started_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_child: bool
 ) -> None:
+    if in_child and not snapshot_child.AVAILABLE:
+        pytest.skip("snapshots by a forked child are Linux-only")
+    monkeypatch.setattr(file_journal, "SNAPSHOT_IN_CHILD_AT", 0 if in_child else 10**12)
     monkeypatch.setattr(file_journal, "SNAPSHOT_EVERY", 5)
     path = tmp_path / "j"
     journal = await opened(path)

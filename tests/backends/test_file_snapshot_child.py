@@ -2,8 +2,9 @@
 
 The invariants: a child writes the same bytes a copy in the loop would; it holds nothing of the
 parent's (no descriptor but its report pipe) and dies with it; a child that does not finish is
-killed and reaped, its temp file removed, and the journal goes on; and a child's failure, like
-a copy's (`test_file_snapshot_cache`), never fails the write that started the snapshot.
+killed and reaped, its temp file removed, and the journal goes on; and while it writes, the
+group commit flushes in a thread. A child's failure, like a copy's, never fails the write that
+started the snapshot (`test_file_snapshot_cache`).
 
 A child is held in the middle of its snapshot, without any stand-in for our code, by a FIFO at
 its temp file's name: its `open` blocks until a reader comes, which none does.
@@ -63,6 +64,14 @@ def _wait_for(condition: object, what: str, seconds: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {seconds} s: {what}")
         time.sleep(0.01)
+
+
+async def _ten_records(path: Path) -> FileJournal:
+    """An open journal holding ten claims (frames 1 to 10: its next snapshot is of seq 10)."""
+    journal = await opened(path)
+    for i in range(10):
+        await journal.claim(record(f"k{i}"), T0)
+    return journal
 
 
 async def _varied(path: Path) -> FileJournal:
@@ -188,10 +197,8 @@ async def test_a_child_that_does_not_finish_is_killed_and_the_journal_goes_on(
     monkeypatch.setattr(file_journal, "SNAPSHOT_IN_CHILD_AT", 0)
     monkeypatch.setattr(file_journal, "SNAPSHOT_CHILD_PATIENCE", 0.5)
     path = tmp_path / "j"
-    journal = await opened(path)
+    journal = await _ten_records(path)
     try:
-        for i in range(10):
-            await journal.claim(record(f"k{i}"), T0)
         os.mkfifo(_temp(path, 10))
         with pytest.raises(JournalError, match="did not finish") as caught:
             await journal.snapshot()
@@ -215,35 +222,12 @@ async def test_a_child_that_does_not_finish_is_killed_and_the_journal_goes_on(
 async def test_a_child_reports_its_storage_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(file_journal, "SNAPSHOT_IN_CHILD_AT", 0)
     path = tmp_path / "j"
-    journal = await opened(path)
+    journal = await _ten_records(path)
     try:
-        for i in range(10):
-            await journal.claim(record(f"k{i}"), T0)
         _temp(path, 10).mkdir()  # where the child would write: it cannot open a directory
         with pytest.raises(JournalError, match="in the snapshot's child") as caught:
             await journal.snapshot()
         assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.EISDIR
-        assert _children(os.getpid()) == []
-    finally:
-        await journal.aclose()
-
-
-@needs_fork
-async def test_a_failed_snapshot_by_a_child_does_not_fail_the_write_that_started_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(file_journal, "SNAPSHOT_IN_CHILD_AT", 0)
-    monkeypatch.setattr(file_journal, "SNAPSHOT_EVERY", 5)
-    path = tmp_path / "j"
-    journal = await opened(path)
-    try:
-        _temp(path, 5).mkdir()  # the child of the fifth write's snapshot cannot write it
-        for i in range(5):
-            await journal.claim(record(f"k{i}"), T0)  # the fifth returns: it is durable
-        assert not list(path.glob("*.snap"))
-        for i in range(5, 10):
-            await journal.claim(record(f"k{i}"), T0)  # the tenth's snapshot is written
-        assert [p.name for p in path.glob("*.snap")] == [snapshot_name(10)]
         assert _children(os.getpid()) == []
     finally:
         await journal.aclose()
@@ -258,12 +242,10 @@ async def test_while_a_snapshot_is_written_every_flush_runs_in_a_thread(
     monkeypatch.setattr(file_journal, "SNAPSHOT_IN_CHILD_AT", 0)
     monkeypatch.setattr(file_journal, "SNAPSHOT_CHILD_PATIENCE", 2.0)
     path = tmp_path / "j"
-    journal = await opened(path)
+    journal = await _ten_records(path)
     commit = journal._commit
     assert commit is not None
     try:
-        for i in range(10):
-            await journal.claim(record(f"k{i}"), T0)
         commit.flush_s = 0.0  # as on a fast disk: a flush would run inline
         threaded = commit.threaded
         await journal.claim(record("before"), T0)
