@@ -7,7 +7,9 @@ class, stored attribute or field starting with one underscore), plus pydantic's
 a name on any object but `self`/`cls` (the package reads no private attribute of another object,
 its own included); a read on `self`/`cls` of one the package does not define itself (an SDK
 internal inherited by a subclass); `getattr`/`hasattr`/`setattr` with such a constant name;
-an import of a private name or from a private module of the SDK or asyncio.
+an import of a private name or from a private module of the SDK or asyncio. A documented
+standard-library function whose name starts with one underscore, read on its module
+(`os._exit`), is no internal (`STDLIB_PUBLIC`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ ADAPTER = Path(sdk_internals.__file__).resolve()
 FASTMCP_ADAPTER = PACKAGE / "fastmcp" / "internals.py"
 #: Private in any library: where pydantic keeps a model's private attributes.
 ALWAYS_PRIVATE = frozenset({"__pydantic_private__"})
+#: Public functions of the standard library whose names start with one underscore, read on the
+#: module itself (`os._exit`: a forked child leaves without exit handlers, `snapshot_child`).
+STDLIB_PUBLIC = frozenset({("os", "_exit")})
 
 
 def _private(name: str) -> bool:
@@ -97,8 +102,9 @@ def _library_private_names() -> set[str]:
 def _uses(tree: ast.Module, private: set[str], ours: set[str]) -> Iterator[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and (node.attr in private or node.attr in ALWAYS_PRIVATE):
-            on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-            if not (on_self and node.attr in ours):
+            on = node.value.id if isinstance(node.value, ast.Name) else None
+            allowed = (on, node.attr) in STDLIB_PUBLIC or (on in ("self", "cls") and node.attr in ours)
+            if not allowed:
                 yield node.lineno, node.attr
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             if node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1:
