@@ -41,6 +41,7 @@ import select
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +96,15 @@ def start(
     read_end, write_end = os.pipe()
     parent = os.getpid()
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # From Python 3.12 every fork of a process with threads warns, in the parent (an
+            # error filter turns it into an unraisable report, never an exception). The
+            # child's contract (the module's docstring) is what makes this fork safe: the
+            # warning would be noise in a server's log at every snapshot.
+            warnings.filterwarnings(
+                "ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning
+            )
+            pid = os.fork()
     except OSError:
         os.close(read_end)
         os.close(write_end)
