@@ -11,12 +11,8 @@ import pytest
 
 from mcp_durable.journal.file import journal as file_journal
 from mcp_durable.journal.file import snapshot_child
-from mcp_durable.journal.file.snapshot import snapshot_name
+from mcp_durable.journal.file.snapshot import snapshot_name, temp_path
 from tests.backends.test_file_recovery import T0, opened, record
-
-
-def _temp(path: Path, seq: int) -> Path:
-    return path / (snapshot_name(seq) + ".tmp")
 
 
 @pytest.mark.parametrize("in_child", [False, True], ids=["copied", "child"])
@@ -30,7 +26,7 @@ async def test_a_snapshot_that_fails_does_not_fail_the_write_that_started_it(
     path = tmp_path / "j"
     journal = await opened(path)
     try:
-        _temp(path, 5).mkdir()  # the snapshot the fifth write starts cannot be written
+        temp_path(path, 5).mkdir()  # the snapshot the fifth write starts cannot be written
         for i in range(5):
             await journal.claim(record(f"k{i}"), T0)  # the fifth returns: it is durable
         assert not list(path.glob("*.snap"))
@@ -49,10 +45,10 @@ async def test_a_snapshot_that_fails_at_close_does_not_fail_the_close(
     for i in range(10):
         await journal.claim(record(f"k{i}"), T0)
     monkeypatch.setattr(file_journal, "SNAPSHOT_ON_CLOSE", 5)
-    _temp(path, 10).mkdir()
+    temp_path(path, 10).mkdir()
     await journal.aclose()  # its snapshot fails; the close does not
     assert not list(path.glob("*.snap"))
-    _temp(path, 10).rmdir()
+    temp_path(path, 10).rmdir()
     again = await opened(path)
     try:
         assert again.recovery is not None and again.recovery.entries_replayed == 10

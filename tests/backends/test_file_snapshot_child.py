@@ -28,17 +28,13 @@ from mcp_durable.errors import JournalError
 from mcp_durable.journal import CallState
 from mcp_durable.journal.file import FileJournal, snapshot_child
 from mcp_durable.journal.file import journal as file_journal
-from mcp_durable.journal.file.snapshot import snapshot_name
+from mcp_durable.journal.file.snapshot import snapshot_name, temp_path
 from mcp_durable.journal.model import Fence
 from tests.backends.test_file_recovery import T0, opened, record
 
 ROOT = Path(__file__).resolve().parents[2]
 
 needs_fork = pytest.mark.skipif(not snapshot_child.AVAILABLE, reason="snapshots by a forked child are Linux-only")
-
-
-def _temp(path: Path, seq: int) -> Path:
-    return path / (snapshot_name(seq) + ".tmp")
 
 
 def _children(pid: int) -> list[int]:
@@ -126,19 +122,20 @@ async def test_a_child_writes_the_bytes_a_copy_in_the_loop_writes(
 # The process that holds the journal, in the middle of a snapshot by a child held on a FIFO.
 HOLDER = """
 import os, sys, anyio
+from pathlib import Path
 from mcp_durable.journal.file import FileJournal, journal as file_journal
-from mcp_durable.journal.file.snapshot import snapshot_name
+from mcp_durable.journal.file.snapshot import temp_path
 from tests.backends.test_file_recovery import T0, record
 
 file_journal.SNAPSHOT_IN_CHILD_AT = 0
 
 async def main() -> None:
-    path = sys.argv[1]
+    path = Path(sys.argv[1])
     journal = FileJournal(path)
     await journal.open()
     for i in range(10):
         await journal.claim(record(f"k{i}"), T0)
-    os.mkfifo(os.path.join(path, snapshot_name(10) + ".tmp"))
+    os.mkfifo(temp_path(path, 10))
     print("snapshot", flush=True)
     await journal.snapshot()
     print("returned", flush=True)
@@ -187,7 +184,7 @@ def test_a_child_holds_nothing_of_its_parent_and_dies_with_it(tmp_path: Path) ->
             await journal.aclose()
 
     assert anyio.run(reopen) == 10
-    assert not _temp(path, 10).exists()  # the orphaned FIFO was removed at the open
+    assert not temp_path(path, 10).exists()  # the orphaned FIFO was removed at the open
 
 
 @needs_fork
@@ -199,12 +196,12 @@ async def test_a_child_that_does_not_finish_is_killed_and_the_journal_goes_on(
     path = tmp_path / "j"
     journal = await _ten_records(path)
     try:
-        os.mkfifo(_temp(path, 10))
+        os.mkfifo(temp_path(path, 10))
         with pytest.raises(JournalError, match="did not finish") as caught:
             await journal.snapshot()
         assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.ETIMEDOUT
         assert _children(os.getpid()) == []  # killed and reaped
-        assert not _temp(path, 10).exists()
+        assert not temp_path(path, 10).exists()
         await journal.claim(record("after"), T0)
         name = await journal.snapshot()
         assert name == snapshot_name(11)
@@ -224,7 +221,7 @@ async def test_a_child_reports_its_storage_fault(tmp_path: Path, monkeypatch: py
     path = tmp_path / "j"
     journal = await _ten_records(path)
     try:
-        _temp(path, 10).mkdir()  # where the child would write: it cannot open a directory
+        temp_path(path, 10).mkdir()  # where the child would write: it cannot open a directory
         with pytest.raises(JournalError, match="in the snapshot's child") as caught:
             await journal.snapshot()
         assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.EISDIR
@@ -250,7 +247,7 @@ async def test_while_a_snapshot_is_written_every_flush_runs_in_a_thread(
         threaded = commit.threaded
         await journal.claim(record("before"), T0)
         assert commit.threaded == threaded  # inline
-        os.mkfifo(_temp(path, 11))
+        os.mkfifo(temp_path(path, 11))
 
         async def snapshot() -> None:
             with pytest.raises(JournalError, match="did not finish"):

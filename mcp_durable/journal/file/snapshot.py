@@ -68,10 +68,16 @@ READ_FORMATS = (2, 3, 4)
 RUN_SECTIONS = {"tally.runs.refs": "tally.runs.lengths", "tally.expiry_runs.refs": "tally.expiry_runs.lengths"}
 PREFIX = "snapshot-"
 SUFFIX = ".snap"
+TEMP_SUFFIX = ".tmp"
 
 
 def snapshot_name(seq: int) -> str:
     return f"{PREFIX}{seq:016x}{SUFFIX}"
+
+
+def temp_path(directory: Path, seq: int) -> Path:
+    """Where the snapshot of `seq` is written before `publish` renames it into place."""
+    return directory / (snapshot_name(seq) + TEMP_SUFFIX)
 
 
 def list_snapshots(directory: Path) -> list[Path]:
@@ -286,14 +292,14 @@ def write_temp(directory: Path, data: SnapshotData) -> Path:
         "counts": data.counts,
         "used": data.used,
     }
-    tmp = directory / (snapshot_name(data.seq) + ".tmp")
+    tmp = temp_path(directory, data.seq)
     write_synced(tmp, [orjson.dumps(header) + b"\n", *(piece for _, _, b in data.sections for piece in _pieces(b))])
     return tmp
 
 
 def publish(tmp: Path) -> Path:
     """Rename a written snapshot into place, fsync the directory, delete the older snapshots."""
-    path = tmp.with_name(tmp.name[: -len(".tmp")])
+    path = tmp.with_name(tmp.name[: -len(TEMP_SUFFIX)])
     os.replace(tmp, path)
     fsync_dir(path.parent)
     for old in list_snapshots(path.parent):

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .index import CallIndex, EntryIndex
-from .snapshot import capture, snapshot_name, write_temp
+from .snapshot import capture, temp_path, write_temp
 
 PR_SET_PDEATHSIG = 1
 
@@ -82,7 +82,7 @@ class Child:
 
     @property
     def temp(self) -> Path:
-        return self.directory / (snapshot_name(self.seq) + ".tmp")
+        return temp_path(self.directory, self.seq)
 
 
 def start(
