@@ -36,7 +36,7 @@ import os
 import sys
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, cast
@@ -91,8 +91,8 @@ def list_snapshots(directory: Path) -> list[Path]:
 Blob: TypeAlias = "bytes | memoryview | list[memoryview]"
 
 
-def _pieces(blob: Blob) -> list[bytes | memoryview]:
-    return list(blob) if isinstance(blob, list) else [blob]
+def _pieces(blob: Blob) -> Sequence[bytes | memoryview]:
+    return blob if isinstance(blob, list) else (blob,)
 
 
 def _size(blob: Blob) -> int:
