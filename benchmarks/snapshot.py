@@ -44,6 +44,8 @@ from typing import Any
 import anyio
 import orjson
 
+from ._recovery_child import _rss
+
 ROOT = Path(__file__).resolve().parent.parent
 WRITERS = 16
 BEFORE_S = 1.0
@@ -59,14 +61,6 @@ def _anon_bytes() -> int:
             if line.startswith(b"AnonPages:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no AnonPages in /proc/meminfo")
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status", "rb") as status:
-        for line in status:
-            if line.startswith(b"VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _longest_gap(ticks: list[float], start: float, end: float, *, within: bool = False) -> float:
@@ -97,7 +91,7 @@ async def _trial(path: Path, mode: str, synced: str) -> dict[str, Any]:
     began = time.perf_counter()
     await journal.open()
     opened_s = time.perf_counter() - began
-    rss_open = _peak_rss()
+    rss_open = _rss()
     tag = os.urandom(6).hex()
     calls: list[tuple[float, float]] = []  # (start, end)
     stop = anyio.Event()
@@ -177,7 +171,7 @@ async def _trial(path: Path, mode: str, synced: str) -> dict[str, Any]:
         "p99_before_ms": _p99(before) * 1e3,
         "extra_anon_mb": (peak_anon[0] - anon_before) / 2**20,
         "rss_open_mb": rss_open / 2**20,
-        "rss_peak_mb": _peak_rss() / 2**20,
+        "rss_peak_mb": _rss() / 2**20,
     }
 
 
