@@ -12,14 +12,14 @@ Nobody returns before the flush of its own frame:
     writer B  ─────────add──wait──────────────────[flush 2: B C]──▶ returns
     writer C  ────────────add──wait───────────────[flush 2: B C]──▶ returns
 
-Where the flush runs is measured, not guessed (and while a snapshot or a compaction writes a
-whole file beside the segments, always in a thread: `big_writes`). Handing it to a worker thread costs ~70 µs of
+Where the flush runs is measured, not guessed. Handing it to a worker thread costs ~70 µs of
 the event loop's time per batch (more when the loop is busy: the thread waits for the GIL to
 report back), while a fast `fdatasync` costs ~100 µs. So while flushes are fast (under
 `INLINE_FLUSH_S`, a moving average) the leader writes and syncs inline, blocking the loop for
 that long, which is cheaper than the hop; when the disk is slow the flush runs in a thread and
 the loop goes on serving. Measured here: inline made 64 concurrent appenders 1.7x faster and a
-sequential durable call ~300 µs faster.
+sequential durable call ~300 µs faster. While a snapshot or a compaction writes a whole file
+beside the segments, every flush runs in a thread (`big_writes`).
 
 `fdatasync` is enough for appends (it flushes the file size, the only metadata a reader needs).
 A failed flush poisons the journal: the index already shows the lost frames, so every later
